@@ -1,0 +1,37 @@
+"""The backend registry: a name on the command line -> the class that runs it, its framework and pip extra."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from common.errors import Unsupported
+
+
+@dataclass(frozen=True)
+class Entry:
+    module: str | None   # None while the backend is not built
+    cls: str
+    framework: str       # the top-level import the backend needs
+    extra: str           # pip install 'parbench[extra]'
+    pending: str = ""    # the issue that builds it, while module is None
+
+
+BACKENDS = {
+    "torch_dp": Entry(None, "", "torch", "torch", "issue #3"),
+    "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch"),
+    "tf_mirrored": Entry(None, "", "tensorflow", "tf", "issue #4"),
+    "mindspore_auto": Entry(None, "", "mindspore", "mindspore", "issue #5"),
+}
+
+
+def load_backend(name: str):
+    """An instance of backend `name`; Unsupported when it is not built or its framework is missing."""
+    entry = BACKENDS[name]
+    if entry.module is None:
+        raise Unsupported(f"backend {name} is not built yet ({entry.pending})")
+    try:
+        return getattr(importlib.import_module(entry.module), entry.cls)()
+    except ImportError as exc:
+        if exc.name and exc.name.split(".")[0] == entry.framework:
+            raise Unsupported(f"{entry.framework} is not installed: pip install 'parbench[{entry.extra}]'") from None
+        raise

@@ -1,0 +1,32 @@
+"""What the harness asks of a backend. A backend holds only what is specific to its framework
+and strategy; data, the loop, timing and records come from common/."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from common.config import RunConfig
+from common.devices import DevicePlan
+
+
+class Backend:
+    name: str
+    framework: str      # the distribution name, for versions
+    strategy: str
+
+    def framework_version(self) -> str:
+        raise NotImplementedError
+
+    def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
+        """Which devices `count` means here (kind: auto|cpu|cuda); raises Unsupported if none fit."""
+        raise NotImplementedError
+
+    def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
+        """Raise Unsupported for a valid request this machine or strategy cannot run."""
+
+    def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        """Train and return common.loop's outcome; raise common.launch.RunFailed when it fails."""
+        raise NotImplementedError
+
+    def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
+        """Differences from the spec that cannot be removed, for the record."""
+        return []

@@ -1,0 +1,109 @@
+"""The two workload models in PyTorch, built from common.spec; shared by torch_dp and torch_ddp."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.spec import BertSpec, CnnSpec
+
+
+class SimpleCNN(nn.Module):
+    def __init__(self, spec: CnnSpec):
+        super().__init__()
+        layers, cin = [], spec.in_channels
+        for cout, pool in zip(spec.conv_channels, spec.pool_after):
+            layers += [nn.Conv2d(cin, cout, spec.kernel), nn.BatchNorm2d(cout, spec.bn_eps, spec.bn_momentum),
+                       nn.ReLU(inplace=True)]
+            if pool:
+                layers.append(nn.MaxPool2d(2))
+            cin = cout
+        self.features = nn.Sequential(*layers)
+        dims = (spec.flat_features, *spec.fc_sizes)
+        head = []
+        for fin, fout in zip(dims, dims[1:]):
+            head += [nn.Linear(fin, fout), nn.ReLU(inplace=True)]
+        head.append(nn.Linear(dims[-1], spec.num_classes))
+        self.classifier = nn.Sequential(*head)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        """image: [B, 28, 28] in [0, 1] -> logits [B, 10]."""
+        return self.classifier(torch.flatten(self.features(image.unsqueeze(1)), 1))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN transformer block: x = LN(x + attn(x)); x = LN(x + ffn(x))."""
+
+    def __init__(self, spec: BertSpec):
+        super().__init__()
+        h = spec.hidden
+        self.heads, self.dropout = spec.heads, spec.dropout
+        self.query, self.key, self.value, self.output = (nn.Linear(h, h) for _ in range(4))
+        self.attention_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
+        self.ffn_in = nn.Linear(h, spec.intermediate)
+        self.ffn_out = nn.Linear(spec.intermediate, h)
+        self.ffn_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
+        self.gelu = "tanh" if spec.ffn_gelu_approximate else "none"
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, self.heads, -1).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        p = self.dropout if self.training else 0.0
+        ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=p)
+        attn = F.dropout(self.output(ctx.transpose(1, 2).reshape(b, s, h)), p, self.training)
+        x = self.attention_norm(x + attn)
+        ffn = self.ffn_out(F.gelu(self.ffn_in(x), approximate=self.gelu))
+        return self.ffn_norm(x + F.dropout(ffn, p, self.training))
+
+
+class BertMLM(nn.Module):
+    """BERT encoder + masked-LM head with the decoder tied to the token embedding (keras-hub layout)."""
+
+    def __init__(self, spec: BertSpec):
+        super().__init__()
+        h = spec.hidden
+        self.spec = spec
+        self.token_embedding = nn.Embedding(spec.vocab_size, h)
+        self.position_embedding = nn.Embedding(spec.seq_len, h)
+        self.segment_embedding = nn.Embedding(spec.type_vocab_size, h)
+        self.embeddings_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
+        self.layers = nn.ModuleList(EncoderLayer(spec) for _ in range(spec.layers))
+        self.head_dense = nn.Linear(h, h)
+        self.head_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
+        self.head_bias = nn.Parameter(torch.zeros(spec.vocab_size))
+        self.head_gelu = "tanh" if spec.head_gelu_approximate else "none"
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        std = self.spec.init_stddev
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            if isinstance(module, nn.Linear):
+                nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor,
+                mask_positions: torch.Tensor) -> torch.Tensor:
+        """-> logits [B, P, vocab] at the P gathered mask positions only (the vocab projection dominates)."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.token_embedding(input_ids) + self.position_embedding(positions) \
+            + self.segment_embedding.weight[0]  # one segment: every token has type 0
+        x = F.dropout(self.embeddings_norm(x), self.spec.dropout, self.training)
+        attend = padding_mask.bool()[:, None, None, :]
+        for layer in self.layers:
+            x = layer(x, attend)
+        picked = torch.gather(x, 1, mask_positions.long().unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        picked = self.head_norm(F.gelu(self.head_dense(picked), approximate=self.head_gelu))
+        return picked @ self.token_embedding.weight.T + self.head_bias
+
+
+def build_model(workload: str, spec: CnnSpec | BertSpec) -> nn.Module:
+    return SimpleCNN(spec) if workload == "cnn" else BertMLM(spec)
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

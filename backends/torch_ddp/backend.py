@@ -1,0 +1,67 @@
+"""PyTorch DistributedDataParallel: one process per device, launched by a child torchrun."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from backends.base import Backend
+from common.config import RunConfig
+from common.devices import DevicePlan, cpu_plan, cuda_plan
+from common.errors import Unsupported
+from common.launch import RunFailed, child_env, free_port, log_tail, run_supervised
+
+
+def torch_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
+    """CUDA when asked for or when `auto` finds enough GPUs, else virtual CPU devices."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "cuda" or (kind == "auto" and gpus):
+        if count > gpus:
+            raise Unsupported(f"{count} CUDA devices requested, {gpus} present")
+        names = [torch.cuda.get_device_name(i) for i in range(gpus)]
+        return cuda_plan(count, gpus, names)
+    return cpu_plan(count, threads_per_device)
+
+
+class TorchDDP(Backend):
+    name = "torch_ddp"
+    framework = "torch"
+    strategy = "DistributedDataParallel"
+
+    def framework_version(self) -> str:
+        return torch.__version__
+
+    def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
+        return torch_device_plan(count, kind, threads_per_device)
+
+    def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
+        if cfg.sync_bn and plan.kind == "cpu" and cfg.devices > 1:
+            raise Unsupported("--sync-bn: torch's SyncBatchNorm runs on GPU devices only")
+
+    def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        config_path, result_path = workdir / "config.json", workdir / "result.json"
+        cfg.save(config_path)
+        port = free_port()
+        cmd = [sys.executable, "-m", "torch.distributed.run",
+               "--nnodes=1", f"--nproc-per-node={cfg.devices}", "--max-restarts=0",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+               f"--rdzv-conf=join_timeout={int(cfg.collective_timeout_s)}",
+               "-m", "backends.torch_ddp.worker", str(config_path), str(result_path)]
+        env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)),
+               # gloo otherwise picks the interface of the host name, which may not be loopback
+               "GLOO_SOCKET_IFNAME": "lo", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+        log = workdir / "torchrun.log"
+        rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
+        if rc != 0 or not result_path.is_file():
+            raise RunFailed(f"torchrun exited with code {rc}: {log_tail(log)}")
+        return json.loads(result_path.read_text())
+
+    def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
+        notes = []
+        if cfg.workload == "cnn" and cfg.devices > 1 and not cfg.sync_bn:
+            notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as DDP does by default")
+        if plan.kind == "cpu":
+            notes.append("gloo all-reduce over loopback between CPU processes")
+        return notes

@@ -1,0 +1,53 @@
+"""One DDP rank, started by torchrun: python -m backends.torch_ddp.worker CONFIG.json RESULT.json"""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from backends.torch_common.models import build_model
+from backends.torch_common.trainer import TorchTrainer
+from common.config import RunConfig
+from common.data.batches import TrainBatches
+from common.data.datasets import TRAIN_SPLIT, load_split
+from common.loop import run_loop
+from common.results import write_json_atomic
+
+
+def main(config_path: str, result_path: str) -> None:
+    cfg = RunConfig.load(Path(config_path))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    cuda = cfg.device_kind == "cuda"
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(cfg.threads_per_device)
+    # Every collective below inherits this timeout: a dead peer ends the run, it does not hang it.
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.collective_timeout_s),
+                            device_id=device if cuda else None)
+    try:
+        data_dir = Path(cfg.data_dir)
+        train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
+                             cfg.spec, cfg.seed, cfg.per_device_batch, world, rank, cfg.grad_accum)
+        eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
+        torch.manual_seed(cfg.seed)
+        core = build_model(cfg.workload, cfg.spec).to(device)
+        if cfg.sync_bn:
+            core = torch.nn.SyncBatchNorm.convert_sync_batchnorm(core)
+        model = DistributedDataParallel(core, device_ids=[local_rank] if cuda else None)
+        outcome = run_loop(TorchTrainer(model, core, cfg, device, rank, world), cfg, train, eval_data)
+        if rank == 0:
+            write_json_atomic(Path(result_path), outcome)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

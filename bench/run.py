@@ -1,0 +1,144 @@
+"""python -m bench.run --backend B --workload W --devices N [options]: one run, one record.
+
+Exit status (CONVENTIONS §3): 0 ok, 1 failed after starting, 2 bad input (one line, no record),
+3 unsupported on this machine (a record says why).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from backends import load_backend
+from bench.cli import OneLineParser, add_run_options, backend_names, positive_int, workload_names
+from common.config import RunConfig, per_device_batch_for
+from common.data.batches import TrainBatches
+from common.data.datasets import TRAIN_SPLIT, load_split, resolve_data_mode
+from common.data.files import resolve_data_dir
+from common.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_UNSUPPORTED, BadInput, Unsupported
+from common.launch import RunFailed
+from common.record import describe_config, measured_fields, skeleton
+from common.results import new_run_id, utc_now, write_record
+from common.spec import DEFAULTS, model_spec
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="bench.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", required=True, choices=backend_names())
+    p.add_argument("--workload", required=True, choices=workload_names())
+    p.add_argument("--devices", type=positive_int, required=True,
+                   help="device count: CUDA devices when present, else virtual CPU devices")
+    # Set by bench.compare, which must know the record's name before the run starts.
+    p.add_argument("--sweep-id", default="", help=argparse.SUPPRESS)
+    p.add_argument("--run-id", default="", help=argparse.SUPPRESS)
+    add_run_options(p)
+    return p
+
+
+
+def check_options(args) -> None:
+    """Combinations argparse cannot see."""
+    if args.steps and args.epochs:
+        raise BadInput("give --steps or --epochs, not both")
+    if args.patience and not args.eval_every:
+        raise BadInput("--patience needs --eval-every")
+    if args.resume and not (args.checkpoint_dir or args.checkpoint_every):
+        raise BadInput("--resume needs --checkpoint-dir or --checkpoint-every")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"--out {out}: exists and is not a directory")
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("."))
+    if not os.access(probe, os.W_OK):
+        raise BadInput(f"--out {out}: not writable")
+
+
+def scaling_of(args) -> str:
+    return args.scaling or ("strong" if args.epochs else "weak")
+
+
+def build_config(args, run_id: str, plan) -> RunConfig:
+    defaults = DEFAULTS[args.workload]
+    scaling = scaling_of(args)
+    batch_size = args.batch_size or defaults.per_device_batch
+    per_device = per_device_batch_for(scaling, batch_size, args.devices, args.grad_accum)
+    data_dir = resolve_data_dir(args.data_dir)
+    data = resolve_data_mode(args.data, args.workload, data_dir)
+    spec = model_spec(args.workload, args.model_size)
+    # Loading the train split here validates the files before any worker starts, and gives
+    # the epoch length that --epochs needs.
+    train = TrainBatches(load_split(args.workload, TRAIN_SPLIT, data, data_dir, spec, args.seed),
+                         spec, args.seed, per_device, args.devices, 0, args.grad_accum)
+    total = math.ceil(args.epochs * train.steps_per_epoch) if args.epochs else (args.steps or defaults.default_steps)
+    warmup = defaults.default_warmup_steps if args.warmup_steps is None else args.warmup_steps
+    if warmup >= total:
+        raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
+    key = f"{args.backend}-{args.workload}-n{args.devices}-seed{args.seed}"
+    ckpt_dir = args.checkpoint_dir or (str(Path(args.out) / "checkpoints" / key)
+                                       if args.checkpoint_every or args.resume else "")
+    return RunConfig(
+        run_id=run_id, backend=args.backend, workload=args.workload, devices=args.devices,
+        device_kind=plan.kind, threads_per_device=plan.threads_per_device, scaling=scaling,
+        batch_size=batch_size, per_device_batch=per_device, grad_accum=args.grad_accum, data=data,
+        data_dir=str(data_dir), seed=args.seed, total_steps=total, warmup_steps=warmup, out=args.out,
+        model_size=args.model_size, precision=args.precision, sync_bn=args.sync_bn,
+        eval_every=args.eval_every, patience=args.patience, checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=ckpt_dir, resume=args.resume, timeout_s=args.timeout,
+        collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
+    )
+
+
+def _finish(record: dict, out: str, status: str, error: str | None, t0: float) -> Path:
+    record.update(status=status, error=error, duration_s=round(time.monotonic() - t0, 3))
+    return write_record(record, Path(out))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    t0, started = time.monotonic(), utc_now()
+    run_id = args.run_id or new_run_id(args.backend, args.workload, args.devices)
+    record = skeleton(run_id, args.backend, args.workload, args.devices, started, scaling=scaling_of(args),
+                      seed=args.seed, sweep_id=args.sweep_id, data=args.data)
+    try:
+        check_options(args)
+        backend = load_backend(args.backend)
+        plan = backend.plan_devices(args.devices, args.device_kind, args.threads_per_device or 1)
+        cfg = build_config(args, run_id, plan)
+        record.update(describe_config(cfg, plan, backend))
+        backend.check(cfg, plan)
+    except BadInput as exc:
+        print(f"bench.run: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Unsupported as exc:
+        path = _finish(record, args.out, "unsupported", str(exc), t0)
+        print(f"unsupported: {exc} (record {path})", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+
+    workdir = Path(args.out) / "logs" / run_id
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"{run_id}: {backend.strategy} on {plan.description}, {cfg.data} data, "
+          f"{cfg.total_steps} steps of global batch {cfg.global_batch}", file=sys.stderr)
+    try:
+        outcome = backend.run(cfg, plan, workdir)
+        record.update(measured_fields(cfg, outcome, record["flops_per_sample"]))
+    except RunFailed as exc:
+        path = _finish(record, args.out, "failed", str(exc), t0)
+        print(f"failed: {exc} (record {path})", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:  # a harness bug must still leave a record, with the trace for a report
+        (workdir / "harness-traceback.txt").write_text(traceback.format_exc())
+        path = _finish(record, args.out, "failed", f"{type(exc).__name__}: {exc}", t0)
+        print(f"failed: {type(exc).__name__}: {exc} (record {path})", file=sys.stderr)
+        return EXIT_FAILED
+    path = _finish(record, args.out, "ok", None, t0)
+    sps, ev = record["samples_per_s"], record["eval"]
+    print(f"ok: {sps or 0:.1f} samples/s, {ev['metric']} {ev['value']:.4f} on {ev['split']} "
+          f"({ev['count']}), record {path}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

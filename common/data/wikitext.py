@@ -1,0 +1,58 @@
+"""WikiText-2 (tokenized v1): word vocabulary from the train split, packed fixed-length sequences."""
+from __future__ import annotations
+
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from common.errors import DataError
+from common.spec import CLS_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID, WIKITEXT2_VOCAB_SIZE
+
+SPLITS = ("train", "valid", "test")
+
+
+def _read_words(path: Path) -> list[list[str]]:
+    """Non-blank lines as word lists. The files are already tokenized: whitespace splits words."""
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: unreadable as UTF-8 text ({exc})") from None
+    return [words for words in (line.split() for line in text.splitlines()) if words]
+
+
+@lru_cache(maxsize=4)
+def build_vocab(data_dir: Path) -> dict[str, int]:
+    """Specials first, then train words by descending count (ties: first appearance)."""
+    path = data_dir / "wikitext-2" / "wiki.train.tokens"
+    counts = Counter(w for line in _read_words(path) for w in line)
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for word, _ in counts.most_common():
+        vocab.setdefault(word, len(vocab))
+    if len(vocab) != WIKITEXT2_VOCAB_SIZE:
+        raise DataError(f"{path}: vocabulary of {len(vocab)} entries, the spec expects "
+                        f"{WIKITEXT2_VOCAB_SIZE}; is this the tokenized v1 WikiText-2?")
+    return vocab
+
+
+def pack(stream: np.ndarray, seq_len: int) -> np.ndarray:
+    """[CLS] + (seq_len - 1) stream tokens per row; the last row is padded with [PAD]."""
+    body = seq_len - 1
+    rows = -(-len(stream) // body)
+    packed = np.full((rows, seq_len), PAD_ID, dtype=np.int32)
+    packed[:, 0] = CLS_ID
+    flat = np.full(rows * body, PAD_ID, dtype=np.int32)
+    flat[: len(stream)] = stream
+    packed[:, 1:] = flat.reshape(rows, body)
+    return packed
+
+
+def load_wikitext(data_dir: Path, split: str, seq_len: int) -> np.ndarray:
+    """Token ids [N, seq_len] int32 of `split`; each line ends with [SEP], as an <eos> would."""
+    vocab = build_vocab(data_dir)
+    lines = _read_words(data_dir / "wikitext-2" / f"wiki.{split}.tokens")
+    ids = [vocab.get(w, UNK_ID) for line in lines for w in (*line, SPECIAL_TOKENS[SEP_ID])]
+    return pack(np.asarray(ids, dtype=np.int32), seq_len)

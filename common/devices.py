@@ -1,0 +1,46 @@
+"""Which devices a run uses, and how CPU cores are shared when the devices are virtual."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    kind: str                 # "cpu" | "cuda" | "ascend"
+    count: int
+    virtual: bool             # True when a "device" is a slice of something (CPU cores, a shared GPU)
+    threads_per_device: int   # intra-op threads each device gets (CPU); 0 when not applicable
+    oversubscribed: bool      # count x threads_per_device > cores: timings are contended
+    description: str
+    hardware: tuple[str, ...] = ()  # names of the physical accelerators behind the devices
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (cgroup/affinity aware, unlike os.cpu_count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def default_threads_per_device(max_devices: int) -> int:
+    """Fixed for a whole sweep, from its largest device count, so every N gets the same cores."""
+    return max(1, cpu_cores() // max(1, max_devices))
+
+
+def cpu_plan(count: int, threads_per_device: int) -> DevicePlan:
+    cores = cpu_cores()
+    over = count * threads_per_device > cores
+    desc = f"{count} virtual CPU device(s) x {threads_per_device} thread(s) on {cores} core(s)"
+    if over:
+        desc += " (oversubscribed)"
+    return DevicePlan("cpu", count, True, threads_per_device, over, desc)
+
+
+def cuda_plan(count: int, available: int, names: list[str]) -> DevicePlan:
+    label = names[0] if names else "CUDA device"
+    return DevicePlan("cuda", count, False, 0, False, f"{count} of {available} x {label}", tuple(names))

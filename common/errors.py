@@ -1,0 +1,19 @@
+"""The three ways a run can end other than `ok`, mapped to the exit codes of CONVENTIONS §3."""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNSUPPORTED = 3
+
+
+class BadInput(Exception):
+    """The user asked for something that cannot be run as asked: exit 2, one line, no record."""
+
+
+class Unsupported(Exception):
+    """The run is valid but this machine cannot do it: a record with status `unsupported`, exit 3."""
+
+
+class DataError(BadInput):
+    """A data file is missing, truncated or corrupt; the message names the file."""

@@ -1,0 +1,82 @@
+"""Starting launcher processes (torchrun, msrun, TF workers) so that none outlives its run."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from common.hostinfo import REPO_ROOT
+
+TERM_GRACE_S = 10.0
+
+
+class RunFailed(Exception):
+    """The run started but did not finish; the message is the record's `error`."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now on `host`, chosen by the kernel (never a fixed number)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def child_env(extra: dict[str, str]) -> dict[str, str]:
+    """The parent's environment plus the repo on PYTHONPATH, so workers import common/ and backends/."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the whole process group, then SIGKILL what is left after a grace period."""
+    for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            # The leader is gone; its workers may linger in the group.
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_supervised(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+    """Run `cmd` in its own process group with output to `log_path`; kill the group on timeout or
+    interrupt. Returns the exit code; raises RunFailed on timeout."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        started = time.monotonic()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            raise RunFailed(f"timed out after {time.monotonic() - started:.0f} s (--timeout {timeout_s:g}); "
+                            f"log tail: {log_tail(log_path)}") from None
+        except BaseException:
+            _kill_group(proc)
+            raise
+    # Workers of a launcher that exited on its own may still be winding down.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    return rc
+
+
+def log_tail(path: Path, lines: int = 15, max_chars: int = 3000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+    return " | ".join(tail)[-max_chars:]

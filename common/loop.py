@@ -1,0 +1,134 @@
+"""The training loop every backend runs: warm-up exclusion, timing, evaluation, early stopping,
+checkpoint cadence and cross-rank aggregation live here once; a backend supplies a `Trainer`
+that knows how to do one step in its framework."""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from common.config import RunConfig
+from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
+from common.data.datasets import SplitData
+from common.spec import DEFAULTS, learning_rate
+from common.timing import aggregate_ranks
+
+# Fault injection for tests of resume and failure handling: every rank exits hard right after
+# this many optimizer steps (and the checkpoint due at that step) have completed.
+FAULT_AFTER_STEP_ENV = "PARBENCH_FAULT_AFTER_STEP"
+FAULT_EXIT_CODE = 17
+MAX_CURVE_POINTS = 1000
+EVAL_BATCH = 256
+
+
+class Trainer(Protocol):
+    rank: int
+    world: int
+
+    def train_step(self, batch: StepBatch, lr: float) -> float:
+        """One optimizer step; returns this rank's share of the global mean loss (shares sum to it)."""
+
+    def sync(self) -> None:
+        """Wait for the device to finish queued work, so that the clock measures it."""
+
+    def evaluate(self, batches: Iterable[Batch]) -> tuple[float, float, float]:
+        """This rank's (loss sum, correct, count) over its evaluation shard."""
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]: ...
+
+    def all_gather(self, obj: dict) -> list[dict]: ...
+
+    def save_checkpoint(self, directory: Path, step: int) -> None: ...
+
+    def load_checkpoint(self, directory: Path) -> int | None:
+        """The step to continue from, or None when the directory holds no checkpoint."""
+
+    def peak_memory_bytes(self) -> int: ...
+
+
+def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
+    batches = eval_batches(data, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH)
+    loss_sum, correct, count = trainer.all_reduce_sum(list(trainer.evaluate(batches)))
+    return {"metric": DEFAULTS[cfg.workload].metric, "split": data.split, "value": correct / count,
+            "loss": loss_sum / count, "count": int(round(count))}
+
+
+def _downsample(curve: list[list[float]]) -> list[list[float]]:
+    stride = max(1, math.ceil(len(curve) / MAX_CURVE_POINTS))
+    return curve[::stride] if curve[-1:] == curve[::stride][-1:] else curve[::stride] + curve[-1:]
+
+
+def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
+             clock=time.perf_counter) -> dict | None:
+    """Train, evaluate and gather; returns the aggregated outcome on rank 0, None elsewhere."""
+    ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    start = 0
+    if cfg.resume and ckpt_dir is not None:
+        start = trainer.load_checkpoint(ckpt_dir) or 0
+    fault_at = int(os.environ.get(FAULT_AFTER_STEP_ENV, "0"))
+
+    step_times, data_wait, losses, history = [], [], [], []
+    best, evals_since_best, stopped_early = -math.inf, 0, False
+    began = clock()
+    done = start
+    for step in range(start, cfg.total_steps):
+        t0 = clock()
+        batch = train.get(step)
+        t1 = clock()
+        losses.append(trainer.train_step(batch, learning_rate(step, cfg.total_steps, cfg.optim)))
+        trainer.sync()
+        t2 = clock()
+        if step - start >= cfg.warmup_steps:
+            step_times.append(t2 - t0)
+            data_wait.append(t1 - t0)
+        done = step + 1
+        if ckpt_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
+            trainer.save_checkpoint(ckpt_dir, done)
+        if done == fault_at:
+            os._exit(FAULT_EXIT_CODE)
+        if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.total_steps:
+            result = _evaluate(trainer, cfg, eval_data)
+            history.append({"step": done, "elapsed_s": clock() - began, "value": result["value"],
+                            "loss": result["loss"]})
+            # Every rank sees the same all-reduced value, so every rank stops at the same step.
+            if result["value"] > best:
+                best, evals_since_best = result["value"], 0
+            else:
+                evals_since_best += 1
+            if cfg.patience and evals_since_best >= cfg.patience:
+                stopped_early = True
+                break
+    if ckpt_dir and cfg.checkpoint_every and done % cfg.checkpoint_every:
+        trainer.save_checkpoint(ckpt_dir, done)  # the final state, for resume and for comparisons
+
+    final = _evaluate(trainer, cfg, eval_data)
+    history.append({"step": done, "elapsed_s": clock() - began, "value": final["value"], "loss": final["loss"]})
+    mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
+            "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes()}
+    ranks = trainer.all_gather(mine)
+    if trainer.rank != 0:
+        return None
+
+    global_loss = np.sum([r["losses"] for r in ranks], axis=0).tolist()
+    curve = [[start + i + 1, loss] for i, loss in enumerate(global_loss)]
+    timing = aggregate_ranks(ranks)
+    return {
+        **timing,
+        "start_step": start,
+        "steps_done": done,
+        "total_steps": cfg.total_steps,
+        "stopped_early": stopped_early,
+        "loss": {"first": global_loss[0] if global_loss else None,
+                 "last": global_loss[-1] if global_loss else None,
+                 "curve": _downsample(curve) if curve else []},
+        "eval": final,
+        "eval_history": history,
+        "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
+        "peak_memory_per_rank": [r["peak_memory_bytes"] for r in ranks],
+        "train_wall_s": clock() - began,
+    }

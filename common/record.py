@@ -1,0 +1,56 @@
+"""Assembling the result record of one run from what the harness knows and what the workers measured."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from common.config import RunConfig
+from common.devices import DevicePlan
+from common.hostinfo import git_sha, host_info, package_versions
+from common.results import REQUIRED_FIELDS, SCHEMA_VERSION
+from common.spec import training_flops_per_sample
+
+
+def skeleton(run_id: str, backend: str, workload: str, devices: int, started_at: str, **known) -> dict:
+    """Every field present, unknown ones null: the shape of a run that ended before measuring."""
+    record = dict.fromkeys(REQUIRED_FIELDS)
+    record.update(schema_version=SCHEMA_VERSION, run_id=run_id, backend=backend, workload=workload,
+                  devices=devices, started_at=started_at, host=host_info(), versions=package_versions(),
+                  git_sha=git_sha(), notes=[], config={})
+    record.update(known)
+    return record
+
+
+def describe_config(cfg: RunConfig, plan: DevicePlan, backend) -> dict:
+    """The record fields fixed before the run starts."""
+    spec = cfg.spec
+    return {
+        "strategy": backend.strategy, "framework": backend.framework,
+        "framework_version": backend.framework_version(), "device_kind": plan.kind, "virtual": plan.virtual,
+        "threads_per_device": plan.threads_per_device, "oversubscribed": plan.oversubscribed,
+        "devices_description": plan.description, "scaling": cfg.scaling, "data": cfg.data,
+        "per_device_batch": cfg.per_device_batch, "global_batch": cfg.global_batch,
+        "warmup_steps": cfg.warmup_steps, "params": spec.param_count(),
+        "flops_per_sample": training_flops_per_sample(spec), "seed": cfg.seed, "sweep_id": cfg.sweep_id,
+        "config": {**asdict(cfg), "model": asdict(spec), "optimizer": asdict(cfg.optim)},
+        "host": host_info(list(plan.hardware)),
+        "notes": backend.notes(cfg, plan),
+    }
+
+
+def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dict:
+    """Throughput and the rest from the loop's outcome; throughput counts every rank's samples."""
+    fields = {k: outcome.get(k) for k in ("measured_steps", "step_time_s", "data_wait_fraction",
+                                          "peak_memory_bytes", "loss", "eval")}
+    steps, window = outcome["measured_steps"], outcome["measured_time_s"]
+    sps = cfg.global_batch * steps / window if steps and window > 0 else None
+    fields.update(
+        samples_per_s=sps,
+        # Every position of a packed sequence is processed, padding of the last row included.
+        tokens_per_s=sps * cfg.spec.seq_len if sps and cfg.workload == "mlm" else None,
+        achieved_flops=sps * flops_per_sample if sps else None,
+        eval_history=outcome.get("eval_history"), peak_memory_per_rank=outcome.get("peak_memory_per_rank"),
+        total_steps=outcome.get("total_steps"), start_step=outcome.get("start_step"),
+        steps_done=outcome.get("steps_done"), stopped_early=outcome.get("stopped_early"),
+        train_wall_s=outcome.get("train_wall_s"), backend_metrics=outcome.get("backend_metrics"),
+    )
+    return fields

@@ -1,0 +1,151 @@
+"""The result record of CONVENTIONS §4: its fields, atomic writing, and the sweep summary."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "failed", "unsupported")
+
+REQUIRED_FIELDS = (
+    "schema_version", "run_id", "status", "error", "backend", "strategy", "framework",
+    "framework_version", "workload", "devices", "device_kind", "virtual", "threads_per_device",
+    "scaling", "per_device_batch", "global_batch", "warmup_steps", "measured_steps", "step_time_s",
+    "samples_per_s", "tokens_per_s", "data_wait_fraction", "params", "flops_per_sample",
+    "achieved_flops", "peak_memory_bytes", "loss", "eval", "seed", "config", "host", "versions",
+    "git_sha", "started_at", "duration_s", "notes",
+)
+STEP_TIME_KEYS = ("mean", "p50", "p90", "min", "max", "std")
+
+# The columns of summary.csv, in order; scaling_efficiency is computed per group.
+SUMMARY_COLUMNS = (
+    "run_id", "sweep_id", "status", "backend", "strategy", "workload", "data", "devices", "device_kind",
+    "virtual", "threads_per_device", "oversubscribed", "scaling", "per_device_batch", "global_batch",
+    "measured_steps", "samples_per_s", "tokens_per_s", "scaling_efficiency", "step_time_p50",
+    "step_time_p90", "data_wait_fraction", "peak_memory_bytes", "eval_metric", "eval_value",
+    "loss_last", "host", "started_at", "error",
+)
+# Runs compare only within one of these groups: same machine, same experiment.
+GROUP_KEYS = ("sweep_id", "host", "backend", "strategy", "workload", "data", "device_kind", "scaling")
+
+
+def new_run_id(backend: str, workload: str, devices: int) -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{backend}-{workload}-n{devices}-{secrets.token_hex(3)}"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def validate_record(record: dict) -> list[str]:
+    """Problems with a record's shape; empty when it is well-formed."""
+    problems = [f"missing field {k}" for k in REQUIRED_FIELDS if k not in record]
+    if record.get("status") not in STATUSES:
+        problems.append(f"status {record.get('status')!r} not in {STATUSES}")
+    if record.get("status") == "ok":
+        measured = ("samples_per_s", "measured_steps") if record.get("measured_steps") else ()
+        for key in ("params", "flops_per_sample", *measured):
+            if not isinstance(record.get(key), (int, float)) or record[key] <= 0:
+                problems.append(f"ok record with {key}={record.get(key)!r}")
+        if measured:
+            st = record.get("step_time_s") or {}
+            problems += [f"step_time_s lacks {k}" for k in STEP_TIME_KEYS if k not in st]
+            if record.get("workload") == "mlm" and not record.get("tokens_per_s"):
+                problems.append("mlm record without tokens_per_s")
+    elif not record.get("error"):
+        problems.append(f"{record.get('status')} record without an error")
+    return problems
+
+
+def write_json_atomic(path: Path, payload: dict) -> Path:
+    """Write to a temp file in the same folder, fsync, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=1, sort_keys=True, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_record(record: dict, out_dir: Path) -> Path:
+    problems = validate_record(record)
+    if problems:
+        raise ValueError(f"refusing to write a malformed record: {'; '.join(problems)}")
+    return write_json_atomic(Path(out_dir) / "runs" / f"{record['run_id']}.json", record)
+
+
+def load_records(out_dir: Path) -> list[dict]:
+    records = []
+    for path in sorted((Path(out_dir) / "runs").glob("*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue  # a foreign or damaged file must not hide the other runs
+    return records
+
+
+def _row(r: dict) -> dict:
+    st = r.get("step_time_s") or {}
+    ev = r.get("eval") or {}
+    return {
+        "run_id": r["run_id"], "sweep_id": r.get("sweep_id") or "", "status": r["status"],
+        "backend": r["backend"], "strategy": r.get("strategy"), "workload": r["workload"],
+        "data": r.get("data"), "devices": r["devices"], "device_kind": r.get("device_kind"),
+        "virtual": r.get("virtual"), "threads_per_device": r.get("threads_per_device"),
+        "oversubscribed": r.get("oversubscribed"), "scaling": r.get("scaling"),
+        "per_device_batch": r.get("per_device_batch"), "global_batch": r.get("global_batch"),
+        "measured_steps": r.get("measured_steps"), "samples_per_s": r.get("samples_per_s"),
+        "tokens_per_s": r.get("tokens_per_s"), "step_time_p50": st.get("p50"), "step_time_p90": st.get("p90"),
+        "data_wait_fraction": r.get("data_wait_fraction"), "peak_memory_bytes": r.get("peak_memory_bytes"),
+        "eval_metric": ev.get("metric"), "eval_value": ev.get("value"),
+        "loss_last": (r.get("loss") or {}).get("last"), "host": (r.get("host") or {}).get("name"),
+        "started_at": r.get("started_at"), "error": r.get("error"),
+    }
+
+
+def summary_frame(records: list[dict]) -> pd.DataFrame:
+    """One row per run; scaling_efficiency = sps(N) / (N * sps(1)) against the latest ok 1-device
+    run of the same group (GROUP_KEYS), empty where the group has none."""
+    frame = pd.DataFrame([_row(r) for r in records], columns=[c for c in SUMMARY_COLUMNS
+                                                              if c != "scaling_efficiency"])
+    frame["scaling_efficiency"] = float("nan")
+    if frame.empty:
+        return frame[list(SUMMARY_COLUMNS)]
+    frame = frame.sort_values(["started_at", "run_id"], kind="stable").reset_index(drop=True)
+    for _, group in frame.groupby(list(GROUP_KEYS), dropna=False, sort=False):
+        base = group[(group.status == "ok") & (group.devices == 1)]
+        if base.empty:
+            continue
+        one = base.iloc[-1].samples_per_s
+        ok = group[group.status == "ok"]
+        frame.loc[ok.index, "scaling_efficiency"] = ok.samples_per_s / (ok.devices * one)
+    return frame[list(SUMMARY_COLUMNS)]
+
+
+def write_summary(out_dir: Path, records: list[dict] | None = None) -> Path:
+    frame = summary_frame(load_records(out_dir) if records is None else records)
+    path = Path(out_dir) / "summary.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".summary.", suffix=".csv.tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        frame.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,208 @@
+"""The workload spec: model shapes, training hyperparameters and analytical formulas.
+
+Every backend builds its models and optimizers from these objects and reports
+parameter counts and FLOPs from the formulas here, so that a table comparing
+backends compares frameworks, not configurations.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+WORKLOADS = ("cnn", "mlm")
+
+# ----------------------------------------------------------------------------- CNN
+
+
+@dataclass(frozen=True)
+class CnnSpec:
+    """SimpleCNN of the seed notebooks: four 3x3 valid convs (+BN+ReLU), two 2x2 max-pools, three FCs.
+
+    28 -> 26 -> 24 -> pool 12 -> 10 -> 8 -> pool 4, so the flattened size is 128 * 4 * 4 = 2048.
+    """
+    image_size: int = 28
+    in_channels: int = 1
+    conv_channels: tuple[int, ...] = (16, 32, 64, 128)
+    pool_after: tuple[bool, ...] = (False, True, False, True)
+    kernel: int = 3
+    fc_sizes: tuple[int, ...] = (1024, 128)
+    num_classes: int = 10
+    bn_eps: float = 1e-5
+    bn_momentum: float = 0.1  # torch convention: weight of the new batch statistic
+
+    def feature_maps(self) -> list[int]:
+        """Spatial size after each conv (before its pool)."""
+        size, sizes = self.image_size, []
+        for pool in self.pool_after:
+            size -= self.kernel - 1
+            sizes.append(size)
+            if pool:
+                size //= 2
+        return sizes
+
+    @property
+    def flat_features(self) -> int:
+        last = self.feature_maps()[-1] // (2 if self.pool_after[-1] else 1)
+        return self.conv_channels[-1] * last * last
+
+    def param_count(self) -> int:
+        total, cin = 0, self.in_channels
+        for cout in self.conv_channels:
+            total += cin * cout * self.kernel**2 + cout  # conv weight + bias
+            total += 2 * cout                            # BatchNorm gamma, beta
+            cin = cout
+        fin = self.flat_features
+        for fout in (*self.fc_sizes, self.num_classes):
+            total += fin * fout + fout
+            fin = fout
+        return total
+
+    def forward_macs(self) -> int:
+        macs, cin = 0, self.in_channels
+        for cout, size in zip(self.conv_channels, self.feature_maps()):
+            macs += size * size * cout * cin * self.kernel**2
+            cin = cout
+        fin = self.flat_features
+        for fout in (*self.fc_sizes, self.num_classes):
+            macs += fin * fout
+            fin = fout
+        return macs
+
+
+# ----------------------------------------------------------------------------- BERT MLM
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(len(SPECIAL_TOKENS))
+# The 33,277 distinct words of wiki.train.tokens (<unk> is one of them) plus the specials.
+# tests/test_data.py checks this against the real file.
+WIKITEXT2_VOCAB_SIZE = 33277 + len(SPECIAL_TOKENS)
+
+
+@dataclass(frozen=True)
+class BertSpec:
+    """A post-LN BERT encoder with learned positions and a tied masked-LM head (keras-hub layout).
+
+    Parameters: token, position and segment (2 types) embeddings + LayerNorm; per layer
+    Q, K, V, O projections, LayerNorm, FFN (GELU), LayerNorm; MLM head dense + GELU +
+    LayerNorm + an output bias, the decoder weight tied to the token embedding. No pooler:
+    the MLM loss never reaches it.
+    """
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    intermediate: int
+    seq_len: int = 128
+    vocab_size: int = WIKITEXT2_VOCAB_SIZE
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    # Dropout is 0 by spec: dropout masks come from each framework's own RNG, which would
+    # make the backends run different experiments. Recorded in every record's config.
+    dropout: float = 0.0
+    mask_rate: float = 0.15
+    # keras-hub's BertBackbone uses tanh-approximated GELU in the encoder FFN and exact GELU
+    # in the MaskedLMHead; every backend follows it.
+    ffn_gelu_approximate: bool = True
+    head_gelu_approximate: bool = False
+    init_stddev: float = 0.02  # truncated normal (+-2 std) for kernels and embeddings
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def max_predictions(self) -> int:
+        """Masked positions per sequence are padded to this many (keras-hub `mask_selection_length`)."""
+        return math.ceil(self.mask_rate * self.seq_len)
+
+    def param_count(self) -> int:
+        h, i, v = self.hidden, self.intermediate, self.vocab_size
+        embeddings = (v + self.seq_len + self.type_vocab_size) * h + 2 * h
+        layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+        head = (h * h + h) + 2 * h + v
+        return embeddings + self.layers * layer + head
+
+    def forward_macs(self) -> int:
+        """Per sequence. The vocabulary projection runs only at the `max_predictions` gathered positions."""
+        h, i, s = self.hidden, self.intermediate, self.seq_len
+        per_layer = 4 * s * h * h + 2 * s * s * h + 2 * s * h * i
+        head = self.max_predictions * (h * h + h * self.vocab_size)
+        return self.layers * per_layer + head
+
+
+BERT_SIZES = {
+    "tiny": BertSpec("tiny", layers=2, hidden=128, heads=2, intermediate=512),
+    "mini": BertSpec("mini", layers=4, hidden=256, heads=4, intermediate=1024),
+    "small": BertSpec("small", layers=4, hidden=512, heads=8, intermediate=2048),
+    "base": BertSpec("base", layers=12, hidden=768, heads=12, intermediate=3072),
+}
+
+CNN = CnnSpec()
+
+
+def model_spec(workload: str, size: str = "tiny") -> CnnSpec | BertSpec:
+    if workload == "cnn":
+        return CNN
+    return BERT_SIZES[size]
+
+
+def training_flops_per_sample(spec: CnnSpec | BertSpec) -> int:
+    """Forward + backward = 3x the forward multiply-adds, 2 FLOPs each (the usual analytical rule).
+
+    Only matmuls and convolutions count; norms, activations and pools are a few percent.
+    """
+    return 3 * 2 * spec.forward_macs()
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    """AdamW with linear warm-up then polynomial decay to `end_lr_ratio` x peak."""
+    lr: float
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_fraction: float = 0.05
+    decay_power: float = 1.0
+    end_lr_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkloadDefaults:
+    per_device_batch: int
+    optim: OptimSpec
+    eval_split: str
+    metric: str
+    default_steps: int = 50      # a throughput run when neither --steps nor --epochs is given
+    default_warmup_steps: int = 5
+
+
+DEFAULTS = {
+    "cnn": WorkloadDefaults(per_device_batch=64, optim=OptimSpec(lr=1e-3), eval_split="test",
+                            metric="accuracy"),
+    "mlm": WorkloadDefaults(per_device_batch=32, optim=OptimSpec(lr=1e-3, warmup_fraction=0.06),
+                            eval_split="valid", metric="masked_accuracy"),
+}
+
+
+def learning_rate(step: int, total_steps: int, optim: OptimSpec) -> float:
+    """The learning rate used for optimizer step `step` (0-based) of `total_steps`."""
+    warmup = max(1, round(optim.warmup_fraction * total_steps))
+    if step < warmup:
+        return optim.lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    end = optim.lr * optim.end_lr_ratio
+    return end + (optim.lr - end) * (1.0 - progress) ** optim.decay_power
+
+
+def spec_dict(spec) -> dict:
+    return asdict(spec)
+
+
+__all__ = [
+    "BERT_SIZES", "CNN", "DEFAULTS", "WORKLOADS", "BertSpec", "CnnSpec", "OptimSpec",
+    "learning_rate", "model_spec", "training_flops_per_sample",
+]

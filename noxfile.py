@@ -1,0 +1,63 @@
+"""nox sessions: tests, lint, compare, report, and bench-<backend> for each backend.
+
+On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
+takes the CPU build of torch instead of the CUDA one (CI does this).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import nox
+
+sys.path.insert(0, str(Path(__file__).parent))  # nox loads this file without the repo on sys.path
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+from backends import BACKENDS  # noqa: E402  (the registry: one list of backends and their extras)
+
+PASS_ENV = ("PARBENCH_DATA_DIR",)
+
+
+def _env() -> dict[str, str]:
+    return {k: os.environ[k] for k in PASS_ENV if k in os.environ}
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The test suite, on CPU, with real data from $PARBENCH_DATA_DIR."""
+    session.install("-e", ".[torch,dev]")
+    session.run("pytest", *(session.posargs or ["-q"]), env=_env())
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+
+
+@nox.session(python="3.11")
+def compare(session: nox.Session) -> None:
+    """A sweep; arguments after -- go to bench.compare (default: the torch backends at 1 and 2 devices)."""
+    session.install("-e", ".[torch]")
+    args = session.posargs or ["--gpus", "1,2", "--backends", "torch_ddp"]
+    session.run("python", "-m", "bench.compare", *args, env=_env())
+
+
+def _bench_session(backend: str) -> None:
+    entry = BACKENDS[backend]
+
+    @nox.session(python="3.11", name=f"bench-{backend}")
+    def bench(session: nox.Session) -> None:
+        """One backend at 1 and 2 devices on both workloads; real data when downloaded, else synthetic."""
+        if entry.module is None:
+            session.error(f"backend {backend} is not built yet ({entry.pending})")
+        session.install("-e", f".[{entry.extra}]")
+        args = session.posargs or ["--gpus", "1,2"]
+        session.run("python", "-m", "bench.compare", "--backends", backend, *args, env=_env())
+
+
+for _name in BACKENDS:
+    _bench_session(_name)
