@@ -86,6 +86,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     g.add_argument("--sync-bn", action="store_true", help="synchronise BatchNorm statistics across devices")
     g.add_argument("--eval-every", type=non_negative_int, default=0, help="evaluate every K steps")
+    g.add_argument("--skip-eval", action="store_true",
+                   help="no evaluation at the end (throughput or correctness runs); eval is null in the record")
     g.add_argument("--patience", type=non_negative_int, default=0,
                    help="stop after this many evaluations without improvement (needs --eval-every)")
     g.add_argument("--checkpoint-every", type=non_negative_int, default=0, help="checkpoint every K steps")

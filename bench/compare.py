@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             progress.advance(task)
     write_summary(out)
     mine = [r for r in load_records(out) if r["run_id"] in set(run_ids)]
-    print_table(Console(), summary_frame(mine))
+    # Off a terminal rich assumes 80 columns, which would cut backend names in logs.
+    print_table(Console(width=None if sys.stdout.isatty() else 160), summary_frame(mine))
     console.print(f"{len(plan)} runs in {time.monotonic() - started:.0f} s; records in {out / 'runs'}, "
                   f"summary {out / 'summary.csv'}")
     return 0

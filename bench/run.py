@@ -46,6 +46,8 @@ def check_options(args) -> None:
         raise BadInput("give --steps or --epochs, not both")
     if args.patience and not args.eval_every:
         raise BadInput("--patience needs --eval-every")
+    if args.skip_eval and args.eval_every:
+        raise BadInput("--skip-eval contradicts --eval-every")
     if args.resume and not (args.checkpoint_dir or args.checkpoint_every):
         raise BadInput("--resume needs --checkpoint-dir or --checkpoint-every")
     out = Path(args.out)
@@ -85,7 +87,8 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         batch_size=batch_size, per_device_batch=per_device, grad_accum=args.grad_accum, data=data,
         data_dir=str(data_dir), seed=args.seed, total_steps=total, warmup_steps=warmup, out=args.out,
         model_size=args.model_size, precision=args.precision, sync_bn=args.sync_bn,
-        eval_every=args.eval_every, patience=args.patience, checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every, skip_eval=args.skip_eval, patience=args.patience,
+        checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, timeout_s=args.timeout,
         collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
     )
@@ -134,9 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"failed: {type(exc).__name__}: {exc} (record {path})", file=sys.stderr)
         return EXIT_FAILED
     path = _finish(record, args.out, "ok", None, t0)
-    sps, ev = record["samples_per_s"], record["eval"]
-    print(f"ok: {sps or 0:.1f} samples/s, {ev['metric']} {ev['value']:.4f} on {ev['split']} "
-          f"({ev['count']}), record {path}")
+    ev = record["eval"]
+    metric = f", {ev['metric']} {ev['value']:.4f} on {ev['split']} ({ev['count']})" if ev else ""
+    print(f"ok: {record['samples_per_s'] or 0:.1f} samples/s{metric}, record {path}")
     return EXIT_OK
 
 

@@ -38,6 +38,7 @@ class RunConfig:
     precision: str = "fp32"
     sync_bn: bool = False
     eval_every: int = 0          # 0: only at the end
+    skip_eval: bool = False      # not even at the end
     patience: int = 0            # 0: no early stopping
     checkpoint_every: int = 0    # 0: no checkpoints
     checkpoint_dir: str = ""

@@ -106,8 +106,11 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     if ckpt_dir and cfg.checkpoint_every and done % cfg.checkpoint_every:
         trainer.save_checkpoint(ckpt_dir, done)  # the final state, for resume and for comparisons
 
-    final = _evaluate(trainer, cfg, eval_data)
-    history.append({"step": done, "elapsed_s": clock() - began, "value": final["value"], "loss": final["loss"]})
+    final = None
+    if not cfg.skip_eval:
+        final = _evaluate(trainer, cfg, eval_data)
+        history.append({"step": done, "elapsed_s": clock() - began, "value": final["value"],
+                        "loss": final["loss"]})
     mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
             "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes()}
     ranks = trainer.all_gather(mine)

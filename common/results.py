@@ -74,6 +74,7 @@ def write_json_atomic(path: Path, payload: dict) -> Path:
             fh.write("\n")
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

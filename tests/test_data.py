@@ -1,0 +1,216 @@
+"""Readers, masking and sharding: the part of the suite that makes backends comparable."""
+from __future__ import annotations
+
+import gzip
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.data.batches import TrainBatches, epoch_order, eval_batches, eval_indices
+from common.data.datasets import load_split, resolve_data_mode
+from common.data.masking import mask_tokens
+from common.data.mnist import load_mnist, read_idx_images, read_idx_labels
+from common.data.synthetic import synthetic_mnist, synthetic_wikitext
+from common.data.wikitext import build_vocab, load_wikitext
+from common.errors import DataError
+from common.spec import BERT_SIZES, CLS_ID, CNN, MASK_ID, PAD_ID, SEP_ID, WIKITEXT2_VOCAB_SIZE
+
+TINY = BERT_SIZES["tiny"]
+# Per-class counts from ../shared/data/README.md.
+TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+# ----------------------------------------------------------------------------- MNIST
+
+
+def test_mnist_real_counts(data_dir):
+    for split, counts in (("train", TRAIN_COUNTS), ("test", TEST_COUNTS)):
+        images, labels = load_mnist(data_dir, split)
+        assert images.shape == (sum(counts), 28, 28) and images.dtype == np.uint8
+        assert np.bincount(labels, minlength=10).tolist() == counts
+        assert images.min() == 0 and images.max() == 255
+
+
+def _write_gz(path: Path, payload: bytes) -> Path:
+    with gzip.open(path, "wb") as fh:
+        fh.write(payload)
+    return path
+
+
+@pytest.mark.parametrize("header, body, needle", [
+    (struct.pack(">IIII", 2049, 1, 28, 28), bytes(784), "magic 2049"),
+    (struct.pack(">IIII", 2051, 2, 28, 28), bytes(784), "header promises"),
+    (struct.pack(">IIII", 2051, 1, 32, 32), bytes(1024), "32x32"),
+    (b"\x00\x00", b"", "shorter than"),
+])
+def test_mnist_images_rejects_bad_headers(tmp_path, header, body, needle):
+    path = _write_gz(tmp_path / "bad-images-idx3-ubyte.gz", header + body)
+    with pytest.raises(DataError, match=needle) as info:
+        read_idx_images(path)
+    assert str(path) in str(info.value)
+
+
+def test_mnist_labels_rejects_bad_values(tmp_path):
+    path = _write_gz(tmp_path / "l.gz", struct.pack(">II", 2049, 2) + bytes([3, 11]))
+    with pytest.raises(DataError, match="label 11"):
+        read_idx_labels(path)
+
+
+def test_mnist_truncated_gzip_names_the_file(tmp_path, data_dir):
+    src = data_dir / "mnist" / "t10k-images-idx3-ubyte.gz"
+    cut = tmp_path / "t10k-images-idx3-ubyte.gz"
+    cut.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    with pytest.raises(DataError, match="truncated") as info:
+        read_idx_images(cut)
+    assert str(cut) in str(info.value)
+
+
+def test_mnist_missing_and_mismatched_counts(tmp_path, data_dir):
+    with pytest.raises(DataError, match="not found"):
+        load_mnist(tmp_path, "test")
+    (tmp_path / "mnist").mkdir()
+    shutil.copy(data_dir / "mnist" / "t10k-images-idx3-ubyte.gz", tmp_path / "mnist")
+    _write_gz(tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz", struct.pack(">II", 2049, 3) + bytes(3))
+    with pytest.raises(DataError, match="10000 t10k images but 3 labels"):
+        load_mnist(tmp_path, "test")
+
+
+def test_real_mode_without_files_is_bad_input(tmp_path):
+    with pytest.raises(DataError, match="bench.data download"):
+        resolve_data_mode("real", "cnn", tmp_path)
+    assert resolve_data_mode("auto", "cnn", tmp_path) == "synthetic"
+
+
+# ----------------------------------------------------------------------------- WikiText-2
+
+
+def test_wikitext_vocabulary(data_dir):
+    vocab = build_vocab(data_dir)
+    assert len(vocab) == WIKITEXT2_VOCAB_SIZE
+    assert [vocab[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")] == [0, 1, 2, 3, 4]
+    assert vocab["the"] == 5  # the most frequent word comes first
+
+
+def test_wikitext_packing(data_dir):
+    tokens = load_wikitext(data_dir, "valid", TINY.seq_len)
+    assert tokens.shape[1] == 128 and tokens.dtype == np.int32
+    assert (tokens[:, 0] == CLS_ID).all()
+    # 213,886 words + one [SEP] for each of the 2,461 non-blank lines, 127 per row.
+    real = (tokens[:, 1:] != PAD_ID).sum()
+    assert real == 213886 + (tokens == SEP_ID).sum()
+    assert len(tokens) == -(-real // 127)
+    assert (tokens[:-1] != PAD_ID).all()  # only the last row is padded
+
+
+# ----------------------------------------------------------------------------- masking
+
+
+@pytest.fixture(scope="module")
+def valid_tokens(data_dir):
+    return load_wikitext(data_dir, "valid", TINY.seq_len)
+
+
+def test_masking_statistics(valid_tokens):
+    m = mask_tokens(valid_tokens, TINY, seed=0, epoch=0)
+    sel = m["mask_weights"] > 0
+    maskable = ~np.isin(valid_tokens, [PAD_ID, CLS_ID, SEP_ID, MASK_ID])
+    assert sel.sum() / maskable.sum() == pytest.approx(0.15, abs=0.005)
+    rows, cols = np.nonzero(sel)
+    pos = m["mask_positions"][rows, cols]
+    original = valid_tokens[rows, pos]
+    assert (m["mask_ids"][rows, cols] == original).all()  # labels are the original words
+    assert maskable[rows, pos].all()  # never a special token
+    got = m["input_ids"][rows, pos]
+    as_mask, kept = (got == MASK_ID).mean(), (got == original).mean()
+    assert as_mask == pytest.approx(0.8, abs=0.01)
+    assert kept == pytest.approx(0.1, abs=0.01)  # 10% kept, plus the rare random draw of itself
+    # Outside the selected positions the input is untouched.
+    untouched = np.ones_like(valid_tokens, dtype=bool)
+    untouched[rows, pos] = False
+    assert (m["input_ids"][untouched] == valid_tokens[untouched]).all()
+    assert (m["mask_ids"][~sel] == 0).all()
+
+
+def test_masking_is_a_function_of_seed_and_epoch(valid_tokens):
+    a = mask_tokens(valid_tokens, TINY, seed=3, epoch=1)
+    b = mask_tokens(valid_tokens, TINY, seed=3, epoch=1)
+    c = mask_tokens(valid_tokens, TINY, seed=3, epoch=2)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["mask_positions"], c["mask_positions"])
+
+
+# ----------------------------------------------------------------------------- sharding
+
+
+def _split(n=1000):
+    return load_split("cnn", "test", "synthetic", Path("."), CNN, seed=0)
+
+
+def test_epoch_order_is_a_function_of_seed_and_epoch():
+    assert np.array_equal(epoch_order(100, 1, 2), epoch_order(100, 1, 2))
+    assert not np.array_equal(epoch_order(100, 1, 2), epoch_order(100, 1, 3))
+    assert sorted(epoch_order(100, 1, 2)) == list(range(100))
+
+
+@pytest.mark.parametrize("world, accum", [(2, 1), (4, 1), (2, 3)])
+def test_ranks_together_see_the_one_device_batch(world, accum):
+    data = _split()
+    one = TrainBatches(data, CNN, 0, per_device_batch=4 * world * accum, world=1, rank=0)
+    ranks = [TrainBatches(data, CNN, 0, per_device_batch=4, world=world, rank=r, micro_batches=accum)
+             for r in range(world)]
+    for step in (0, 7, one.steps_per_epoch + 1):  # also across an epoch boundary
+        ref = one.get(step)
+        shards = [rb.get(step) for rb in ranks]
+        # Micro-batch k of rank r holds global positions k*b*world + r*b ... + b.
+        joined = np.concatenate([shards[r].micro[k]["label"] for k in range(accum) for r in range(world)])
+        assert np.array_equal(joined, ref.micro[0]["label"])
+        assert all(s.denominator == ref.denominator == 4 * world * accum for s in shards)
+    epochs = {r.epoch_digest(0) for r in ranks}
+    assert len(epochs) == world  # different samples per rank
+
+
+def test_mlm_denominator_counts_the_global_masked_tokens():
+    data = load_split("mlm", "train", "synthetic", Path("."), TINY, seed=0)
+    ranks = [TrainBatches(data, TINY, 0, 4, 2, r) for r in range(2)]
+    steps = [r.get(5) for r in ranks]
+    total = sum(float(s.micro[0]["mask_weights"].sum()) for s in steps)
+    assert steps[0].denominator == steps[1].denominator == total
+
+
+@pytest.mark.parametrize("n, world", [(10000, 1), (10000, 3), (7, 4), (3, 4)])
+def test_eval_covers_every_sample_exactly_once(n, world):
+    seen = np.concatenate([eval_indices(n, r, world) for r in range(world)])
+    assert np.array_equal(np.sort(seen), np.arange(n))
+
+
+def test_eval_batches_count(data_dir):
+    data = load_split("cnn", "test", "real", data_dir, CNN, seed=0)
+    counts = [sum(len(b["label"]) for b in eval_batches(data, CNN, 0, r, 3, 256)) for r in range(3)]
+    assert sum(counts) == 10000
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+
+def test_synthetic_mnist_is_learnable():
+    """A nearest-class-mean classifier fitted on train gets far above chance on test."""
+    x, y = synthetic_mnist("train", seed=0)
+    tx, ty = synthetic_mnist("test", seed=0)
+    means = np.stack([x[y == c].reshape(-1, 784).mean(0) for c in range(10)])
+    pred = np.argmin(((tx.reshape(-1, 1, 784) / 255.0 - means[None] / 255.0) ** 2).sum(-1), axis=1)
+    assert (pred == ty).mean() > 0.5
+    assert x.shape == (60000, 28, 28) and tx.shape == (10000, 28, 28)
+
+
+def test_synthetic_wikitext_is_predictable_from_the_left_neighbour():
+    tokens = synthetic_wikitext("train", TINY, seed=0)
+    assert tokens.shape[1] == TINY.seq_len and tokens.max() < TINY.vocab_size
+    pairs = {}
+    for a, b in zip(tokens[:, 1:-1].ravel(), tokens[:, 2:].ravel()):
+        pairs.setdefault(a, []).append(b)
+    agree = np.mean([np.mean(np.array(v) == np.bincount(v).argmax()) for v in pairs.values()])
+    assert agree > 0.85

@@ -1,0 +1,133 @@
+"""DistributedDataParallel on CPU ranks: correctness against one device, resume, and the harness end to end."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from backends.torch_common.models import build_model
+from backends.torch_common.trainer import CHECKPOINT_NAME, TorchTrainer
+from common.config import RunConfig
+from common.data.batches import TrainBatches
+from common.data.datasets import SplitData, load_split
+from common.loop import FAULT_AFTER_STEP_ENV, run_loop
+from common.results import validate_record
+from common.spec import CNN
+from tests.conftest import run_cli
+
+# One optimizer step, same global batch: only the order of float32 summation differs
+# (all-reduce of two halves vs one sum), so parameters agree to float32 rounding.
+RTOL = 1e-5
+
+
+def _run(out: Path, *args: str, env: dict | None = None):
+    proc = run_cli("bench.run", "--backend", "torch_ddp", "--out", str(out), "--data", "real", *args, env=env)
+    records = sorted((out / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    return proc, (json.loads(records[-1].read_text()) if records else None)
+
+
+def _params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(ckpt_dir / CHECKPOINT_NAME, weights_only=True)["model"]
+    # BatchNorm running statistics are buffers, not parameters: DDP broadcasts rank 0's, so they
+    # legitimately differ from a single device's.
+    return {k: v for k, v in state.items() if "running_" not in k and "num_batches" not in k}
+
+
+def _assert_same_params(a: dict, b: dict, rtol: float = RTOL):
+    assert a.keys() == b.keys()
+    for k in a:
+        rel = (a[k] - b[k]).norm() / b[k].norm().clamp_min(1e-12)
+        assert rel <= rtol, f"{k}: relative difference {rel:.2e}"
+
+
+@pytest.mark.parametrize("workload, one_device_args", [
+    ("mlm", ["--batch-size", "16"]),
+    # Per-rank BatchNorm: 2 ranks x 8 equal one device that accumulates two micro-batches of 8.
+    ("cnn", ["--batch-size", "8", "--grad-accum", "2"]),
+])
+def test_two_ranks_equal_one_device_on_the_same_global_batch(tmp_path, data_dir, workload, one_device_args):
+    common = ["--workload", workload, "--steps", "1", "--warmup-steps", "0", "--checkpoint-every", "1",
+              "--skip-eval"]
+    p1, r1 = _run(tmp_path / "out", *common, "--devices", "1", *one_device_args,
+                  "--checkpoint-dir", str(tmp_path / "one"))
+    p2, r2 = _run(tmp_path / "out", *common, "--devices", "2", "--batch-size", "8",
+                  "--checkpoint-dir", str(tmp_path / "two"))
+    assert p1.returncode == 0 and p2.returncode == 0, p1.stderr + p2.stderr
+    assert r1["global_batch"] == r2["global_batch"] == 16
+    assert r1["loss"]["first"] == pytest.approx(r2["loss"]["first"], rel=RTOL)
+    _assert_same_params(_params(tmp_path / "two"), _params(tmp_path / "one"))
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, data_dir):
+    common = ["--workload", "cnn", "--devices", "2", "--batch-size", "16", "--steps", "6",
+              "--warmup-steps", "1", "--checkpoint-every", "3", "--skip-eval"]
+    p, full = _run(tmp_path / "out", *common, "--checkpoint-dir", str(tmp_path / "full"))
+    assert p.returncode == 0, p.stderr
+    # Both ranks die after step 4; the checkpoint of step 3 survives and step 4 is redone.
+    p, crashed = _run(tmp_path / "out", *common, "--checkpoint-dir", str(tmp_path / "resumed"),
+                      env={FAULT_AFTER_STEP_ENV: "4"})
+    assert p.returncode == 1 and crashed["status"] == "failed"
+    assert "exited with code" in crashed["error"] and validate_record(crashed) == []
+    p, resumed = _run(tmp_path / "out", *common, "--checkpoint-dir", str(tmp_path / "resumed"), "--resume")
+    assert p.returncode == 0, p.stderr
+    assert resumed["start_step"] == 3 and resumed["steps_done"] == 6
+    assert resumed["measured_steps"] == 2  # steps 5 and 6; step 4 is this process's warm-up
+    _assert_same_params(_params(tmp_path / "resumed"), _params(tmp_path / "full"), rtol=0.0)
+    assert resumed["loss"]["last"] == full["loss"]["last"]
+
+
+def test_compare_one_and_two_devices_on_real_mnist(tmp_path, data_dir):
+    out = tmp_path / "results"
+    proc = run_cli("bench.compare", "--gpus", "1,2", "--backends", "torch_ddp", "--workloads", "cnn",
+                   "--data", "real", "--steps", "8", "--warmup-steps", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    assert sorted(r["devices"] for r in records) == [1, 2]
+    for r in records:
+        assert validate_record(r) == [], r["run_id"]
+        assert r["status"] == "ok" and r["data"] == "real" and r["virtual"] and r["device_kind"] == "cpu"
+        assert r["measured_steps"] == 6 and r["eval"]["count"] == 10000
+        assert r["threads_per_device"] == r["config"]["threads_per_device"]
+        assert r["samples_per_s"] > 0 and r["achieved_flops"] == pytest.approx(r["samples_per_s"] * 69_257_088)
+    assert len({r["sweep_id"] for r in records}) == 1
+    summary = pd.read_csv(out / "summary.csv")
+    assert len(summary) == 2
+    by_n = summary.set_index("devices")
+    assert by_n.loc[1, "scaling_efficiency"] == pytest.approx(1.0)
+    expected = by_n.loc[2, "samples_per_s"] / (2 * by_n.loc[1, "samples_per_s"])
+    assert by_n.loc[2, "scaling_efficiency"] == pytest.approx(expected)
+    assert "torch_ddp" in proc.stdout and "ok" in proc.stdout  # the table
+
+
+def _in_process_config(tmp_path, **overrides) -> RunConfig:
+    base = dict(run_id="t", backend="torch_ddp", workload="cnn", devices=1, device_kind="cpu",
+                threads_per_device=1, scaling="weak", batch_size=32, per_device_batch=32, grad_accum=1,
+                data="real", data_dir="", seed=0, total_steps=40, warmup_steps=3, out=str(tmp_path))
+    return RunConfig(**{**base, **overrides})
+
+
+def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
+    """The common loop with the real torch trainer in one process, on a small slice of real MNIST."""
+    cfg = _in_process_config(tmp_path, eval_every=2, patience=2)
+    train = load_split("cnn", "train", "real", data_dir, CNN, 0)
+    test = load_split("cnn", "test", "real", data_dir, CNN, 0)
+    small_eval = SplitData("cnn", "test", False, {k: v[:200] for k, v in test.arrays.items()})
+    torch.manual_seed(0)
+    model = build_model("cnn", CNN)
+    outcome = run_loop(TorchTrainer(model, model, cfg, torch.device("cpu")), cfg,
+                       TrainBatches(train, CNN, 0, 32, 1, 0), small_eval)
+    history = [h["value"] for h in outcome["eval_history"]]
+    if outcome["stopped_early"]:
+        best_before = max(history[:-3])
+        assert all(v <= best_before for v in history[-3:-1]), history
+        assert outcome["steps_done"] < cfg.total_steps
+    else:
+        assert outcome["steps_done"] == cfg.total_steps
+    assert outcome["measured_steps"] == outcome["steps_done"] - cfg.warmup_steps
+    assert outcome["eval"]["count"] == 200
+    assert len(outcome["loss"]["curve"]) == outcome["steps_done"]
+    assert np.isfinite(outcome["loss"]["last"]) and outcome["loss"]["last"] < outcome["loss"]["first"]
