@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         filters = describe_filters(args)
         parser.error(f"no run records in {results / 'runs'}" + (f" match {filters}" if filters and valid else ""))
-    blocks, _, _ = build_report(records, str(results), describe_filters(args), skipped=len(loaded) - len(valid))
+    blocks, _ = build_report(records, str(results), describe_filters(args), skipped=len(loaded) - len(valid))
     written = write_report(results, blocks)
     print(f"report: {written[0]}, {written[1]} and {len(written) - 2} figure(s) in {results / PLOTS_DIR}")
     return 0

@@ -256,10 +256,11 @@ def test_outputs_are_written_and_html_is_self_contained(written):
     assert not list(written.glob(".*.tmp")) and not list((written / "plots").glob(".*.tmp"))
 
 
-def test_filters_select_runs(records, tmp_path):
+def test_filters_select_runs_and_plots_hold_only_this_report(records, tmp_path):
     results = tmp_path / "results"
     for record in records:
         write_record(record, results)
+    assert run_cli("bench.report", "--results", str(results)).returncode == 0
     proc = run_cli("bench.report", "--results", str(results), "--workload", "mlm", "--backends", "torch_dp",
                    "--since", "2026-11-21")
     assert proc.returncode == 0, proc.stderr

@@ -102,8 +102,8 @@ def workload_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str
 
 
 def build_report(records: list[dict], results: str, filters: str = "", skipped: int = 0
-                 ) -> tuple[list[Block], dict[str, list[Plot]], pd.DataFrame]:
-    """The blocks of the whole report, the plots per workload (for tests) and the summary frame behind them."""
+                 ) -> tuple[list[Block], dict[str, list[Plot]]]:
+    """The blocks of the whole report, and per workload the plots behind its figures (for the tests)."""
     frame = summary_frame(records)
     records_by_id = {r["run_id"]: r for r in records}
     series = build_series(records, frame)
@@ -112,4 +112,4 @@ def build_report(records: list[dict], results: str, filters: str = "", skipped: 
     for workload in sorted(frame.workload.unique()):
         section, plots[workload] = workload_section(workload, frame, records_by_id, series.get(workload, []))
         blocks += section
-    return blocks, plots, frame
+    return blocks, plots

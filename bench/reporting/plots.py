@@ -49,9 +49,9 @@ def _all_devices(series: list[Series]) -> list[int]:
     return sorted({n for s in series for n in s.devices})
 
 
-def _grid(title: str, rows: list[str], columns: list, sharey: bool | str = False, width: float = 4.6):
+def _grid(title: str, rows: list[str], columns: list, sharey: bool | str = False):
     """A figure of panels, rows x columns, keyed (row, column), with room for one legend below."""
-    fig = Figure(figsize=(min(width * len(columns), 14), 0.8 + 3.6 * len(rows)), layout="constrained")
+    fig = Figure(figsize=(min(max(7.5, 4.6 * len(columns)), 14), 0.8 + 3.6 * len(rows)), layout="constrained")
     axes = fig.subplots(len(rows), len(columns), squeeze=False, sharey=sharey)
     fig.suptitle(title)
     return fig, {(r, c): axes[i][j] for i, r in enumerate(rows) for j, c in enumerate(columns)}
@@ -75,7 +75,7 @@ def _series_handle(s: Series) -> Line2D:
 def throughput_plot(workload: str, series: list[Series], caption: str) -> Plot:
     unit = throughput_unit(workload)
     machines = _machines(series)
-    fig, panels = _grid(f"{workload}: throughput against devices (dashed: N x the 1-device figure)", [""], machines)
+    fig, panels = _grid(f"{workload}: throughput against devices", [""], machines)
     data, handles = {}, {}
     for s in series:
         ax = panels["", s.machine]
@@ -101,7 +101,7 @@ def throughput_plot(workload: str, series: list[Series], caption: str) -> Plot:
 
 
 def efficiency_plot(workload: str, series: list[Series], caption: str) -> Plot:
-    fig, panels = _grid(f"{workload}: scaling efficiency (1.0 = linear)", [""], [""], width=7.5)
+    fig, panels = _grid(f"{workload}: scaling efficiency (1.0 = linear)", [""], [""])
     ax = panels["", ""]
     ax.axhline(1.0, color="grey", **IDEAL_STYLE)
     data, handles = {}, {}

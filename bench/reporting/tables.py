@@ -45,7 +45,9 @@ def _flag(value) -> bool:
 
 
 def device_cell(row) -> str:
-    kind = describe_field("device_kind", row.device_kind)
+    if _missing(row.device_kind):
+        return ""  # the run ended before it chose devices
+    kind = str(row.device_kind)
     return f"{kind} (virtual)" if _flag(row.virtual) else kind
 
 
