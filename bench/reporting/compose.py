@@ -95,7 +95,7 @@ def workload_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str
     for plotter in PLOTTERS:
         plot = plotter(workload, series, caption)
         if not plot.data:
-            continue  # e.g. no run evaluated during training: an empty frame helps no one
+            continue  # e.g. records without an eval_history: an empty frame helps no one
         blocks.append(Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png()))
         plots.append(plot)
     return blocks, plots

@@ -95,8 +95,8 @@ def build_series(records: list[dict], frame: pd.DataFrame) -> dict[str, list[Ser
     out: dict[str, list[Series]] = {}
     for values, group in ok.groupby(list(GROUP_KEYS), dropna=False, sort=True):
         key = dict(zip(GROUP_KEYS, values))
-        marker, linestyle, hatch = MACHINE_STYLES[machines.index((key["host"] or "", key["device_kind"] or ""))
-                                           % len(MACHINE_STYLES)]
+        machine = tuple("" if pd.isna(key[k]) else key[k] for k in ("host", "device_kind"))
+        marker, linestyle, hatch = MACHINE_STYLES[machines.index(machine) % len(MACHINE_STYLES)]
         series = Series(key=key, label=series_label(key, fields),
                         color=COLORS[backends.index(key["backend"]) % len(COLORS)],
                         marker=marker, linestyle=linestyle, hatch=hatch)

@@ -67,8 +67,8 @@ def remark(row, record: dict) -> str:
 
 def workload_table(frame: pd.DataFrame, records_by_id: dict[str, dict], workload: str
                    ) -> tuple[list[str], list[list[str]]]:
-    """Columns and formatted rows for one workload. `frame` is the whole report's summary_frame, so the
-    columns that tell series apart (host, sweep, ...) are the same in every table and figure."""
+    """Columns and formatted rows for one workload. `frame` is the whole report's summary_frame, so every
+    workload's table has the same columns telling runs apart (host, sweep, ...)."""
     rows = frame[frame.workload == workload].sort_values(list(SORT_KEYS), kind="stable", na_position="last")
     # The device column is always there: a reader needs to know what N counts even with one machine.
     fields = [f for f in varying_fields(frame) if f != "device_kind"]
