@@ -46,6 +46,13 @@ def compare(session: nox.Session) -> None:
     session.run("python", "-m", "bench.compare", *args, env=_env())
 
 
+@nox.session(python="3.11")
+def report(session: nox.Session) -> None:
+    """report.md, report.html and plots/ from the records in results/; arguments after -- go to bench.report."""
+    session.install("-e", ".")  # reading records and plotting needs no framework
+    session.run("python", "-m", "bench.report", *session.posargs)
+
+
 def _bench_session(backend: str) -> None:
     entry = BACKENDS[backend]
 

@@ -1,0 +1,116 @@
+"""python -m bench.report [--results results/] [--workload W] [--backends a,b] [--since DATE]
+
+Reads the run records under RESULTS/runs and writes RESULTS/report.md, a self-contained
+RESULTS/report.html and the figures under RESULTS/plots/. Bad input (no such folder, no records left
+after filtering, a bad date) is one line on stderr and exit 2, with nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from bench.cli import OneLineParser, backend_names, name_list, workload_names
+from bench.reporting.compose import PLOTS_DIR, build_report
+from bench.reporting.document import Image, to_markdown
+from bench.reporting.html import to_html
+from common.results import load_records, validate_record
+
+
+def iso_datetime(text: str) -> datetime:
+    """An ISO date or datetime; without a zone it is UTC, like every started_at the harness writes."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an ISO date or datetime, e.g. 2026-11-22, got {text!r}") from None
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="bench.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default="results", help="results directory holding runs/ (default results/)")
+    p.add_argument("--workload", choices=workload_names(), help="only this workload")
+    p.add_argument("--backends", type=name_list(backend_names()), help="only these backends, e.g. torch_ddp,torch_dp")
+    p.add_argument("--since", type=iso_datetime, help="only runs started at or after this ISO date/datetime (UTC)")
+    return p
+
+
+def _started(record: dict) -> datetime | None:
+    try:
+        return iso_datetime(record["started_at"])
+    except (argparse.ArgumentTypeError, TypeError):
+        return None
+
+
+def select(records: list[dict], args) -> list[dict]:
+    kept = []
+    for r in records:
+        if args.workload and r["workload"] != args.workload:
+            continue
+        if args.backends and r["backend"] not in args.backends:
+            continue
+        if args.since:
+            started = _started(r)
+            if started is None or started < args.since:
+                continue
+        kept.append(r)
+    return kept
+
+
+def describe_filters(args) -> str:
+    parts = [f"workload {args.workload}"] if args.workload else []
+    parts += [f"backends {','.join(args.backends)}"] if args.backends else []
+    parts += [f"started at or after {args.since.isoformat()}"] if args.since else []
+    return "; ".join(parts)
+
+
+def write_atomic(path: Path, payload: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(results: Path, blocks) -> list[Path]:
+    """Figures first, so that report.md and report.html never point at a figure not yet there; figures of an
+    earlier report that this one does not draw are removed, so plots/ holds exactly this report's."""
+    images = [b for b in blocks if isinstance(b, Image)]
+    written = []
+    for image in images:
+        write_atomic(results / image.path, image.png)
+        written.append(results / image.path)
+    for stale in set((results / PLOTS_DIR).glob("*.png")) - set(written):
+        stale.unlink()
+    write_atomic(results / "report.md", to_markdown(blocks).encode())
+    write_atomic(results / "report.html", to_html(blocks, "parbench report").encode())
+    return [results / "report.md", results / "report.html", *written]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    results = Path(args.results)
+    if not results.is_dir():
+        parser.error(f"no results directory {results}")
+    loaded = load_records(results)
+    valid = [r for r in loaded if isinstance(r, dict) and not validate_record(r)]
+    records = select(valid, args)
+    if not records:
+        filters = describe_filters(args)
+        parser.error(f"no run records in {results / 'runs'}" + (f" match {filters}" if filters and valid else ""))
+    blocks, _ = build_report(records, str(results), describe_filters(args), skipped=len(loaded) - len(valid))
+    written = write_report(results, blocks)
+    print(f"report: {written[0]}, {written[1]} and {len(written) - 2} figure(s) in {results / PLOTS_DIR}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""From run records to the report's blocks: a header naming what is behind the numbers, then per workload
+its table and figures."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from bench.reporting.document import Block, Heading, Image, Table, Text
+from bench.reporting.plots import PLOTTERS, Plot
+from bench.reporting.series import DATA_NAMES, Series, build_series
+from bench.reporting.tables import workload_table
+from common.results import summary_frame
+
+PLOTS_DIR = "plots"
+
+
+def _join(values) -> str:
+    return ", ".join(sorted({str(v) for v in values if v not in (None, "")})) or "unknown"
+
+
+def _hardware(records: list[dict]) -> Table:
+    rows = {}
+    for r in records:
+        host = r.get("host") or {}
+        row = rows.setdefault(host.get("name"), {"host": host, "kinds": set(), "described": set()})
+        if r.get("device_kind"):
+            row["kinds"].add(f"{r['device_kind']}{' (virtual)' if r.get('virtual') else ''}")
+        row["described"].add(r.get("devices_description"))
+    body = [[str(name), str(v["host"].get("cpu", "")), str(v["host"].get("cores", "")),
+             _join(v["host"].get("gpus") or []) if v["host"].get("gpus") else "none",
+             str(v["host"].get("os", "")), str(v["host"].get("python", "")), _join(v["kinds"]),
+             "; ".join(sorted(d for d in v["described"] if d))]
+            for name, v in sorted(rows.items(), key=lambda kv: str(kv[0]))]
+    return Table(["host", "CPU", "cores", "GPUs", "OS", "Python", "device kinds", "devices used"], body)
+
+
+def _software(records: list[dict]) -> Table:
+    seen = set()
+    for r in records:
+        packages = ", ".join(f"{k} {v}" for k, v in sorted((r.get("versions") or {}).items()))
+        seen.add((str((r.get("host") or {}).get("name")), r["backend"],
+                  f"{r.get('framework') or ''} {r.get('framework_version') or ''}".strip() or "not started",
+                  str(r.get("git_sha")), packages))
+    return Table(["host", "backend", "framework", "parbench commit", "packages"], [list(row) for row in sorted(seen)])
+
+
+def _data(records: list[dict]) -> Table:
+    counts: dict[tuple, int] = {}
+    for r in records:
+        key = (r["workload"], DATA_NAMES.get(r["workload"], "?"), str(r.get("data") or "unknown"))
+        counts[key] = counts.get(key, 0) + 1
+    return Table(["workload", "dataset", "data", "runs"], [[*key, str(n)] for key, n in sorted(counts.items())])
+
+
+def header(records: list[dict], results: str, filters: str, skipped: int) -> list[Block]:
+    statuses = pd.Series([r["status"] for r in records]).value_counts()
+    counts = ", ".join(f"{statuses.get(s, 0)} {s}" for s in ("ok", "failed", "unsupported"))
+    generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    intro = f"Generated {generated} from {len(records)} run records in `{results}/runs` ({counts})."
+    if filters:
+        intro += f" Filters: {filters}."
+    if skipped:
+        intro += f" {skipped} file(s) in `runs/` skipped: not a valid run record."
+    return [
+        Heading("parbench report", 1), Text(intro),
+        Text("Scaling efficiency is samples/s(N) / (N x samples/s(1)) against the latest ok 1-device run of the "
+             "same sweep, host, backend, strategy, workload, data, device kind and scaling mode; a line in a figure "
+             "joins only runs of one such group, so runs from different hosts or device kinds never share a line."),
+        Heading("Hardware", 2), _hardware(records),
+        Heading("Software", 2), _software(records),
+        Heading("Data", 2), _data(records),
+    ]
+
+
+def figure_caption(workload: str, series: list[Series]) -> str:
+    """What is behind a figure: the machines, data, scaling mode and framework versions of its lines."""
+    runs = [r for s in series for r in s.runs.values()]
+    machines = _join(f"{(r.get('host') or {}).get('name')} ({r.get('device_kind')}"
+                     f"{', virtual' if r.get('virtual') else ''})" for r in runs)
+    data = _join(f"{r.get('data')} {DATA_NAMES.get(workload, '')}".strip() for r in runs)
+    frameworks = _join(f"{r.get('framework')} {r.get('framework_version')}" for r in runs)
+    return (f"Machines: {machines}. Data: {data}. Scaling: {_join(r.get('scaling') for r in runs)}. "
+            f"Frameworks: {frameworks}.")
+
+
+def workload_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str, dict],
+                     series: list[Series]) -> tuple[list[Block], list[Plot]]:
+    columns, rows = workload_table(frame, records_by_id, workload)
+    blocks: list[Block] = [Heading(f"Workload `{workload}`", 2), Table(columns, rows)]
+    if not series:
+        return blocks + [Text("No ok run with measured steps: nothing to plot.")], []
+    caption = figure_caption(workload, series)
+    plots = []
+    for plotter in PLOTTERS:
+        plot = plotter(workload, series, caption)
+        if not plot.data:
+            continue  # e.g. records without an eval_history: an empty frame helps no one
+        blocks.append(Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png()))
+        plots.append(plot)
+    return blocks, plots
+
+
+def build_report(records: list[dict], results: str, filters: str = "", skipped: int = 0
+                 ) -> tuple[list[Block], dict[str, list[Plot]]]:
+    """The blocks of the whole report, and per workload the plots behind its figures (for the tests)."""
+    frame = summary_frame(records)
+    records_by_id = {r["run_id"]: r for r in records}
+    series = build_series(records, frame)
+    blocks = header(records, results, filters, skipped)
+    plots = {}
+    for workload in sorted(frame.workload.unique()):
+        section, plots[workload] = workload_section(workload, frame, records_by_id, series.get(workload, []))
+        blocks += section
+    return blocks, plots

@@ -1,0 +1,201 @@
+"""The report's figures, drawn with matplotlib's object API (no pyplot state, Agg canvas).
+
+Every function returns a Plot whose `data` maps each drawn line's label to the points it drew, so the
+tests can hold the pictures to the records. Throughput, step time and time to accuracy get one panel per
+machine (host and device kind), since a GPU and a virtual CPU device differ by orders of magnitude; loss
+and efficiency are comparable across machines and share an axis.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+from bench.reporting.series import Series, throughput_unit
+
+DPI = 110
+IDEAL_STYLE = {"linestyle": (0, (2, 2)), "linewidth": 1, "alpha": 0.7}
+
+
+@dataclass
+class Plot:
+    slug: str
+    title: str
+    caption: str
+    figure: Figure
+    data: dict[str, list]
+
+    def png(self) -> bytes:
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=DPI)
+        return buffer.getvalue()
+
+
+def _log2_devices_axis(ax, devices: list[int]) -> None:
+    """Device counts on a log2 axis, ticked at the counts that ran and written as integers."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(devices))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(min(devices) / 1.3, max(devices) * 1.3)
+    ax.set_xlabel("devices (N)")
+
+
+def _all_devices(series: list[Series]) -> list[int]:
+    return sorted({n for s in series for n in s.devices})
+
+
+def _grid(title: str, rows: list[str], columns: list, sharey: bool | str = False):
+    """A figure of panels, rows x columns, keyed (row, column), with room for one legend below."""
+    fig = Figure(figsize=(min(max(7.5, 4.6 * len(columns)), 14), 0.8 + 3.6 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(rows), len(columns), squeeze=False, sharey=sharey)
+    fig.suptitle(title)
+    return fig, {(r, c): axes[i][j] for i, r in enumerate(rows) for j, c in enumerate(columns)}
+
+
+def _machines(series: list[Series]) -> list[str]:
+    return list(dict.fromkeys(s.machine for s in series))
+
+
+def _legend_below(fig, handles: dict) -> None:
+    """One legend under all panels, each series once, so it hides no panel's lines."""
+    if handles:
+        fig.legend(handles.values(), handles.keys(), loc="outside lower center", fontsize="small",
+                   ncols=min(3, len(handles)))
+
+
+def _series_handle(s: Series) -> Line2D:
+    return Line2D([], [], color=s.color, marker=s.marker, linestyle=s.linestyle)
+
+
+def throughput_plot(workload: str, series: list[Series], caption: str) -> Plot:
+    unit = throughput_unit(workload)
+    machines = _machines(series)
+    fig, panels = _grid(f"{workload}: throughput against devices", [""], machines)
+    data, handles = {}, {}
+    for s in series:
+        ax = panels["", s.machine]
+        points = [(n, s.throughput(n)) for n in s.devices]
+        ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label)
+        data[s.label] = points
+        handles[s.label] = _series_handle(s)
+        if 1 in s.runs:
+            ideal = [(n, n * s.throughput(1)) for n in s.devices]
+            ax.plot(*zip(*ideal), color=s.color, label=f"ideal: {s.label}", **IDEAL_STYLE)
+            data[f"ideal: {s.label}"] = ideal
+    for (_, machine), ax in panels.items():
+        _log2_devices_axis(ax, _all_devices([s for s in series if s.machine == machine]))
+        # Linear from 0, so the numbers read straight off the axis.
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        ax.set_ylabel(f"{unit}, all devices")
+        ax.set_title(machine if len(machines) > 1 else "")
+        ax.grid(True, alpha=0.3)
+    handles["ideal: N x the series' 1-device figure"] = Line2D([], [], color="grey", **IDEAL_STYLE)
+    _legend_below(fig, handles)
+    return Plot(f"{workload}-throughput", f"{workload}: throughput", caption, fig, data)
+
+
+def efficiency_plot(workload: str, series: list[Series], caption: str) -> Plot:
+    fig, panels = _grid(f"{workload}: scaling efficiency (1.0 = linear)", [""], [""])
+    ax = panels["", ""]
+    ax.axhline(1.0, color="grey", **IDEAL_STYLE)
+    data, handles = {}, {}
+    for s in series:
+        points = [(n, s.efficiency[n]) for n in s.devices if s.efficiency[n] == s.efficiency[n]]
+        if points:
+            ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label)
+            data[s.label] = points
+            handles[s.label] = _series_handle(s)
+    _log2_devices_axis(ax, _all_devices(series))
+    top = max([1.0, *(y for points in data.values() for _, y in points)])
+    ax.set_ylim(0, top * 1.1)
+    ax.set_ylabel("efficiency = sps(N) / (N x sps(1))")
+    ax.grid(True, alpha=0.3)
+    _legend_below(fig, handles)
+    return Plot(f"{workload}-efficiency", f"{workload}: scaling efficiency", caption, fig, data)
+
+
+def loss_plot(workload: str, series: list[Series], caption: str) -> Plot:
+    """One panel per device count: the fair comparison is backends on the same N, whose curves should agree
+    (same samples in the same order); across N the global batch differs under weak scaling."""
+    devices = _all_devices(series)
+    fig, panels = _grid(f"{workload}: training loss (global mean over all ranks)", [""], devices, sharey=True)
+    data, handles = {}, {}
+    for n in devices:
+        ax = panels["", n]
+        for s in series:
+            curve = (s.runs[n].get("loss") or {}).get("curve") if n in s.runs else None
+            if curve:
+                points = [(step, loss) for step, loss in curve]
+                ax.plot(*zip(*points), color=s.color, linestyle=s.linestyle, label=s.label)
+                data[f"{s.label} · N={n}"] = points
+                handles[s.label] = Line2D([], [], color=s.color, linestyle=s.linestyle)
+        ax.set_title(f"N = {n}")
+        ax.set_xlabel("optimizer step")
+        ax.grid(True, alpha=0.3)
+    panels["", devices[0]].set_ylabel("training loss")
+    _legend_below(fig, handles)
+    return Plot(f"{workload}-loss", f"{workload}: loss curves", caption, fig, data)
+
+
+def time_to_accuracy_plot(workload: str, series: list[Series], caption: str) -> Plot:
+    metric = next((r["eval"]["metric"] for s in series for r in s.runs.values() if r.get("eval")), "accuracy")
+    devices, machines = _all_devices(series), _machines(series)
+    fig, panels = _grid(f"{workload}: {metric} against wall-clock training time", machines, devices, sharey=True)
+    data, handles = {}, {}
+    for (machine, n), ax in panels.items():
+        for s in series:
+            history = s.runs[n].get("eval_history") if n in s.runs and s.machine == machine else None
+            if history:
+                points = [(h["elapsed_s"], h["value"]) for h in history]
+                ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label)
+                data[f"{s.label} · N={n}"] = points
+                handles[s.label] = _series_handle(s)
+        ax.set_title(f"{machine} · N = {n}" if len(machines) > 1 else f"N = {n}", fontsize="medium")
+        ax.set_xlabel("seconds since training began")
+        ax.grid(True, alpha=0.3)
+    for machine in machines:
+        panels[machine, devices[0]].set_ylabel(metric)
+    _legend_below(fig, handles)
+    return Plot(f"{workload}-time-to-accuracy", f"{workload}: time to accuracy", caption, fig, data)
+
+
+def step_time_plot(workload: str, series: list[Series], caption: str) -> Plot:
+    """Range plots from the record's statistics (no per-step samples are recorded): a thin line from
+    min to max, a box from p50 to p90, a dot at the mean."""
+    machines = _machines(series)
+    fig, panels = _grid(f"{workload}: step time (line min-max, box p50-p90, dot mean)", [""], machines)
+    data, handles = {}, {}
+    for machine in machines:
+        ax, mine = panels["", machine], [s for s in series if s.machine == machine]
+        devices, width = _all_devices(mine), 0.8 / len(mine)
+        for i, s in enumerate(mine):
+            data[s.label] = []
+            handles[s.label] = Patch(facecolor=s.color, edgecolor=s.color, alpha=0.5, hatch=s.hatch)
+            for slot, n in enumerate(devices):
+                if n not in s.runs:
+                    continue
+                st = s.runs[n]["step_time_s"]
+                x = slot - 0.4 + width * (i + 0.5)
+                ax.vlines(x, st["min"] * 1e3, st["max"] * 1e3, color=s.color, linewidth=1)
+                ax.bar(x, (st["p90"] - st["p50"]) * 1e3, bottom=st["p50"] * 1e3, width=width * 0.7,
+                       color=s.color, alpha=0.5, edgecolor=s.color, hatch=s.hatch)
+                ax.plot([x], [st["mean"] * 1e3], marker="o", color="black", markersize=3)
+                data[s.label].append((n, dict(st)))
+        ax.set_xticks(range(len(devices)), [f"N = {n}" for n in devices])
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel("step time (ms)")
+        ax.set_title(machine if len(machines) > 1 else "")
+        ax.grid(True, axis="y", alpha=0.3)
+    _legend_below(fig, handles)
+    caption = ("Drawn from each run's recorded statistics (min, p50, p90, max, mean over the measured steps), "
+               f"not from per-step samples, which records do not hold. {caption}")
+    return Plot(f"{workload}-step-time", f"{workload}: step-time distribution", caption, fig, data)
+
+
+PLOTTERS = (throughput_plot, efficiency_plot, step_time_plot, loss_plot, time_to_accuracy_plot)

@@ -1,0 +1,289 @@
+"""bench.report against a fixture sweep: two hosts, two backends, both workloads, 1/2/4 devices, plus failed
+and unsupported runs. Table cells and plotted points must be the records' own values."""
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from bench.reporting.compose import build_report
+from common.record import skeleton
+from common.results import load_records, validate_record, write_record
+from tests.conftest import run_cli
+
+HOSTS = {
+    "host-a": {"host": {"name": "host-a", "cpu": "Intel(R) Xeon(R) Platinum 8480+", "cores": 16, "gpus": [],
+                        "os": "Linux-6.8-x86_64", "python": "3.11.7"},
+               "device_kind": "cpu", "virtual": True, "threads_per_device": 4},
+    "host-b": {"host": {"name": "host-b", "cpu": "AMD EPYC 9454", "cores": 96, "gpus": ["NVIDIA H100 80GB HBM3"] * 4,
+                        "os": "Linux-6.8-x86_64", "python": "3.11.7"},
+               "device_kind": "cuda", "virtual": False, "threads_per_device": None},
+}
+STRATEGIES = {"torch_ddp": "DistributedDataParallel", "torch_dp": "DataParallel"}
+ONE_DEVICE_SPS = {("host-a", "torch_ddp"): 180.0, ("host-a", "torch_dp"): 150.0,
+                  ("host-b", "torch_ddp"): 9000.0, ("host-b", "torch_dp"): 7000.0}
+EFFICIENCY = {("host-a", "torch_ddp"): {1: 1.0, 2: 0.9, 4: 0.75}, ("host-a", "torch_dp"): {1: 1.0},
+              ("host-b", "torch_ddp"): {1: 1.0, 2: 0.95, 4: 0.9}, ("host-b", "torch_dp"): {1: 1.0, 2: 0.8, 4: 0.6}}
+SEQ_LEN = 128
+DP_ON_CPU = "DataParallel needs CUDA devices; this machine has none"
+OOM = "worker rank 3 exited with signal 9 (killed: out of memory?)"
+
+
+def _ok_fields(host: str, backend: str, workload: str, n: int, index: int) -> dict:
+    per_device = 64 if workload == "cnn" else 32
+    scale = 1 if workload == "cnn" else 0.25
+    sps = ONE_DEVICE_SPS[host, backend] * scale * n * EFFICIENCY[host, backend][n] + index * 0.123
+    step = per_device * n / sps
+    curve = [[s, 2.3 - 0.02 * s - 0.001 * index] for s in range(1, 51)]
+    metric, split = ("accuracy", "test") if workload == "cnn" else ("masked_accuracy", "valid")
+    history = [{"step": s, "elapsed_s": s * step * 1.2, "value": 0.1 + s / 80 + index / 1000, "loss": 2.3 - s / 40}
+               for s in (10, 20, 30, 40, 50)]
+    return {
+        "status": "ok", "measured_steps": 45, "per_device_batch": per_device, "global_batch": per_device * n,
+        "samples_per_s": sps, "tokens_per_s": sps * SEQ_LEN if workload == "mlm" else None,
+        "step_time_s": {"mean": step, "p50": step * 0.98, "p90": step * 1.1, "min": step * 0.9, "max": step * 1.6,
+                        "std": step * 0.05},
+        "data_wait_fraction": 0.01 * n + index / 10000, "params": 2328298, "flops_per_sample": 69257088,
+        "achieved_flops": sps * 69257088, "peak_memory_bytes": (600 + 10 * index) * 2**20,
+        "loss": {"first": curve[0][1], "last": curve[-1][1], "curve": curve},
+        "eval": {"metric": metric, "split": split, "value": history[-1]["value"], "count": 10000,
+                 "loss": history[-1]["loss"]},
+        "eval_history": history, "steps_done": 50, "total_steps": 50, "stopped_early": False,
+        "duration_s": 60.0, "oversubscribed": False,
+    }
+
+
+def fixture_records() -> list[dict]:
+    records = []
+    for h, (host, machine) in enumerate(HOSTS.items()):
+        for backend in ("torch_ddp", "torch_dp"):
+            for workload in ("cnn", "mlm"):
+                for n in (1, 2, 4):
+                    index = len(records)
+                    run_id = f"2026112{h}T10{index:02d}00Z-{backend}-{workload}-n{n}-{index:06x}"
+                    record = skeleton(run_id, backend, workload, n, f"2026-11-2{h}T10:{index:02d}:00+00:00",
+                                      sweep_id=f"sweep-2026112{h}T100000Z-{host}", data="real", scaling="weak",
+                                      strategy=STRATEGIES[backend], framework="torch", framework_version="2.4.1",
+                                      warmup_steps=5, seed=0, host=machine["host"],
+                                      versions={"numpy": "2.1.3", "torch": "2.4.1"},
+                                      device_kind=machine["device_kind"], virtual=machine["virtual"],
+                                      threads_per_device=machine["threads_per_device"],
+                                      devices_description=f"{n} {machine['device_kind']} device(s) on {host}")
+                    if backend == "torch_dp" and host == "host-a" and n > 1:
+                        record.update(status="unsupported", error=DP_ON_CPU, duration_s=0.1)
+                    elif backend == "torch_ddp" and host == "host-b" and workload == "mlm" and n == 4:
+                        record.update(status="failed", error=OOM, duration_s=12.0)
+                    else:
+                        record.update(_ok_fields(host, backend, workload, n, index))
+                    assert validate_record(record) == [], run_id
+                    records.append(record)
+    return records
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("results")
+    for record in fixture_records():
+        write_record(record, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def records(results) -> list[dict]:
+    return load_records(results)
+
+
+@pytest.fixture(scope="module")
+def built(results):
+    return build_report(load_records(results), str(results))
+
+
+@pytest.fixture(scope="module")
+def written(results) -> Path:
+    proc = run_cli("bench.report", "--results", str(results))
+    assert proc.returncode == 0, proc.stderr
+    return results
+
+
+def _md_tables(markdown: str) -> dict[str, list[dict]]:
+    """Per workload section, the rows of its run table as {column: cell}."""
+    tables = {}
+    for section in re.split(r"^## Workload `", markdown, flags=re.M)[1:]:
+        workload = section.split("`", 1)[0]
+        lines = [ln for ln in section.splitlines() if ln.startswith("|")]
+        split = [[c.strip() for c in re.split(r"(?<!\\)\|", ln)[1:-1]] for ln in lines]
+        tables[workload] = [dict(zip(split[0], row)) for row in split[2:]]
+    return tables
+
+
+def _ok(records, **match) -> list[dict]:
+    return [r for r in records if r["status"] == "ok" and all(r[k] == v for k, v in match.items())]
+
+
+def test_tables_hold_every_run_with_the_record_values(written):
+    records = load_records(written)
+    tables = _md_tables((written / "report.md").read_text())
+    assert sum(len(rows) for rows in tables.values()) == len(records)
+    for r in records:
+        [row] = [row for row in tables[r["workload"]]
+                 if (row["backend"], row["host"], row["N"]) == (r["backend"], r["host"]["name"], str(r["devices"]))]
+        assert row["status"] == r["status"]
+        assert row["device"] == ("cpu (virtual)" if r["host"]["name"] == "host-a" else "cuda")
+        if r["status"] != "ok":
+            assert row["reason / notes"] == r["error"]
+            assert row["samples/s" if r["workload"] == "cnn" else "tokens/s"] == ""
+            continue
+        throughput = r["tokens_per_s"] if r["workload"] == "mlm" else r["samples_per_s"]
+        [one] = _ok(records, backend=r["backend"], workload=r["workload"], devices=1, host=r["host"])
+        st = r["step_time_s"]
+        assert row["samples/s" if r["workload"] == "cnn" else "tokens/s"] == f"{throughput:,.1f}"
+        assert row["scaling efficiency"] == f"{r['samples_per_s'] / (r['devices'] * one['samples_per_s']):.2f}"
+        assert row["step p50 (ms)"] == f"{st['p50'] * 1e3:,.2f}"
+        assert row["step p90 (ms)"] == f"{st['p90'] * 1e3:,.2f}"
+        assert row["data wait"] == f"{r['data_wait_fraction']:.1%}"
+        assert row["peak memory (MiB)"] == f"{r['peak_memory_bytes'] / 2**20:,.0f}"
+        assert row[r["eval"]["metric"]] == f"{r['eval']['value']:.4f}"
+
+
+def _label(backend: str, host: str) -> str:
+    return f"{backend} · {host} · {HOSTS[host]['device_kind']}"
+
+
+def _value(record: dict) -> float:
+    return record["tokens_per_s"] if record["workload"] == "mlm" else record["samples_per_s"]
+
+
+def _plot(built, workload: str, kind: str):
+    [plot] = [p for p in built[1][workload] if p.slug == f"{workload}-{kind}"]
+    return plot
+
+
+def _series(records, backend, workload, host) -> list[dict]:
+    return sorted((r for r in _ok(records, backend=backend, workload=workload) if r["host"]["name"] == host),
+                  key=lambda r: r["devices"])
+
+
+def _drawn_lines(plot) -> dict[str, list[tuple]]:
+    """What the Axes actually hold, read back from matplotlib."""
+    drawn = {}
+    for ax in plot.figure.axes:
+        for line in ax.get_lines():
+            if not line.get_label().startswith("_"):
+                drawn.setdefault(line.get_label(), []).extend(zip(line.get_xdata(), line.get_ydata()))
+    return drawn
+
+
+SERIES = [(workload, backend, host) for workload in ("cnn", "mlm") for backend in STRATEGIES for host in HOSTS]
+
+
+@pytest.mark.parametrize("workload,backend,host", SERIES)
+def test_throughput_points_and_ideal_line_are_the_records(built, records, workload, backend, host):
+    plot, ok = _plot(built, workload, "throughput"), _series(records, backend, workload, host)
+    assert ok[0]["devices"] == 1
+    label = _label(backend, host)
+    assert plot.data[label] == [(r["devices"], _value(r)) for r in ok]
+    assert plot.data[f"ideal: {label}"] == [(r["devices"], r["devices"] * _value(ok[0])) for r in ok]
+    drawn = _drawn_lines(plot)
+    assert drawn[label] == plot.data[label]
+    assert drawn[f"ideal: {label}"] == plot.data[f"ideal: {label}"]
+
+
+@pytest.mark.parametrize("workload,backend,host", SERIES)
+def test_efficiency_points_are_the_records(built, records, workload, backend, host):
+    plot, ok = _plot(built, workload, "efficiency"), _series(records, backend, workload, host)
+    expected = [(r["devices"], r["samples_per_s"] / (r["devices"] * ok[0]["samples_per_s"])) for r in ok]
+    got = plot.data[_label(backend, host)]
+    assert [n for n, _ in got] == [n for n, _ in expected]
+    assert [e for _, e in got] == pytest.approx([e for _, e in expected], rel=1e-12)
+    assert _drawn_lines(plot)[_label(backend, host)] == got
+
+
+@pytest.mark.parametrize("workload,backend,host", SERIES)
+def test_loss_accuracy_and_step_time_are_the_records(built, records, workload, backend, host):
+    label = _label(backend, host)
+    for r in _series(records, backend, workload, host):
+        key = f"{label} · N={r['devices']}"
+        assert _plot(built, workload, "loss").data[key] == [tuple(p) for p in r["loss"]["curve"]]
+        assert _plot(built, workload, "time-to-accuracy").data[key] == [
+            (h["elapsed_s"], h["value"]) for h in r["eval_history"]]
+        assert (r["devices"], r["step_time_s"]) in _plot(built, workload, "step-time").data[label]
+
+
+def test_hosts_never_share_a_line(built, records):
+    for plots in built[1].values():
+        for plot in plots:
+            for label in _drawn_lines(plot):
+                hosts = [h for h in HOSTS if h in label]
+                assert len(hosts) == 1, f"{plot.slug}: line {label!r} names no single host"
+    # Every throughput point of a host-a line is a host-a record's value, none another host's.
+    for workload in ("cnn", "mlm"):
+        for label, points in _plot(built, workload, "throughput").data.items():
+            if label.startswith("ideal"):
+                continue
+            host = next(h for h in HOSTS if h in label)
+            mine = {(r["devices"], _value(r)) for r in _ok(records, workload=workload) if r["host"]["name"] == host}
+            assert set(points) <= mine
+
+
+def test_header_names_hardware_versions_and_data(written):
+    text = (written / "report.md").read_text()
+    for host in HOSTS.values():
+        assert host["host"]["name"] in text and host["host"]["cpu"] in text
+    assert "NVIDIA H100 80GB HBM3" in text
+    assert "torch 2.4.1" in text
+    assert re.search(r"\| cnn \| MNIST \| real \| 12 \|", text)
+    assert "from 24 run records" in text and "(19 ok, 1 failed, 4 unsupported)" in text
+
+
+def test_outputs_are_written_and_html_is_self_contained(written):
+    pngs = sorted((written / "plots").glob("*.png"))
+    assert len(pngs) == 10  # five figures per workload
+    for png in pngs:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png.read_bytes()[16:24])
+        assert width > 400 and height > 300
+    markdown = (written / "report.md").read_text()
+    assert sorted(re.findall(r"\]\((plots/[^)]+\.png)\)", markdown)) == [f"plots/{p.name}" for p in pngs]
+    page = (written / "report.html").read_text()
+    assert "http://" not in page and "https://" not in page
+    sources = re.findall(r'src="([^"]*)"', page)
+    assert len(sources) == len(pngs) and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "<link" not in page and "<script" not in page
+    assert '<tr class="failed">' in page and OOM in page
+    assert '<tr class="unsupported">' in page and DP_ON_CPU in page
+    assert not list(written.glob(".*.tmp")) and not list((written / "plots").glob(".*.tmp"))
+
+
+def test_filters_select_runs_and_plots_hold_only_this_report(records, tmp_path):
+    results = tmp_path / "results"
+    for record in records:
+        write_record(record, results)
+    assert run_cli("bench.report", "--results", str(results)).returncode == 0
+    proc = run_cli("bench.report", "--results", str(results), "--workload", "mlm", "--backends", "torch_dp",
+                   "--since", "2026-11-21")
+    assert proc.returncode == 0, proc.stderr
+    text = (results / "report.md").read_text()
+    assert "from 3 run records" in text and "## Workload `cnn`" not in text
+    assert sorted(p.name for p in (results / "plots").glob("*.png")) == sorted(
+        f"mlm-{k}.png" for k in ("throughput", "efficiency", "step-time", "loss", "time-to-accuracy"))
+
+
+@pytest.mark.parametrize("args", [
+    ["--results", "{missing}"],
+    ["--results", "{results}", "--since", "2100-01-01"],
+    ["--results", "{results}", "--since", "yesterday"],
+    ["--results", "{results}", "--backends", "torch_ddp,jax_pmap"],
+    ["--results", "{results}", "--workload", "resnet"],
+    ["--results", "{empty}"],
+])
+def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args):
+    results = tmp_path / "results"
+    write_record(fixture_records()[0], results)
+    (tmp_path / "empty").mkdir()
+    paths = {"missing": tmp_path / "nope", "results": results, "empty": tmp_path / "empty"}
+    proc = run_cli("bench.report", *(a.format(**paths) for a in args))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("bench.report: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert not (results / "report.md").exists() and not (results / "plots").exists()
