@@ -17,7 +17,7 @@ class Entry:
 
 
 BACKENDS = {
-    "torch_dp": Entry(None, "", "torch", "torch", "issue #3"),
+    "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch"),
     "tf_mirrored": Entry(None, "", "tensorflow", "tf", "issue #4"),
     "mindspore_auto": Entry(None, "", "mindspore", "mindspore", "issue #5"),

@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_options(args)
         backend = load_backend(args.backend)
+        record.update(strategy=backend.strategy, framework=backend.framework,
+                      framework_version=backend.framework_version())
         plan = backend.plan_devices(args.devices, args.device_kind, args.threads_per_device or 1)
         cfg = build_config(args, run_id, plan)
         record.update(describe_config(cfg, plan, backend))
@@ -127,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         outcome = backend.run(cfg, plan, workdir)
         record.update(measured_fields(cfg, outcome, record["flops_per_sample"]))
+    except Unsupported as exc:  # found out only by trying, e.g. DataParallel over a repeated GPU
+        path = _finish(record, args.out, "unsupported", str(exc), t0)
+        print(f"unsupported: {exc} (record {path})", file=sys.stderr)
+        return EXIT_UNSUPPORTED
     except RunFailed as exc:
         path = _finish(record, args.out, "failed", str(exc), t0)
         print(f"failed: {exc} (record {path})", file=sys.stderr)

@@ -50,6 +50,9 @@ class Trainer(Protocol):
 
     def peak_memory_bytes(self) -> int: ...
 
+    def backend_metrics(self) -> dict:
+        """What is specific to the strategy (phase times, compile time...), for the record."""
+
 
 def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
     batches = eval_batches(data, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH)
@@ -112,7 +115,8 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         history.append({"step": done, "elapsed_s": clock() - began, "value": final["value"],
                         "loss": final["loss"]})
     mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
-            "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes()}
+            "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(),
+            "backend_metrics": trainer.backend_metrics()}
     ranks = trainer.all_gather(mine)
     if trainer.rank != 0:
         return None
@@ -133,5 +137,6 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         "eval_history": history,
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
         "peak_memory_per_rank": [r["peak_memory_bytes"] for r in ranks],
+        "backend_metrics": ranks[0]["backend_metrics"] or None,
         "train_wall_s": clock() - began,
     }

@@ -9,6 +9,7 @@ import contextlib
 import os
 import resource
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -39,8 +40,9 @@ def loss_and_correct(model: nn.Module, workload: str, batch: dict[str, torch.Ten
 
 class TorchTrainer:
     def __init__(self, model: nn.Module, core: nn.Module, cfg: RunConfig, device: torch.device,
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, metrics: Callable[[], dict] | None = None):
         self.model, self.core, self.cfg, self.device = model, core, cfg, device
+        self._metrics = metrics
         self.rank, self.world = rank, world
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(core.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
@@ -131,6 +133,9 @@ class TorchTrainer:
         self.core.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         return int(state["step"])
+
+    def backend_metrics(self) -> dict:
+        return self._metrics() if self._metrics else {}
 
     def peak_memory_bytes(self) -> int:
         if self.device.type == "cuda":
