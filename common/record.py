@@ -39,7 +39,7 @@ def describe_config(cfg: RunConfig, plan: DevicePlan, backend) -> dict:
 
 def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dict:
     """Throughput and the rest from the loop's outcome; throughput counts every rank's samples."""
-    fields = {k: outcome.get(k) for k in ("measured_steps", "step_time_s", "data_wait_fraction",
+    fields = {k: outcome.get(k) for k in ("measured_steps", "step_time_s", "step_times_s", "data_wait_fraction",
                                           "peak_memory_bytes", "loss", "eval")}
     steps, window = outcome["measured_steps"], outcome["measured_time_s"]
     sps = cfg.global_batch * steps / window if steps and window > 0 else None

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+MAX_SAMPLES = 1000  # per-step times kept in a record, evenly strided beyond this
+
 
 def summarize(values) -> dict[str, float] | None:
     a = np.asarray(values, dtype=np.float64)
@@ -23,9 +25,11 @@ def aggregate_ranks(per_rank: list[dict]) -> dict:
     slowest = np.max(np.stack([s[:n] for s in steps]), axis=0) if n else np.zeros(0)
     window = max(float(r["measured_time"]) for r in per_rank)
     wait = [float(np.sum(r["data_wait"])) / max(float(r["measured_time"]), 1e-12) for r in per_rank]
+    stride = max(1, -(-n // MAX_SAMPLES))
     return {
         "measured_steps": int(n),
         "step_time_s": summarize(slowest),
+        "step_times_s": slowest[::stride].round(6).tolist(),  # for distributions in reports
         "measured_time_s": window,
         "data_wait_fraction": float(np.mean(wait)) if n else None,
     }

@@ -82,5 +82,6 @@ def test_aggregate_takes_the_slowest_rank():
     assert agg["measured_steps"] == 2
     assert agg["measured_time_s"] == 4.0
     assert agg["step_time_s"]["max"] == 3.0 and agg["step_time_s"]["min"] == 1.0
+    assert agg["step_times_s"] == [1.0, 3.0]
     assert agg["data_wait_fraction"] == pytest.approx((0.1 + 0.0) / 2)
     assert summarize([]) is None

@@ -166,10 +166,11 @@ def time_to_accuracy_plot(workload: str, series: list[Series], caption: str) -> 
 
 
 def step_time_plot(workload: str, series: list[Series], caption: str) -> Plot:
-    """Range plots from the record's statistics (no per-step samples are recorded): a thin line from
-    min to max, a box from p50 to p90, a dot at the mean."""
+    """A box plot of each run's per-step times (slowest rank per step) where the record holds them;
+    for older records, a range from the statistics: a line from min to max, a box from p50 to p90.
+    Either way a dot marks the mean."""
     machines = _machines(series)
-    fig, panels = _grid(f"{workload}: step time (line min-max, box p50-p90, dot mean)", [""], machines)
+    fig, panels = _grid(f"{workload}: step time per measured step", [""], machines)
     data, handles = {}, {}
     for machine in machines:
         ax, mine = panels["", machine], [s for s in series if s.machine == machine]
@@ -180,21 +181,30 @@ def step_time_plot(workload: str, series: list[Series], caption: str) -> Plot:
             for slot, n in enumerate(devices):
                 if n not in s.runs:
                     continue
-                st = s.runs[n]["step_time_s"]
+                st, samples = s.runs[n]["step_time_s"], s.runs[n].get("step_times_s")
                 x = slot - 0.4 + width * (i + 0.5)
-                ax.vlines(x, st["min"] * 1e3, st["max"] * 1e3, color=s.color, linewidth=1)
-                ax.bar(x, (st["p90"] - st["p50"]) * 1e3, bottom=st["p50"] * 1e3, width=width * 0.7,
-                       color=s.color, alpha=0.5, edgecolor=s.color, hatch=s.hatch)
+                if samples:
+                    box = ax.boxplot([[v * 1e3 for v in samples]], positions=[x], widths=width * 0.7,
+                                     patch_artist=True, showfliers=True, whis=(5, 95),
+                                     flierprops={"markersize": 2, "markeredgecolor": s.color})
+                    for patch in box["boxes"]:
+                        patch.set(facecolor=s.color, alpha=0.5, hatch=s.hatch)
+                else:
+                    ax.vlines(x, st["min"] * 1e3, st["max"] * 1e3, color=s.color, linewidth=1)
+                    ax.bar(x, (st["p90"] - st["p50"]) * 1e3, bottom=st["p50"] * 1e3, width=width * 0.7,
+                           color=s.color, alpha=0.5, edgecolor=s.color, hatch=s.hatch)
                 ax.plot([x], [st["mean"] * 1e3], marker="o", color="black", markersize=3)
                 data[s.label].append((n, dict(st)))
         ax.set_xticks(range(len(devices)), [f"N = {n}" for n in devices])
+        ax.set_xlim(-0.6, len(devices) - 0.4)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("step time (ms)")
         ax.set_title(machine if len(machines) > 1 else "")
         ax.grid(True, axis="y", alpha=0.3)
     _legend_below(fig, handles)
-    caption = ("Drawn from each run's recorded statistics (min, p50, p90, max, mean over the measured steps), "
-               f"not from per-step samples, which records do not hold. {caption}")
+    caption = ("Boxes: quartiles of the measured steps' times (slowest rank per step), whiskers at the 5th and "
+               "95th percentiles, dots the mean; records without per-step times show min-max and p50-p90. "
+               f"{caption}")
     return Plot(f"{workload}-step-time", f"{workload}: step-time distribution", caption, fig, data)
 
 
