@@ -18,9 +18,11 @@ from common.data.datasets import SplitData
 from common.spec import DEFAULTS, learning_rate
 from common.timing import aggregate_ranks
 
-# Fault injection for tests of resume and failure handling: every rank exits hard right after
-# this many optimizer steps (and the checkpoint due at that step) have completed.
+# Fault injection for tests of resume and failure handling: a rank exits hard right after this
+# many optimizer steps (and the checkpoint due at that step) have completed; every rank, or only
+# the one named in PARBENCH_FAULT_RANK.
 FAULT_AFTER_STEP_ENV = "PARBENCH_FAULT_AFTER_STEP"
+FAULT_RANK_ENV = "PARBENCH_FAULT_RANK"
 FAULT_EXIT_CODE = 17
 MAX_CURVE_POINTS = 1000
 EVAL_BATCH = 256
@@ -74,6 +76,8 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     if cfg.resume and ckpt_dir is not None:
         start = trainer.load_checkpoint(ckpt_dir) or 0
     fault_at = int(os.environ.get(FAULT_AFTER_STEP_ENV, "0"))
+    if os.environ.get(FAULT_RANK_ENV, str(trainer.rank)) != str(trainer.rank):
+        fault_at = 0
 
     step_times, data_wait, losses, history = [], [], [], []
     best, evals_since_best, stopped_early = -math.inf, 0, False

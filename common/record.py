@@ -53,4 +53,10 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
         steps_done=outcome.get("steps_done"), stopped_early=outcome.get("stopped_early"),
         train_wall_s=outcome.get("train_wall_s"), backend_metrics=outcome.get("backend_metrics"),
     )
+    counted = (outcome.get("backend_metrics") or {}).get("trainable_params")
+    if counted is not None:
+        # The model as built is what trained; the spec's formula is what it should have been.
+        fields["params"] = counted
+        if counted != cfg.spec.param_count():
+            fields["params_note"] = f"{counted} trainable parameters, the spec's formula gives {cfg.spec.param_count()}"
     return fields

@@ -14,7 +14,7 @@ from backends.torch_common.trainer import CHECKPOINT_NAME, TorchTrainer
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import SplitData, load_split
-from common.loop import FAULT_AFTER_STEP_ENV, run_loop
+from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV, run_loop
 from common.results import validate_record
 from common.spec import CNN
 from tests.conftest import run_cli
@@ -91,6 +91,7 @@ def test_compare_one_and_two_devices_on_real_mnist(tmp_path, data_dir):
         assert validate_record(r) == [], r["run_id"]
         assert r["status"] == "ok" and r["data"] == "real" and r["virtual"] and r["device_kind"] == "cpu"
         assert r["measured_steps"] == 6 and r["eval"]["count"] == 10000
+        assert r["params"] == r["backend_metrics"]["trainable_params"] == 2_328_298 and "params_note" not in r
         assert r["threads_per_device"] == r["config"]["threads_per_device"]
         assert r["samples_per_s"] > 0 and r["achieved_flops"] == pytest.approx(r["samples_per_s"] * 69_257_088)
     assert len({r["sweep_id"] for r in records}) == 1
@@ -131,3 +132,14 @@ def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
     assert outcome["eval"]["count"] == 200
     assert len(outcome["loss"]["curve"]) == outcome["steps_done"]
     assert np.isfinite(outcome["loss"]["last"]) and outcome["loss"]["last"] < outcome["loss"]["first"]
+
+
+def test_a_dead_rank_ends_the_run_and_is_named(tmp_path, data_dir):
+    """Rank 1 dies after step 2 while rank 0 waits in the next all-reduce: torchrun must end the
+    run (not the collective timeout), and the record must say which rank died."""
+    proc, record = _run(tmp_path / "out", "--workload", "cnn", "--devices", "2", "--steps", "50",
+                        "--warmup-steps", "1", "--skip-eval", "--collective-timeout", "600",
+                        env={FAULT_AFTER_STEP_ENV: "2", FAULT_RANK_ENV: "1"})
+    assert proc.returncode == 1
+    assert record["status"] == "failed" and "rank 1 exited with code 17" in record["error"], record["error"]
+    assert record["duration_s"] < 120

@@ -135,7 +135,8 @@ class TorchTrainer:
         return int(state["step"])
 
     def backend_metrics(self) -> dict:
-        return self._metrics() if self._metrics else {}
+        counted = sum(p.numel() for p in self.core.parameters() if p.requires_grad)
+        return {"trainable_params": counted, **(self._metrics() if self._metrics else {})}
 
     def peak_memory_bytes(self) -> int:
         if self.device.type == "cuda":

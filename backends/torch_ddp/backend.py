@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -23,6 +24,20 @@ def torch_device_plan(count: int, kind: str, threads_per_device: int) -> DeviceP
         names = [torch.cuda.get_device_name(i) for i in range(gpus)]
         return cuda_plan(count, gpus, names)
     return cpu_plan(count, threads_per_device)
+
+
+def first_failure(log: Path) -> str:
+    """', rank R exited with code C' from torchrun's root-cause report, when it has one."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    cause = text.rpartition("Root Cause")[2]
+    rank, code = re.search(r"rank\s*:\s*(\d+)", cause), re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    if not (rank and code):
+        return ""
+    signal_note = f" (signal {-int(code[1])})" if int(code[1]) < 0 else ""
+    return f", rank {rank[1]} exited with code {code[1]}{signal_note} first"
 
 
 class TorchDDP(Backend):
@@ -55,7 +70,7 @@ class TorchDDP(Backend):
         log = workdir / "torchrun.log"
         rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
         if rc != 0 or not result_path.is_file():
-            raise RunFailed(f"torchrun exited with code {rc}: {log_tail(log)}")
+            raise RunFailed(f"torchrun exited with code {rc}{first_failure(log)}: {log_tail(log)}")
         return json.loads(result_path.read_text())
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
