@@ -90,13 +90,24 @@ def _fmt(value, pattern: str) -> str:
     return "" if value is None or value != value else pattern.format(value)
 
 
+def _devices_cell(row) -> str:
+    """e.g. '2 cpu (virtual, 1 thread each)' or '4 cuda': a reader must know what N counted."""
+    if not isinstance(row.device_kind, str):
+        return str(row.devices)
+    if row.device_kind == "cpu":
+        flag = ", oversubscribed" if row.oversubscribed is True else ""
+        return f"{row.devices} cpu (virtual, {row.threads_per_device:g} thr{flag})"
+    return f"{row.devices} {row.device_kind}" + (" (virtual)" if row.virtual is True else "")
+
+
 def print_table(console: Console, frame) -> None:
     table = Table(title="parbench sweep")
-    for col in ("workload", "backend", "N", "status", "samples/s", "efficiency", "step p50 (s)",
+    for col in ("workload", "backend", "devices", "status", "samples/s", "efficiency", "step p50 (s)",
                 "data wait", "eval", "note"):
-        table.add_column(col, justify="right" if col not in ("workload", "backend", "status", "note") else "left")
+        left = col in ("workload", "backend", "devices", "status", "note")
+        table.add_column(col, justify="left" if left else "right")
     for row in frame.itertuples():
-        table.add_row(row.workload, row.backend, str(row.devices), row.status, _fmt(row.samples_per_s, "{:.1f}"),
+        table.add_row(row.workload, row.backend, _devices_cell(row), row.status, _fmt(row.samples_per_s, "{:.1f}"),
                       _fmt(row.scaling_efficiency, "{:.2f}"), _fmt(row.step_time_p50, "{:.4f}"),
                       _fmt(row.data_wait_fraction, "{:.1%}"), _fmt(row.eval_value, "{:.4f}"),
                       (row.error or "")[:80] if row.status != "ok" else "")
