@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from backends.base import Backend
+from backends.torch_common.backend import TorchBackend
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
@@ -40,13 +40,9 @@ def first_failure(log: Path) -> str:
     return f", rank {rank[1]} exited with code {code[1]}{signal_note} first"
 
 
-class TorchDDP(Backend):
+class TorchDDP(TorchBackend):
     name = "torch_ddp"
-    framework = "torch"
     strategy = "DistributedDataParallel"
-
-    def framework_version(self) -> str:
-        return torch.__version__
 
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         return torch_device_plan(count, kind, threads_per_device)

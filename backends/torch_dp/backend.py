@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from backends.base import Backend
+from backends.torch_common.backend import TorchBackend
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
@@ -18,13 +18,9 @@ from common.launch import RunFailed, child_env, log_tail, run_supervised
 EXIT_UNSUPPORTED = 3
 
 
-class TorchDP(Backend):
+class TorchDP(TorchBackend):
     name = "torch_dp"
-    framework = "torch"
     strategy = "DataParallel"
-
-    def framework_version(self) -> str:
-        return torch.__version__
 
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
