@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.out) / "logs" / run_id
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"{run_id}: {backend.strategy} on {plan.description}, {cfg.data} data, "
-          f"{cfg.total_steps} steps of global batch {cfg.global_batch}", file=sys.stderr)
+          f"{cfg.total_steps} steps of global batch {cfg.global_batch}; progress in {workdir}", file=sys.stderr)
     try:
         outcome = backend.run(cfg, plan, workdir)
         record.update(measured_fields(cfg, outcome, record["flops_per_sample"]))

@@ -26,6 +26,7 @@ FAULT_RANK_ENV = "PARBENCH_FAULT_RANK"
 FAULT_EXIT_CODE = 17
 MAX_CURVE_POINTS = 1000
 EVAL_BATCH = 256
+PROGRESS_EVERY_S = 30.0  # rank 0 logs a progress line at most this often
 
 
 class Trainer(Protocol):
@@ -81,7 +82,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
 
     step_times, data_wait, losses, history = [], [], [], []
     best, evals_since_best, stopped_early = -math.inf, 0, False
-    began = clock()
+    began = last_report = clock()
     done = start
     for step in range(start, cfg.total_steps):
         t0 = clock()
@@ -94,6 +95,9 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
             step_times.append(t2 - t0)
             data_wait.append(t1 - t0)
         done = step + 1
+        if trainer.rank == 0 and (t2 - last_report >= PROGRESS_EVERY_S or done == cfg.total_steps):
+            last_report = t2
+            print(f"step {done}/{cfg.total_steps} loss {losses[-1]:.4f} ({t2 - began:.0f} s)", flush=True)
         if ckpt_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             trainer.save_checkpoint(ckpt_dir, done)
         if done == fault_at:
