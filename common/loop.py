@@ -97,7 +97,9 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         done = step + 1
         if trainer.rank == 0 and (t2 - last_report >= PROGRESS_EVERY_S or done == cfg.total_steps):
             last_report = t2
-            print(f"step {done}/{cfg.total_steps} loss {losses[-1]:.4f} ({t2 - began:.0f} s)", flush=True)
+            # A rank's share times the world size is that rank's own mean loss.
+            print(f"step {done}/{cfg.total_steps} rank-0 loss {losses[-1] * trainer.world:.4f} "
+                  f"({t2 - began:.0f} s)", flush=True)
         if ckpt_dir and cfg.checkpoint_every and done % cfg.checkpoint_every == 0:
             trainer.save_checkpoint(ckpt_dir, done)
         if done == fault_at:
