@@ -186,6 +186,7 @@ def step_time_plot(workload: str, series: list[Series], caption: str) -> Plot:
                 if samples:
                     box = ax.boxplot([[v * 1e3 for v in samples]], positions=[x], widths=width * 0.7,
                                      patch_artist=True, showfliers=True, whis=(5, 95),
+                                     medianprops={"color": "black"},
                                      flierprops={"markersize": 2, "markeredgecolor": s.color})
                     for patch in box["boxes"]:
                         patch.set(facecolor=s.color, alpha=0.5, hatch=s.hatch)
