@@ -7,7 +7,9 @@ a table and writes summary.csv. Exit 0 when the sweep itself completed.
 from __future__ import annotations
 
 import argparse
+import os
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -20,7 +22,7 @@ from rich.table import Table
 
 from bench.cli import OneLineParser, add_run_options, backend_names, int_list, name_list, workload_names
 from common.devices import default_threads_per_device
-from common.launch import child_env, log_tail
+from common.launch import TERM_GRACE_S, child_env, log_tail
 from common.record import skeleton
 from common.results import load_records, new_run_id, summary_frame, utc_now, write_record, write_summary
 
@@ -71,8 +73,12 @@ def run_one(args, backend, workload, devices, sweep_id, log_dir: Path) -> str:
         try:
             rc = proc.wait(timeout=args.timeout + HARNESS_MARGIN_S)
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            proc.terminate()  # bench.run then stops its own workers
+            try:
+                proc.wait(timeout=TERM_GRACE_S + 10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             rc = None
     if (Path(args.out) / "runs" / f"{run_id}.json").is_file():
         return run_id

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -99,7 +100,14 @@ def _finish(record: dict, out: str, status: str, error: str | None, t0: float) -
     return write_record(record, Path(out))
 
 
+def _exit_on_sigterm(signum, frame):
+    # SystemExit unwinds through run_supervised, which takes the launcher's process group down
+    # with it: a bench.run stopped by a sweep's timeout leaves no workers behind.
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = build_parser().parse_args(argv)
     t0, started = time.monotonic(), utc_now()
     run_id = args.run_id or new_run_id(args.backend, args.workload, args.devices)

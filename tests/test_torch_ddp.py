@@ -143,3 +143,32 @@ def test_a_dead_rank_ends_the_run_and_is_named(tmp_path, data_dir):
     assert proc.returncode == 1
     assert record["status"] == "failed" and "rank 1 exited with code 17" in record["error"], record["error"]
     assert record["duration_s"] < 120
+
+
+def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):
+    """What a sweep's timeout does: SIGTERM to bench.run must take torchrun and its ranks down."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--backend", "torch_ddp", "--workload", "cnn",
+                             "--devices", "2", "--steps", "100000", "--data", "real", "--skip-eval",
+                             "--out", str(out)], cwd=REPO, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    logs = out / "logs"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and "step " not in "".join(
+            p.read_text(errors="replace") for p in logs.glob("*/torchrun.log")):
+        time.sleep(1)
+    workers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+    assert len(workers) >= 3, "torchrun and two ranks should be running"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    time.sleep(1)
+    status = {pid: Path(f"/proc/{pid}/status") for pid in workers}
+    alive = [pid for pid, p in status.items() if p.exists() and "zombie" not in p.read_text().lower()]
+    assert alive == [], f"left running: {alive}"
