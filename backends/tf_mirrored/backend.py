@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from backends.base import Backend
 from backends.tf_mirrored.devices import GPU_SLICE_MB, gpu_slices, physical_gpus
-from backends.tf_mirrored.strategy import STRATEGY_NAMES, all_reduce_name, mode_of
+from backends.tf_mirrored.strategy import STRATEGY_NAMES, all_reduce_implementation, mode_of
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
@@ -86,14 +86,16 @@ class TFMirrored(Backend):
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         mode = mode_of(cfg)
-        all_reduce = all_reduce_name(mode, plan.kind, cfg.devices, len(plan.hardware))
+        implementation = all_reduce_implementation(plan.kind, cfg.devices, len(plan.hardware))
+        all_reduce = f"CollectiveAllReduce ({implementation})"
         if mode == "mirrored":
             threads = f"intra-op threads {plan.threads_per_device * cfg.devices} (N x threads per device)"
             notes = [f"mode mirrored: one process, {STRATEGY_NAMES[mode]} over {cfg.devices} logical device(s), "
                      f"cross-device all-reduce {all_reduce}, {threads}"]
         else:
-            notes = [f"mode multi_worker: {cfg.devices} process(es) on 127.0.0.1, {STRATEGY_NAMES[mode]} with "
-                     f"{all_reduce} collectives, intra-op threads {plan.threads_per_device} per process"]
+            notes = [f"mode multi_worker: {cfg.devices} process(es) on 127.0.0.1, {STRATEGY_NAMES[mode]}, "
+                     f"cross-process all-reduce {all_reduce} over gRPC, "
+                     f"intra-op threads {plan.threads_per_device} per process"]
         notes += [
             "tf.data feeds common's batches (from_generator, one element per replica piece); the distributed "
             "iterator prefetches one element per device, so data_wait is the wait on that buffer",

@@ -63,6 +63,12 @@ class ReplicaBatches:
         self._iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn, options))
         self._next_step = step
 
+    def close(self) -> None:
+        """Stop the iterator's prefetch threads now: left to interpreter shutdown, they call back
+        into a finalising Python (the generator) and can stall the exit."""
+        self._iterator = None
+        self._next_step = -1
+
     def get(self, step: int) -> StepBatch:
         if step != self._next_step:
             self._start(step)

@@ -16,7 +16,7 @@ import tensorflow as tf
 from backends.tf_mirrored.data import ReplicaBatches
 from backends.tf_mirrored.devices import configure_devices, physical_gpus
 from backends.tf_mirrored.models import build_model, trainable_param_count
-from backends.tf_mirrored.strategy import all_reduce_name, build_strategy, mode_of
+from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy, mode_of
 from backends.tf_mirrored.trainer import KerasTrainer
 from common.config import RunConfig
 from common.data.batches import TrainBatches
@@ -53,8 +53,8 @@ def main(config_path: str, result_path: str) -> None:
 
     gpus_present = len(physical_gpus()) if cfg.device_kind == "cuda" else 0
     devices = configure_devices(cfg.device_kind, local, intra_op, cfg.devices, first_device=rank * local)
-    all_reduce = all_reduce_name(mode, cfg.device_kind, cfg.devices, gpus_present)
-    strategy = build_strategy(mode, devices, all_reduce, cfg.collective_timeout_s)
+    implementation = all_reduce_implementation(cfg.device_kind, cfg.devices, gpus_present)
+    strategy = build_strategy(mode, devices, implementation, cfg.collective_timeout_s)
 
     if cfg.precision == "amp":
         keras.config.set_dtype_policy("mixed_bfloat16")
@@ -66,12 +66,17 @@ def main(config_path: str, result_path: str) -> None:
     with strategy.scope():
         model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
     trainer = KerasTrainer(strategy, model, cfg, cfg.device_kind, rank, world)
-    outcome = run_loop(trainer, cfg, ReplicaBatches(train, strategy, local, cfg.total_steps), eval_data)
+    feed = ReplicaBatches(train, strategy, local, cfg.total_steps)
+    try:
+        outcome = run_loop(trainer, cfg, feed, eval_data)
+    finally:
+        feed.close()
     if rank != 0:
         return
     outcome["backend_metrics"] = {
         "tf_mode": mode, "replicas_in_sync": strategy.num_replicas_in_sync,
-        "processes": world, "logical_devices": list(strategy.extended.worker_devices), "all_reduce": all_reduce,
+        "processes": world, "logical_devices": list(strategy.extended.worker_devices),
+        "all_reduce": f"CollectiveAllReduce ({implementation})",
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
         "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "TensorFlow default",
         # Trainable = the spec's count; total adds BatchNorm's moving statistics (cnn).
