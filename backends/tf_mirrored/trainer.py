@@ -60,7 +60,7 @@ class KerasTrainer:
         self._step = tf.function(self._distributed_step)
         self._eval = tf.function(lambda batch: loss_and_correct(model, batch, training=False),
                                  reduce_retracing=True)
-        self._sum_over_workers = tf.function(self._distributed_sum, reduce_retracing=True)
+
 
     def _replica_step(self, micro: tuple, denominator: tf.Tensor) -> tf.Tensor:
         """Runs on each replica. Loss = local sum / global denominator, so the SUM all-reduce that
@@ -99,15 +99,13 @@ class KerasTrainer:
             count += float(batch["mask_weights"].sum()) if "mask_weights" in batch else len(batch["label"])
         return loss, correct, count
 
-    def _distributed_sum(self, x: tf.Tensor):
-        def replica_fn(value):
-            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
-        return self.strategy.run(replica_fn, args=(x,))
-
     def _all_reduce_array(self, values: np.ndarray) -> np.ndarray:
         """SUM over the workers of MultiWorkerMirroredStrategy (one replica each), float64 so that
-        integers and bytes survive exactly."""
-        out = self._sum_over_workers(tf.constant(values, tf.float64))
+        integers and bytes survive exactly. Eager, for the few calls of a run (evaluations, the final
+        gather, checkpoint barriers): TF's warning about eager overhead does not matter here."""
+        def replica_fn(x):
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x)
+        out = self.strategy.run(replica_fn, args=(tf.constant(values, tf.float64),))
         return self.strategy.experimental_local_results(out)[0].numpy()
 
     def all_reduce_sum(self, values: list[float]) -> list[float]:
