@@ -89,8 +89,27 @@ class KerasTrainer:
         if self.device_kind == "cuda":
             tf.test.experimental.sync_devices()
 
+    def _use_rank0_statistics(self) -> None:
+        """Give every worker rank 0's BatchNorm moving statistics before evaluating.
+
+        Keras updates them per replica (aggregation none), so the copies drift apart. DDP evaluates
+        every rank with rank 0's buffers (it broadcasts them at each forward); in one process the
+        primary copy read below is replica 0's already, across processes it is broadcast here.
+        """
+        stats = self.model.non_trainable_weights
+        if self.world == 1 or not stats:
+            return
+        sizes = [int(np.prod(w.shape)) for w in stats]
+        flat = np.zeros(sum(sizes))
+        if self.rank == 0:
+            flat = np.concatenate([w.numpy().ravel() for w in stats]).astype(np.float64)
+        flat = self._all_reduce_array(flat)
+        for w, chunk in zip(stats, np.split(flat, np.cumsum(sizes)[:-1])):
+            w.assign(chunk.reshape(w.shape).astype(w.dtype))
+
     def evaluate(self, batches) -> tuple[float, float, float]:
         # Outside strategy.run: the variables' primary copies, on this process's shard of the split.
+        self._use_rank0_statistics()
         loss = correct = count = 0.0
         for batch in batches:
             l_sum, c = self._eval(model_inputs(batch))
