@@ -122,7 +122,7 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", workload, "--devices", "2",
                    "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--data", "real",
                    "--data-dir", str(data_dir), "--tf-mode", mode, "--collective-timeout", "120",
-                   "--timeout", "400", "--out", str(tmp_path))
+                   "--timeout", "400", "--out", str(tmp_path), "--tf-tensorboard", str(tmp_path / "tb"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = (tmp_path / "runs").glob("*.json")
     record = json.loads(path.read_text())
@@ -135,3 +135,4 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     assert metrics["trainable_params"] == record["params"] == model_spec(workload).param_count()
     assert record["measured_steps"] == 4 and len(record["loss"]["curve"]) == 6
     assert record["eval"]["count"] > 0 and np.isfinite(record["loss"]["last"])
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))

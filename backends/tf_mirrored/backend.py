@@ -47,11 +47,6 @@ class TFMirrored(Backend):
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         return tf_device_plan(count, kind, threads_per_device)
 
-    def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
-        if cfg.sync_bn and mode_of(cfg) == "multi_worker":
-            raise Unsupported("--sync-bn: Keras' synchronized BatchNorm is wired for MirroredStrategy here, "
-                              "not for multi_worker")
-
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
         cfg.save(config_path)
