@@ -2,6 +2,7 @@
 default), or MultiWorkerMirroredStrategy with one process per device through TF_CONFIG (`multi_worker`)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from importlib import metadata
@@ -46,6 +47,11 @@ class TFMirrored(Backend):
 
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         return tf_device_plan(count, kind, threads_per_device)
+
+    def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
+        # TensorFlow 2.21 no longer pulls TensorBoard in; find out before training, not after.
+        if cfg.backend_options.get("tensorboard_dir") and importlib.util.find_spec("tensorboard") is None:
+            raise Unsupported("--tf-tensorboard needs the tensorboard package: pip install tensorboard")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
