@@ -55,7 +55,7 @@ def bert_mlm(spec: BertSpec) -> keras.Model:
     # BertMaskedLM's own head keeps MaskedLMHead's LayerNorm epsilon of 1e-5; the spec (and torch) use 1e-12.
     head = keras_hub.layers.MaskedLMHead(
         token_embedding=backbone.token_embedding,
-        intermediate_activation=keras.activations.gelu if not spec.head_gelu_approximate else "gelu",
+        intermediate_activation=lambda x: keras.activations.gelu(x, approximate=spec.head_gelu_approximate),
         layer_norm_epsilon=spec.layer_norm_eps,
         kernel_initializer=keras.initializers.TruncatedNormal(stddev=spec.init_stddev), name="mlm_head")
     mask_positions = keras.Input((None,), dtype="int32", name="mask_positions")
