@@ -19,7 +19,7 @@ class Entry:
 BACKENDS = {
     "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch"),
-    "tf_mirrored": Entry(None, "", "tensorflow", "tf", "issue #4"),
+    "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf"),
     "mindspore_auto": Entry(None, "", "mindspore", "mindspore", "issue #5"),
 }
 

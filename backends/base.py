@@ -16,6 +16,10 @@ class Backend:
     def framework_version(self) -> str:
         raise NotImplementedError
 
+    def strategy_name(self, cfg: RunConfig) -> str:
+        """The strategy this run uses; a backend with several modes names the chosen one."""
+        return self.strategy
+
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         """Which devices `count` means here (kind: auto|cpu|cuda); raises Unsupported if none fit."""
         raise NotImplementedError

@@ -97,6 +97,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="CPU threads per virtual device (default 1 for bench.run; compare: cores / max N)")
     g.add_argument("--device-kind", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when present, else virtual CPU devices")
+    g.add_argument("--tf-mode", choices=("mirrored", "multi_worker"),
+                   help="tf_mirrored: one process over N logical devices (default), or one process per device")
+    g.add_argument("--tf-tensorboard", metavar="DIR", help="tf_mirrored: write a TensorBoard log of the run to DIR")
     g.add_argument("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)")
     g.add_argument("--collective-timeout", type=positive_float, default=300.0,
                    help="limit for any rendezvous or collective (s)")

@@ -92,7 +92,15 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, timeout_s=args.timeout,
         collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
+        backend_options=backend_options(args),
     )
+
+
+def backend_options(args) -> dict:
+    """Options one backend reads from RunConfig.backend_options (the others ignore them)."""
+    options = {"tf_mode": args.tf_mode,
+               "tensorboard_dir": str(Path(args.tf_tensorboard).resolve()) if args.tf_tensorboard else None}
+    return {k: v for k, v in options.items() if v}
 
 
 def _finish(record: dict, out: str, status: str, error: str | None, t0: float) -> Path:

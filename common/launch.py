@@ -80,3 +80,32 @@ def log_tail(path: Path, lines: int = 15, max_chars: int = 3000) -> str:
         return "(no log)"
     tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
     return " | ".join(tail)[-max_chars:]
+
+
+def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]], timeout_s: float,
+                         poll_s: float = 0.2) -> list[int]:
+    """Run cooperating processes (the ranks of one job), each `(cmd, env, log_path)` in its own process
+    group. The first to fail takes the others down at once: a peer blocked in a collective with a dead
+    rank would otherwise sit out its collective timeout. Raises RunFailed on timeout; every group is
+    killed on any exit from here. Returns the exit codes in order (negative: killed by a signal)."""
+    procs: list[subprocess.Popen] = []
+    with contextlib.ExitStack() as logs:
+        try:
+            for cmd, env, log_path in commands:
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                log = logs.enter_context(open(log_path, "ab"))
+                procs.append(subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, start_new_session=True))
+            deadline = time.monotonic() + timeout_s
+            while True:
+                codes = [p.poll() for p in procs]
+                if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                    break
+                if time.monotonic() > deadline:
+                    raise RunFailed(f"timed out after {timeout_s:g} s (--timeout); log tail of rank 0: "
+                                    f"{log_tail(commands[0][2])}")
+                time.sleep(poll_s)
+        finally:
+            for proc in procs:
+                _kill_group(proc)
+    return [p.returncode for p in procs]

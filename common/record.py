@@ -24,7 +24,7 @@ def describe_config(cfg: RunConfig, plan: DevicePlan, backend) -> dict:
     """The record fields fixed before the run starts."""
     spec = cfg.spec
     return {
-        "strategy": backend.strategy, "framework": backend.framework,
+        "strategy": backend.strategy_name(cfg), "framework": backend.framework,
         "framework_version": backend.framework_version(), "device_kind": plan.kind, "virtual": plan.virtual,
         "threads_per_device": plan.threads_per_device, "oversubscribed": plan.oversubscribed,
         "devices_description": plan.description, "scaling": cfg.scaling, "data": cfg.data,

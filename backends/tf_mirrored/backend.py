@@ -1,0 +1,118 @@
+"""TensorFlow + Keras 3: MirroredStrategy over N logical devices in one process (`mirrored`, the
+default), or MultiWorkerMirroredStrategy with one process per device through TF_CONFIG (`multi_worker`)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from importlib import metadata
+from pathlib import Path
+
+import tensorflow as tf
+
+from backends.base import Backend
+from backends.tf_mirrored.devices import GPU_SLICE_MB, gpu_slices, physical_gpus
+from backends.tf_mirrored.strategy import STRATEGY_NAMES, all_reduce_implementation, mode_of
+from common.config import RunConfig
+from common.devices import DevicePlan, cpu_plan, cuda_plan
+from common.errors import Unsupported
+from common.launch import RunFailed, child_env, free_port, log_tail, run_supervised, run_supervised_group
+
+WORKER = "backends.tf_mirrored.worker"
+
+
+def tf_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
+    """Real GPUs when there are `count`, slices of GPU 0 when there are fewer, else virtual CPUs."""
+    gpus = physical_gpus()
+    if kind == "cuda" and not gpus:
+        raise Unsupported("no GPU visible to TensorFlow (a CPU build, or no CUDA driver)")
+    if kind == "cpu" or not gpus:
+        return cpu_plan(count, threads_per_device)
+    if not gpu_slices(count, len(gpus)):
+        return cuda_plan(count, len(gpus), gpus)
+    return DevicePlan("cuda", count, True, 0, False,
+                      f"{count} logical GPU slices of {GPU_SLICE_MB} MiB on 1 x {gpus[0]}", (gpus[0],))
+
+
+class TFMirrored(Backend):
+    name = "tf_mirrored"
+    framework = "tensorflow"
+    strategy = "MirroredStrategy"
+
+    def framework_version(self) -> str:
+        return f"{tf.__version__} (keras {metadata.version('keras')}, keras-hub {metadata.version('keras-hub')})"
+
+    def strategy_name(self, cfg: RunConfig) -> str:
+        return STRATEGY_NAMES[mode_of(cfg)]
+
+    def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
+        return tf_device_plan(count, kind, threads_per_device)
+
+    def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
+        # TensorFlow 2.21 no longer pulls TensorBoard in; find out before training, not after.
+        if cfg.backend_options.get("tensorboard_dir") and importlib.util.find_spec("tensorboard") is None:
+            raise Unsupported("--tf-tensorboard needs the tensorboard package: pip install tensorboard")
+
+    def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        config_path, result_path = workdir / "config.json", workdir / "result.json"
+        cfg.save(config_path)
+        cmd = [sys.executable, "-m", WORKER, str(config_path), str(result_path)]
+        if mode_of(cfg) == "mirrored":
+            # One process drives every device: its pools get the cores of all of them.
+            env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device * cfg.devices))}
+            log = workdir / "worker.log"
+            rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
+            if rc != 0 or not result_path.is_file():
+                raise RunFailed(f"worker exited with code {rc}: {log_tail(log)}")
+        else:
+            self._run_workers(cmd, cfg, workdir, {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device))})
+            if not result_path.is_file():
+                raise RunFailed(f"workers exited without a result: {log_tail(workdir / 'worker-0.log')}")
+        return json.loads(result_path.read_text())
+
+    @staticmethod
+    def _run_workers(cmd: list[str], cfg: RunConfig, workdir: Path, env: dict[str, str]) -> None:
+        """One process per device; the cluster's ports are picked free at launch on loopback."""
+        cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(cfg.devices)]}
+        commands = []
+        for index in range(cfg.devices):
+            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+            commands.append((cmd, child_env({**env, "TF_CONFIG": tf_config}), workdir / f"worker-{index}.log"))
+        codes = run_supervised_group(commands, cfg.timeout_s)
+        failed = [i for i, rc in enumerate(codes) if rc and rc > 0] or [i for i, rc in enumerate(codes) if rc]
+        if failed:
+            first = failed[0]
+            raise RunFailed(f"worker {first} exited with code {codes[first]} (all: {codes}): "
+                            f"{log_tail(workdir / f'worker-{first}.log')}")
+
+    def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
+        mode = mode_of(cfg)
+        implementation = all_reduce_implementation(plan.kind, cfg.devices, len(plan.hardware))
+        all_reduce = f"CollectiveAllReduce ({implementation})"
+        if mode == "mirrored":
+            threads = f"intra-op threads {plan.threads_per_device * cfg.devices} (N x threads per device)"
+            notes = [f"mode mirrored: one process, {STRATEGY_NAMES[mode]} over {cfg.devices} logical device(s), "
+                     f"cross-device all-reduce {all_reduce}, {threads}"]
+        else:
+            notes = [f"mode multi_worker: {cfg.devices} process(es) on 127.0.0.1, {STRATEGY_NAMES[mode]}, "
+                     f"cross-process all-reduce {all_reduce} over gRPC, "
+                     f"intra-op threads {plan.threads_per_device} per process"]
+        notes += [
+            "tf.data feeds common's batches (from_generator, one element per replica piece); the distributed "
+            "iterator prefetches one element per device, so data_wait is the wait on that buffer",
+            "Keras' AdamW adds epsilon to sqrt(v) before the bias correction (torch: after it), so its "
+            "effective epsilon is eps/sqrt(1-beta2^t): 3.2e-7 at step 1, tending to 1e-8",
+            "the training step is a tf.function without XLA; the first (traced) step falls in the warm-up",
+        ]
+        if cfg.workload == "cnn":
+            notes.append("BatchNorm moving variance is updated with the biased batch variance (torch: unbiased); "
+                         "affects evaluation only")
+            if cfg.devices > 1 and not cfg.sync_bn:
+                notes.append("BatchNorm statistics are per replica (no synchronized BatchNorm), as in DDP")
+        else:
+            notes.append("BERT from keras-hub's BertBackbone + MaskedLMHead with random weights; the model ends "
+                         "at the sequence output, so the pooler (h*h+h parameters) is excluded, not frozen; "
+                         "trainable parameters equal the spec (backend_metrics.trainable_params)")
+        if cfg.warmup_steps == 0:
+            notes.append("--warmup-steps 0: the timed steps include tf.function tracing")
+        return notes

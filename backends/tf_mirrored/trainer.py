@@ -1,0 +1,187 @@
+"""common.loop's Trainer for TensorFlow: a distributed step, evaluation, collectives, checkpoints.
+
+One class serves both modes. `rank`/`world` are processes, as run_loop sees them: (0, 1) for
+MirroredStrategy, whose N replicas live in one process, and (i, N) for MultiWorkerMirroredStrategy.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import tempfile
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from common.config import RunConfig
+from common.data.batches import StepBatch
+from common.results import write_json_atomic
+
+LATEST = "latest.json"
+STATE_PREFIX = "state"
+
+
+def loss_and_correct(model: keras.Model, batch: dict, training: bool):
+    """(sum of per-sample or per-token losses, number correct), unreduced, so that any denominator
+    (the global batch, the global mask count) can divide them afterwards."""
+    if "image" in batch:
+        logits = tf.cast(model(batch["image"], training=training), tf.float32)
+        labels, weights = tf.cast(batch["label"], tf.int32), None
+    else:
+        logits = tf.cast(model({k: batch[k] for k in MLM_INPUTS}, training=training), tf.float32)
+        labels, weights = batch["mask_ids"], batch["mask_weights"]
+    per_item = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    hits = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
+    if weights is not None:
+        per_item, hits = per_item * weights, hits * weights
+    return tf.reduce_sum(per_item), tf.reduce_sum(hits)
+
+
+def _dense(grad):
+    # The tied token embedding gets a sparse (lookup) and a dense (decoder) part; sum them densely.
+    return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
+
+
+class KerasTrainer:
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model, cfg: RunConfig, device_kind: str,
+                 rank: int = 0, world: int = 1):
+        self.strategy, self.model, self.cfg, self.device_kind = strategy, model, cfg, device_kind
+        self.rank, self.world = rank, world
+        o = cfg.optim
+        with strategy.scope():
+            self.optimizer = keras.optimizers.AdamW(learning_rate=o.lr, weight_decay=o.weight_decay,
+                                                    beta_1=o.beta1, beta_2=o.beta2, epsilon=o.eps)
+            self.optimizer.build(model.trainable_variables)
+        self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer)
+        self._step = tf.function(self._distributed_step)
+        self._eval = tf.function(lambda batch: loss_and_correct(model, batch, training=False),
+                                 reduce_retracing=True)
+
+
+    def _replica_step(self, micro: tuple, denominator: tf.Tensor) -> tf.Tensor:
+        """Runs on each replica. Loss = local sum / global denominator, so the SUM all-reduce that
+        Keras' optimizer applies to the gradients under a strategy gives the single-device gradient."""
+        variables = self.model.trainable_variables
+        grads, total = None, tf.zeros((), tf.float32)
+        for batch in micro:
+            with tf.GradientTape() as tape:
+                loss_sum, _ = loss_and_correct(self.model, batch, training=True)
+                loss = loss_sum / denominator
+            step_grads = tape.gradient(loss, variables)
+            grads = step_grads if grads is None else [_dense(a) + _dense(b) for a, b in zip(grads, step_grads)]
+            total += loss
+        self.optimizer.apply_gradients(zip(grads, variables))
+        return total
+
+    def _distributed_step(self, micro: tuple, denominator: tf.Tensor):
+        return self.strategy.run(self._replica_step, args=(micro, denominator))
+
+    def train_step(self, batch: StepBatch, lr: float) -> float:
+        self.optimizer.learning_rate = lr  # a variable assign, outside the graph: no retracing
+        shares = self._step(tuple(batch.micro), tf.constant(batch.denominator, tf.float32))
+        return float(sum(float(s) for s in self.strategy.experimental_local_results(shares)))
+
+    def sync(self) -> None:
+        if self.device_kind == "cuda":
+            tf.test.experimental.sync_devices()
+
+    def _use_rank0_statistics(self) -> None:
+        """Give every worker rank 0's BatchNorm moving statistics before evaluating.
+
+        Keras updates them per replica (aggregation none), so the copies drift apart. DDP evaluates
+        every rank with rank 0's buffers (it broadcasts them at each forward); in one process the
+        primary copy read below is replica 0's already, across processes it is broadcast here.
+        """
+        stats = self.model.non_trainable_weights
+        if self.world == 1 or not stats:
+            return
+        sizes = [int(np.prod(w.shape)) for w in stats]
+        flat = np.zeros(sum(sizes))
+        if self.rank == 0:
+            flat = np.concatenate([w.numpy().ravel() for w in stats]).astype(np.float64)
+        flat = self._all_reduce_array(flat)
+        for w, chunk in zip(stats, np.split(flat, np.cumsum(sizes)[:-1])):
+            w.assign(chunk.reshape(w.shape).astype(w.dtype))
+
+    def evaluate(self, batches) -> tuple[float, float, float]:
+        # Outside strategy.run: the variables' primary copies, on this process's shard of the split.
+        self._use_rank0_statistics()
+        loss = correct = count = 0.0
+        for batch in batches:
+            l_sum, c = self._eval(model_inputs(batch))
+            loss += float(l_sum)
+            correct += float(c)
+            count += float(batch["mask_weights"].sum()) if "mask_weights" in batch else len(batch["label"])
+        return loss, correct, count
+
+    def _all_reduce_array(self, values: np.ndarray) -> np.ndarray:
+        """SUM over the workers of MultiWorkerMirroredStrategy (one replica each), float64 so that
+        integers and bytes survive exactly. Eager, for the few calls of a run (evaluations, the final
+        gather, checkpoint barriers): TF's warning about eager overhead does not matter here."""
+        def replica_fn(x):
+            return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x)
+        out = self.strategy.run(replica_fn, args=(tf.constant(values, tf.float64),))
+        return self.strategy.experimental_local_results(out)[0].numpy()
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        if self.world == 1:
+            return list(values)
+        return self._all_reduce_array(np.asarray(values, np.float64)).tolist()
+
+    def all_gather(self, obj: dict) -> list[dict]:
+        """Gather JSON-able dicts through the one collective TF offers everywhere, a sum: each worker
+        fills its own row of a zero matrix with its bytes."""
+        if self.world == 1:
+            return [obj]
+        mine = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+        sizes = np.zeros(self.world)
+        sizes[self.rank] = mine.size
+        sizes = self._all_reduce_array(sizes).astype(int)
+        rows = np.zeros((self.world, sizes.max()))
+        rows[self.rank, :mine.size] = mine
+        rows = self._all_reduce_array(rows)
+        return [json.loads(rows[r, :sizes[r]].astype(np.uint8).tobytes()) for r in range(self.world)]
+
+    def _barrier(self) -> None:
+        if self.world > 1:
+            self._all_reduce_array(np.zeros(1))
+
+    def save_checkpoint(self, directory: Path, step: int) -> None:
+        """Rank 0 writes the state into a fresh folder, renames it into place, then points latest.json
+        at it: a crash at any moment leaves the previous checkpoint whole. The variables are mirrored
+        (no on-read aggregation), so writing them needs no collective and the other ranks only wait."""
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".checkpoint-", dir=directory))
+            try:
+                self.checkpoint.write(str(tmp / STATE_PREFIX))
+                final = directory / f"step-{step:08d}"
+                shutil.rmtree(final, ignore_errors=True)
+                os.replace(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            write_json_atomic(directory / LATEST, {"step": step, "folder": final.name})
+            for old in directory.glob("step-*"):
+                if old != final:
+                    shutil.rmtree(old, ignore_errors=True)
+        self._barrier()  # nobody runs ahead of (or exits before) a checkpoint that is still being written
+
+    def load_checkpoint(self, directory: Path) -> int | None:
+        latest = directory / LATEST
+        if not latest.is_file():
+            return None
+        meta = json.loads(latest.read_text())
+        with self.strategy.scope():
+            self.checkpoint.read(str(directory / meta["folder"] / STATE_PREFIX)).assert_existing_objects_matched()
+        return int(meta["step"])
+
+    def peak_memory_bytes(self) -> int:
+        if self.device_kind == "cuda":
+            return sum(tf.config.experimental.get_memory_info(d.name)["peak"]
+                       for d in tf.config.list_logical_devices("GPU"))
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB

@@ -1,0 +1,91 @@
+"""One TensorFlow process: python -m backends.tf_mirrored.worker CONFIG.json RESULT.json
+
+`mirrored`: the only process, N logical devices, MirroredStrategy. `multi_worker`: one of N
+processes (its index in TF_CONFIG), one device each, MultiWorkerMirroredStrategy.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+from backends.tf_mirrored.data import ReplicaBatches
+from backends.tf_mirrored.devices import configure_devices, physical_gpus
+from backends.tf_mirrored.models import build_model, trainable_param_count
+from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy, mode_of
+from backends.tf_mirrored.trainer import KerasTrainer
+from common.config import RunConfig
+from common.data.batches import TrainBatches
+from common.data.datasets import TRAIN_SPLIT, load_split
+from common.loop import run_loop
+from common.results import write_json_atomic
+
+
+def _cluster_position(mode: str) -> tuple[int, int]:
+    """(this process's index, number of processes)."""
+    if mode == "mirrored":
+        return 0, 1
+    tf_config = json.loads(os.environ["TF_CONFIG"])
+    return int(tf_config["task"]["index"]), len(tf_config["cluster"]["worker"])
+
+
+def write_tensorboard(log_dir: Path, outcome: dict) -> None:
+    """The run's global loss curve and evaluations, written after training so that logging costs
+    nothing inside the timed steps and shows all ranks' loss, not rank 0's share."""
+    with tf.summary.create_file_writer(str(log_dir)).as_default():
+        for step, loss in outcome["loss"]["curve"]:
+            tf.summary.scalar("train/loss", loss, step=step)
+        for point in outcome["eval_history"]:
+            tf.summary.scalar(f"eval/{outcome['eval']['metric']}", point["value"], step=point["step"])
+            tf.summary.scalar("eval/loss", point["loss"], step=point["step"])
+
+
+def main(config_path: str, result_path: str) -> None:
+    cfg = RunConfig.load(Path(config_path))
+    mode = mode_of(cfg)
+    rank, world = _cluster_position(mode)
+    local = cfg.devices // world
+    intra_op = local * cfg.threads_per_device  # the cores of every device this process drives
+
+    gpus_present = len(physical_gpus()) if cfg.device_kind == "cuda" else 0
+    devices = configure_devices(cfg.device_kind, local, intra_op, cfg.devices, first_device=rank * local)
+    implementation = all_reduce_implementation(cfg.device_kind, cfg.devices, gpus_present)
+    strategy = build_strategy(mode, devices, implementation, cfg.collective_timeout_s)
+
+    if cfg.precision == "amp":
+        keras.config.set_dtype_policy("mixed_bfloat16")
+    data_dir = Path(cfg.data_dir)
+    train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
+                         cfg.spec, cfg.seed, cfg.per_device_batch * local, world, rank, cfg.grad_accum)
+    eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
+    keras.utils.set_random_seed(cfg.seed)
+    with strategy.scope():
+        model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
+    trainer = KerasTrainer(strategy, model, cfg, cfg.device_kind, rank, world)
+    feed = ReplicaBatches(train, strategy, local, cfg.total_steps)
+    try:
+        outcome = run_loop(trainer, cfg, feed, eval_data)
+    finally:
+        feed.close()
+    if rank != 0:
+        return
+    outcome["backend_metrics"] = {
+        "tf_mode": mode, "replicas_in_sync": strategy.num_replicas_in_sync,
+        "processes": world, "logical_devices": list(strategy.extended.worker_devices),
+        "all_reduce": f"CollectiveAllReduce ({implementation})",
+        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "TensorFlow default",
+        # Trainable = the spec's count; total adds BatchNorm's moving statistics (cnn).
+        "trainable_params": trainable_param_count(model), "params_total": model.count_params(),
+    }
+    if cfg.backend_options.get("tensorboard_dir"):
+        write_tensorboard(Path(cfg.backend_options["tensorboard_dir"]), outcome)
+    write_json_atomic(Path(result_path), outcome)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

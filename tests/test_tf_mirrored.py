@@ -1,0 +1,138 @@
+"""tf_mirrored: replica feeding, 2-replica == 1-replica steps, parameter counts, end-to-end records.
+
+The in-process tests share one TensorFlow context with two virtual CPU devices, declared at import,
+before anything initialises TensorFlow (its devices cannot change afterwards).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+from backends.tf_mirrored.devices import configure_devices  # noqa: E402
+
+DEVICES = configure_devices("cpu", 2, 2, 2)
+
+import keras  # noqa: E402
+
+from backends.tf_mirrored.data import ReplicaBatches  # noqa: E402
+from backends.tf_mirrored.models import build_model, trainable_param_count  # noqa: E402
+from backends.tf_mirrored.strategy import build_strategy  # noqa: E402
+from backends.tf_mirrored.trainer import KerasTrainer  # noqa: E402
+from common.config import RunConfig  # noqa: E402
+from common.data.batches import TrainBatches  # noqa: E402
+from common.data.datasets import TRAIN_SPLIT, load_split  # noqa: E402
+from common.results import validate_record  # noqa: E402
+from common.spec import model_spec  # noqa: E402
+from tests.conftest import run_cli  # noqa: E402
+
+
+def _config(workload: str, devices: int, per_device_batch: int, grad_accum: int) -> RunConfig:
+    return RunConfig(run_id="test", backend="tf_mirrored", workload=workload, devices=devices, device_kind="cpu",
+                     threads_per_device=1, scaling="strong", batch_size=per_device_batch * devices * grad_accum,
+                     per_device_batch=per_device_batch, grad_accum=grad_accum, data="real", data_dir="",
+                     seed=0, total_steps=2, warmup_steps=0, out="")
+
+
+def _feed(data, workload: str, strategy, replicas: int, per_device_batch: int, grad_accum: int) -> ReplicaBatches:
+    spec = model_spec(workload)
+    batches = TrainBatches(data, spec, 0, per_device_batch * replicas, 1, 0, grad_accum)
+    return ReplicaBatches(batches, strategy, replicas, total_steps=4)
+
+
+@pytest.mark.parametrize("workload,grad_accum", [("cnn", 2), ("mlm", 1)])
+def test_replica_r_gets_rank_r_slice(data_dir: Path, workload: str, grad_accum: int):
+    spec = model_spec(workload)
+    data = load_split(workload, TRAIN_SPLIT, "real", data_dir, spec, 0)
+    strategy = build_strategy("mirrored", DEVICES, "RING", 60)
+    feed = _feed(data, workload, strategy, 2, 4, grad_accum)
+    ranks = [TrainBatches(data, spec, 0, 4, 2, r, grad_accum) for r in range(2)]
+    key, model_key = ("image", "image") if workload == "cnn" else ("input_ids", "token_ids")
+    try:
+        for step in (0, 1, 3):
+            got = feed.get(step)
+            assert got.denominator == ranks[0].get(step).denominator
+            for k, micro in enumerate(got.micro):
+                for r, value in enumerate(strategy.experimental_local_results(micro)):
+                    np.testing.assert_array_equal(value[model_key].numpy(), ranks[r].get(step).micro[k][key])
+    finally:
+        feed.close()
+
+
+def _train(workload: str, data, devices: list[str], grad_accum: int, weights, steps: int = 2):
+    """`steps` optimizer steps of a global batch of 8 on len(devices) replicas; returns the
+    trainable weights before and after, and the losses."""
+    replicas = len(devices)
+    per_device = 8 // (replicas * grad_accum)
+    strategy = build_strategy("mirrored", devices, "RING", 60)
+    with strategy.scope():
+        model = build_model(workload, model_spec(workload))
+    model.set_weights(weights)
+    before = [w.numpy() for w in model.trainable_weights]
+    trainer = KerasTrainer(strategy, model, _config(workload, replicas, per_device, grad_accum), "cpu")
+    feed = _feed(data, workload, strategy, replicas, per_device, grad_accum)
+    try:
+        losses = [trainer.train_step(feed.get(step), 1e-3) for step in range(steps)]
+    finally:
+        feed.close()
+    return before, [w.numpy() for w in model.trainable_weights], losses
+
+
+@pytest.mark.parametrize("workload", ["mlm", "cnn"])
+def test_two_replicas_equal_one_replica(data_dir: Path, workload: str):
+    """Two replicas of 4 samples == one replica of the same 8 samples, after two AdamW steps.
+
+    cnn: BatchNorm normalises with each replica's own statistics, so the single replica takes the
+    same 8 samples as 2 micro-batches of 4 (grad_accum 2): the same statistics, the same gradient
+    (the moving statistics, updated once per micro-batch there, are not compared).
+    Tolerance: the gradients agree to float32 rounding (partial sums added in another order), but
+    Adam divides by sqrt(v), so a component whose gradient is ~0 can move by up to lr on one side
+    and not on the other; hence a tight bound on the bulk (99.9% of values within 1e-6) and a
+    bound of 2 x lr x steps on every value.
+    """
+    spec = model_spec(workload)
+    data = load_split(workload, TRAIN_SPLIT, "real", data_dir, spec, 0)
+    keras.utils.set_random_seed(0)
+    initial = build_model(workload, spec).get_weights()
+    before, two, losses_two = _train(workload, data, DEVICES, 1, initial)
+    _, one, losses_one = _train(workload, data, DEVICES[:1], 2 if workload == "cnn" else 1, initial)
+    np.testing.assert_allclose(losses_two, losses_one, rtol=1e-5)
+    diffs = np.concatenate([np.abs(a - b).ravel() for a, b in zip(two, one)])
+    moved = np.concatenate([np.abs(a - b).ravel() for a, b in zip(two, before)])
+    assert np.quantile(moved, 0.5) > 1e-4  # the steps did move the weights
+    assert np.quantile(diffs, 0.999) < 1e-6, np.quantile(diffs, [0.5, 0.99, 0.999, 1.0])
+    assert diffs.max() < 2 * 1e-3 * 2
+
+
+@pytest.mark.parametrize("workload", ["cnn", "mlm"])
+def test_trainable_params_equal_spec(workload: str):
+    spec = model_spec(workload)
+    model = build_model(workload, spec)
+    assert trainable_param_count(model) == spec.param_count()
+    assert not any("pooled" in w.path for w in model.weights)
+
+
+@pytest.mark.parametrize("mode", ["mirrored", "multi_worker"])
+@pytest.mark.parametrize("workload", ["cnn", "mlm"])
+def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: str):
+    proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", workload, "--devices", "2",
+                   "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--data", "real",
+                   "--data-dir", str(data_dir), "--tf-mode", mode, "--collective-timeout", "120",
+                   "--timeout", "400", "--out", str(tmp_path), "--tf-tensorboard", str(tmp_path / "tb"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = (tmp_path / "runs").glob("*.json")
+    record = json.loads(path.read_text())
+    assert validate_record(record) == []
+    assert record["strategy"] == {"mirrored": "MirroredStrategy", "multi_worker": "MultiWorkerMirroredStrategy"}[mode]
+    metrics = record["backend_metrics"]
+    assert metrics["tf_mode"] == mode and metrics["replicas_in_sync"] == 2
+    assert metrics["processes"] == (1 if mode == "mirrored" else 2)
+    assert metrics["all_reduce"] in record["notes"][0]
+    assert metrics["trainable_params"] == record["params"] == model_spec(workload).param_count()
+    assert record["measured_steps"] == 4 and len(record["loss"]["curve"]) == 6
+    assert record["eval"]["count"] > 0 and np.isfinite(record["loss"]["last"])
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
