@@ -20,7 +20,7 @@ BACKENDS = {
     "torch_dp": Entry(None, "", "torch", "torch", "issue #3"),
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch"),
     "tf_mirrored": Entry(None, "", "tensorflow", "tf", "issue #4"),
-    "mindspore_auto": Entry(None, "", "mindspore", "mindspore", "issue #5"),
+    "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore"),
 }
 
 

@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 
 from backends import load_backend
-from bench.cli import OneLineParser, add_run_options, backend_names, positive_int, workload_names
+from bench.cli import BACKEND_OPTIONS, OneLineParser, add_run_options, backend_names, positive_int, workload_names
 from common.config import RunConfig, per_device_batch_for
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split, resolve_data_mode
@@ -88,6 +88,7 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         eval_every=args.eval_every, patience=args.patience, checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, timeout_s=args.timeout,
         collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
+        backend_options={k: getattr(args, k) for k in BACKEND_OPTIONS},
     )
 
 
