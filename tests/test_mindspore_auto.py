@@ -122,6 +122,18 @@ def test_cnn_pipeline_stages():
     assert plan == {"conv0": 0, "conv1": 0, "conv2": 0, "conv3": 0, "fc0": 1, "fc1": 1, "fc2": 1}
 
 
+def test_compare_forwards_the_layout_options():
+    from bench.compare import build_parser, run_command
+
+    args = build_parser().parse_args(["--parallel-mode", "semi_auto", "--model-parallel", "2", "--pipeline-stages",
+                                      "2", "--micro-batches", "4", "--recompute", "--no-vocab-emb-dp"])
+    cmd = run_command(args, "mindspore_auto", "mlm", 4, "run", "sweep")
+    for expected in (["--parallel-mode", "semi_auto"], ["--model-parallel", "2"], ["--pipeline-stages", "2"],
+                     ["--micro-batches", "4"], ["--recompute"], ["--no-vocab-emb-dp"]):
+        assert any(cmd[i:i + len(expected)] == expected for i in range(len(cmd))), expected
+    assert "--optimizer-shard" not in cmd
+
+
 # ----------------------------------------------------------------------------- the MindSpore models
 
 ms_models = pytest.importorskip("backends.mindspore_auto.models", reason="needs mindspore")
@@ -257,3 +269,4 @@ def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, data_dir):
     assert lines == ["bench.run: error: --micro-batches 2 with 1 pipeline stage: micro-batches feed a pipeline; "
                      "use --grad-accum to accumulate without one"]
     assert not (tmp_path / "runs").exists()
+

@@ -194,7 +194,8 @@ class MindSporeTrainer:
     def save_checkpoint(self, directory: Path, step: int) -> None:
         if self.process_rank == 0 or not self.data_parallel_mode:
             directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=directory)
+            # The temporary name must end in .ckpt: save_checkpoint appends it to any name that does not.
+            fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".ckpt", dir=directory)
             os.close(fd)
             try:
                 ms.save_checkpoint(self.step_cell, tmp, integrated_save=False, append_dict={"step": step})

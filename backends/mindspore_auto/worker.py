@@ -5,6 +5,8 @@ msrun runs a script path, not a module, so the repository reaches sys.path throu
 """
 from __future__ import annotations
 
+import ctypes
+import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +28,16 @@ PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.Paralle
                   "auto": ms.ParallelMode.AUTO_PARALLEL}
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_launcher() -> None:
+    """msrun starts workers in sessions of their own (setsid), out of reach of the harness's
+    process-group kill; the kernel ends this process when msrun ends, however msrun ends."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
     if pcfg.mode == "data":
         ms.set_auto_parallel_context(parallel_mode=PARALLEL_MODES["data"], gradients_mean=True, device_num=processes)
@@ -41,6 +53,7 @@ def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
 
 
 def main(config_path: str, result_path: str) -> None:
+    die_with_launcher()
     cfg = RunConfig.load(Path(config_path))
     pcfg = parallel_config_from(cfg.backend_options, cfg.devices)
     ms.set_context(mode=ms.GRAPH_MODE)
