@@ -26,6 +26,10 @@ from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
 
 CHECKPOINT_NAME = "checkpoint.ckpt"
+# Rows per evaluation forward. The MLM loss holds several rows x 20 x vocabulary float32 tensors
+# (logits, their exponentials, one-hot labels): 32 rows keep each near 85 MB, where the loop's
+# 256-row batches would take gigabytes per process.
+EVAL_CHUNK_ROWS = {"cnn": 256, "mlm": 32}
 
 
 class ScaledLoss(nn.Cell):
@@ -100,12 +104,11 @@ class MindSporeTrainer:
         self.optimizer = AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
         self.step_cell = TrainStep(scaled, self.optimizer, build_grad_reducer(pcfg, processes, params))
         self.step_cell.set_train(True)
-        self.compile_s: dict[str, float] = {}
-        # With a pipeline only the last stage's processes (rank-major: the last `per_stage` ranks)
-        # compute the loss; the others are told it through one all-reduce.
-        per_stage = processes // pcfg.pipeline_stage
-        self.loss_holders = per_stage
-        self.holds_loss = process_rank >= processes - per_stage
+        self.eval_rows = EVAL_CHUNK_ROWS[cfg.workload]
+        # With a pipeline only the last stage's processes (rank-major: the last `loss_holders`
+        # ranks) compute the loss; the others are told it through one all-reduce.
+        self.loss_holders = processes // pcfg.pipeline_stage
+        self.holds_loss = process_rank >= processes - self.loss_holders
 
     # ------------------------------------------------------------------ inputs
 
@@ -113,6 +116,13 @@ class MindSporeTrainer:
         if self.cfg.workload == "cnn" and "weight" not in batch:
             batch = {**batch, "weight": np.ones(len(batch["label"]), np.float32)}
         return [batch[c] for c in self.columns]
+
+    def _eval_chunks(self, batch: Batch):
+        """The batch in chunks of `eval_rows`, the last padded with zero-weight rows, so that one
+        compiled graph serves every chunk and padding counts for nothing."""
+        columns = self._columns(batch)
+        for start in range(0, len(columns[0]), self.eval_rows):
+            yield _pad_rows([c[start:start + self.eval_rows] for c in columns], self.eval_rows)
 
     def _step_inputs(self, batch: StepBatch, lr: float) -> list[Tensor]:
         # DATA_PARALLEL averages gradients over ranks: world x local sum / global denominator
@@ -130,11 +140,10 @@ class MindSporeTrainer:
         t1 = time.perf_counter()
         self.loss_net.set_train(False)
         try:
-            self.loss_net.compile(*(Tensor(a) for a in self._columns(eval_batch)))
+            self.loss_net.compile(*(Tensor(a) for a in next(self._eval_chunks(eval_batch))))
         finally:
             self.loss_net.set_train(True)
-        self.compile_s = {"compile_s": t1 - t0, "eval_compile_s": time.perf_counter() - t1}
-        return self.compile_s
+        return {"compile_s": t1 - t0, "eval_compile_s": time.perf_counter() - t1}
 
     # ------------------------------------------------------------------ Trainer protocol
 
@@ -152,18 +161,15 @@ class MindSporeTrainer:
             ms.runtime.synchronize()
 
     def evaluate(self, batches) -> tuple[float, float, float]:
-        """Every batch is padded to the first one's size with weight-0 rows, so one graph serves all."""
         self.loss_net.set_train(False)
         loss = correct = count = 0.0
-        size = None
         try:
             for batch in batches:
-                size = size or len(next(iter(batch.values())))
-                columns = _pad_rows(self._columns(batch), size)
-                l_sum, c = self.loss_net(*(Tensor(a) for a in columns))
-                loss += float(l_sum.asnumpy())
-                correct += float(c.asnumpy())
-                count += float(columns[-1].sum())
+                for columns in self._eval_chunks(batch):
+                    l_sum, c = self.loss_net(*(Tensor(a) for a in columns))
+                    loss += float(l_sum.asnumpy())
+                    correct += float(c.asnumpy())
+                    count += float(columns[-1].sum())
         finally:
             self.loss_net.set_train(True)
         return loss, correct, count
