@@ -181,15 +181,13 @@ class MindSporeTrainer:
         if self.world == 1:
             return [obj]
         raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
-        longest = self._all_reduce_max(len(raw))
-        padded = np.zeros(longest, np.int32)  # int32: what every backend's all-gather carries
-        padded[:len(raw)] = raw
-        rows = ops.AllGather()(Tensor(padded[None, :])).asnumpy()
-        return [json.loads(bytes(row.astype(np.uint8)).rstrip(b"\0")) for row in rows]
-
-    @staticmethod
-    def _all_reduce_max(value: int) -> int:
-        return int(ops.AllReduce(ops.ReduceOp.MAX)(Tensor(np.array([value], np.int32))).asnumpy()[0])
+        # float32 carries bytes and lengths exactly: MindSpore's CPU collectives take no integers,
+        # and its CPU all-reduce only sums, so the longest length comes from an all-gather.
+        longest = int(ops.AllGather()(Tensor(np.array([len(raw)], np.float32))).asnumpy().max())
+        padded = np.zeros((1, longest), np.float32)
+        padded[0, :len(raw)] = raw
+        rows = ops.AllGather()(Tensor(padded)).asnumpy().astype(np.uint8)
+        return [json.loads(bytes(row).rstrip(b"\0")) for row in rows]
 
     def _checkpoint_path(self, directory: Path) -> Path:
         """Replicas share one file; sharded layouts keep one file of slices per process."""
