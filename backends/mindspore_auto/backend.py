@@ -1,8 +1,11 @@
 """MindSpore data / semi-auto / auto parallel: one process per device, launched by a child msrun."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import mindspore as ms
 
 from backends.base import Backend
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
+from backends.mindspore_auto.worker import PID_DIR_ENV
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan
 from common.errors import Unsupported
@@ -51,6 +55,17 @@ def _log_summary(path: Path, max_chars: int) -> str:
     if errors:
         return " | ".join(dict.fromkeys(errors[-6:]))[-max_chars:]
     return log_tail(path, lines=6, max_chars=max_chars)
+
+
+def kill_leftover_workers(pid_dir: Path, config_path: Path) -> None:
+    """SIGKILL every registered worker of this run that is still alive (msrun puts workers in
+    sessions of their own, so killing msrun's process group does not reach them)."""
+    for entry in pid_dir.glob("*") if pid_dir.is_dir() else ():
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(entry.name)
+            # The id may have been reused since: only a process running this run's worker is ours.
+            if str(config_path).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
 
 
 def msrun_log_tails(log_dir: Path) -> str:
@@ -105,10 +120,13 @@ class MindSporeAuto(Backend):
                # A dead peer must end the run: without these the scheduler waits for lost nodes
                # and the CPU collectives for their peers far longer than --collective-timeout.
                "MS_NODE_TIMEOUT": timeout, "MS_CPU_COMM_OP_TIMEOUT": timeout}
+        env[PID_DIR_ENV] = str(workdir / "worker-pids")
         try:
             rc = run_supervised(cmd, child_env(env), workdir / MSRUN_LOG, cfg.timeout_s)
         except RunFailed as exc:
             raise RunFailed(f"{exc}; {msrun_log_tails(log_dir)}") from None
+        finally:
+            kill_leftover_workers(workdir / "worker-pids", config_path)
         if rc != 0 or not result_path.is_file():
             raise RunFailed(f"msrun exited with code {rc}: {msrun_log_tails(log_dir)}")
         return json.loads(result_path.read_text())

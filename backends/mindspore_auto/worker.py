@@ -5,8 +5,7 @@ msrun runs a script path, not a module, so the repository reaches sys.path throu
 """
 from __future__ import annotations
 
-import ctypes
-import signal
+import os
 import sys
 from pathlib import Path
 
@@ -28,14 +27,16 @@ PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.Paralle
                   "auto": ms.ParallelMode.AUTO_PARALLEL}
 
 
-PR_SET_PDEATHSIG = 1
+PID_DIR_ENV = "PARBENCH_WORKER_PID_DIR"
 
 
-def die_with_launcher() -> None:
+def register_pid() -> None:
     """msrun starts workers in sessions of their own (setsid), out of reach of the harness's
-    process-group kill; the kernel ends this process when msrun ends, however msrun ends."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    process-group kill: the backend ends whoever registered here once msrun is gone."""
+    if PID_DIR_ENV in os.environ:
+        pid_dir = Path(os.environ[PID_DIR_ENV])
+        pid_dir.mkdir(parents=True, exist_ok=True)
+        (pid_dir / str(os.getpid())).touch()
 
 
 def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
@@ -53,7 +54,7 @@ def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
 
 
 def main(config_path: str, result_path: str) -> None:
-    die_with_launcher()
+    register_pid()
     cfg = RunConfig.load(Path(config_path))
     pcfg = parallel_config_from(cfg.backend_options, cfg.devices)
     ms.set_context(mode=ms.GRAPH_MODE)
