@@ -28,7 +28,7 @@ def _env() -> dict[str, str]:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The test suite, on CPU, with real data from $PARBENCH_DATA_DIR."""
-    session.install("-e", ".[torch,tf,dev]")
+    session.install("-e", ".[torch,tf,mindspore,dev]")
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
 
 

@@ -20,7 +20,7 @@ BACKENDS = {
     "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch"),
     "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf"),
-    "mindspore_auto": Entry(None, "", "mindspore", "mindspore", "issue #5"),
+    "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore"),
 }
 
 

@@ -103,6 +103,21 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)")
     g.add_argument("--collective-timeout", type=positive_float, default=300.0,
                    help="limit for any rendezvous or collective (s)")
+    m = p.add_argument_group("parallel layout (mindspore_auto; other backends ignore these)")
+    m.add_argument("--parallel-mode", choices=("data", "semi_auto", "auto"), default="data",
+                   help="MindSpore DATA_PARALLEL, SEMI_AUTO_PARALLEL or AUTO_PARALLEL")
+    m.add_argument("--model-parallel", type=positive_int, default=1, help="devices each layer is split over")
+    m.add_argument("--pipeline-stages", type=positive_int, default=1, help="pipeline stages the layers are cut into")
+    m.add_argument("--micro-batches", type=positive_int, default=1, help="micro-batches per pipeline step")
+    m.add_argument("--optimizer-shard", action="store_true", help="shard optimizer state over data-parallel devices")
+    m.add_argument("--recompute", action="store_true", help="recompute layer activations in the backward pass")
+    m.add_argument("--vocab-emb-dp", action=argparse.BooleanOptionalAction, default=True,
+                   help="replicate the embedding table (default) or split its vocabulary over model-parallel devices")
+
+
+# The run options that reach a backend through RunConfig.backend_options.
+BACKEND_OPTIONS = ("parallel_mode", "model_parallel", "pipeline_stages", "micro_batches", "optimizer_shard",
+                   "recompute", "vocab_emb_dp")
 
 
 def backend_names() -> tuple[str, ...]:

@@ -27,7 +27,8 @@ from common.record import skeleton
 from common.results import load_records, new_run_id, summary_frame, utc_now, write_record, write_summary
 
 # The run options bench.compare forwards to every bench.run, as (attribute, flag, kind).
-_FORWARD = [(a.dest, a.option_strings[0], "flag" if a.nargs == 0 else "value")
+_FORWARD = [(a.dest, a.option_strings[0],
+             "bool" if isinstance(a, argparse.BooleanOptionalAction) else "flag" if a.nargs == 0 else "value")
             for a in (lambda p: (add_run_options(p), p._actions)[1])(argparse.ArgumentParser())
             if a.option_strings and a.dest != "help"]
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of --timeout
@@ -50,6 +51,8 @@ def run_command(args, backend: str, workload: str, devices: int, run_id: str, sw
         value = getattr(args, dest)
         if kind == "flag":
             cmd += [flag] if value else []
+        elif kind == "bool":  # --x / --no-x: both values must reach bench.run
+            cmd += [flag if value else f"--no-{flag[2:]}"]
         elif value is not None:
             cmd += [flag, str(value)]
     return cmd

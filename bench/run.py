@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 from backends import load_backend
-from bench.cli import OneLineParser, add_run_options, backend_names, positive_int, workload_names
+from bench.cli import BACKEND_OPTIONS, OneLineParser, add_run_options, backend_names, positive_int, workload_names
 from common.config import RunConfig, per_device_batch_for
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split, resolve_data_mode
@@ -100,7 +100,7 @@ def backend_options(args) -> dict:
     """Options one backend reads from RunConfig.backend_options (the others ignore them)."""
     options = {"tf_mode": args.tf_mode,
                "tensorboard_dir": str(Path(args.tf_tensorboard).resolve()) if args.tf_tensorboard else None}
-    return {k: v for k, v in options.items() if v}
+    return {**{k: v for k, v in options.items() if v}, **{k: getattr(args, k) for k in BACKEND_OPTIONS}}
 
 
 def _finish(record: dict, out: str, status: str, error: str | None, t0: float) -> Path:

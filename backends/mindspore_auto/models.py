@@ -1,0 +1,363 @@
+"""The two workloads on mindspore.nn / mindspore.ops, built from common.spec.
+
+Every primitive that a parallel layout touches is created through `Sharder`, which applies its
+strategy from strategies.py when MindSpore partitions operators (semi_auto / auto); in
+DATA_PARALLEL mode strategies mean nothing and none are set. Parameters are initialised from
+NumPy with the run's seed, so every replica starts from the same weights without a broadcast.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore import dtype as mstype
+
+from backends.mindspore_auto.parallel_config import ParallelConfig
+from backends.mindspore_auto.strategies import layer_placement, operator_strategies, stage_plan
+from common.spec import BertSpec, CnnSpec
+
+MASK_BIAS = -1e9  # added to the scores of padded keys: exp() of it is exactly 0 in float32
+
+
+class Sharder:
+    """Hands out primitives with their strategy applied when the layout partitions operators."""
+
+    def __init__(self, strategies: dict, apply: bool):
+        self.strategies, self.apply = strategies, apply
+
+    def __call__(self, name: str, primitive):
+        return primitive.shard(self.strategies[name]) if self.apply else primitive
+
+
+class Init:
+    """NumPy initialisers in float32: torch's defaults for the CNN, truncated normal for BERT."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng([seed, 0x4D53])
+
+    def uniform(self, bound: float, shape) -> Tensor:
+        return Tensor(self.rng.uniform(-bound, bound, shape).astype(np.float32))
+
+    def truncated_normal(self, std: float, shape) -> Tensor:
+        values = self.rng.normal(0.0, std, shape)
+        outside = np.abs(values) > 2 * std
+        while outside.any():  # redraw, as torch.nn.init.trunc_normal_ does in effect
+            values[outside] = self.rng.normal(0.0, std, outside.sum())
+            outside = np.abs(values) > 2 * std
+        return Tensor(values.astype(np.float32))
+
+    @staticmethod
+    def constant(value: float, shape) -> Tensor:
+        return Tensor(np.full(shape, value, np.float32))
+
+
+class Linear(nn.Cell):
+    """y = x W^T + b with W stored [out, in], as strategies.py's `_linear` expects."""
+
+    def __init__(self, weight: Tensor, bias: Tensor, shard: Sharder, name: str):
+        super().__init__()
+        self.weight = Parameter(weight, name="weight")
+        self.bias = Parameter(bias, name="bias")
+        self.matmul = shard(f"{name}.matmul", ops.MatMul(transpose_b=True))
+        self.add = shard(f"{name}.bias", ops.Add())
+
+    def construct(self, x):
+        return self.add(self.matmul(x, self.weight), self.bias)
+
+
+class LayerNorm(nn.Cell):
+    def __init__(self, size: int, eps: float, shard: Sharder, name: str):
+        super().__init__()
+        self.gamma = Parameter(Init.constant(1.0, (size,)), name="gamma")
+        self.beta = Parameter(Init.constant(0.0, (size,)), name="beta")
+        self.norm = shard(name, ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps))
+
+    def construct(self, x):
+        return self.norm(x, self.gamma, self.beta)[0]
+
+
+def _torch_default_linear(init: Init, fin: int, fout: int) -> tuple[Tensor, Tensor]:
+    bound = 1 / math.sqrt(fin)
+    return init.uniform(bound, (fout, fin)), init.uniform(bound, (fout,))
+
+
+# ----------------------------------------------------------------------------- CNN
+
+
+class ConvBlock(nn.Cell):
+    def __init__(self, cin: int, cout: int, pool: bool, spec: CnnSpec, init: Init, shard: Sharder, name: str):
+        super().__init__()
+        bound = 1 / math.sqrt(cin * spec.kernel**2)
+        self.weight = Parameter(init.uniform(bound, (cout, cin, spec.kernel, spec.kernel)), name="weight")
+        self.bias = Parameter(init.uniform(bound, (cout,)), name="bias")
+        self.conv = shard(f"{name}.conv", ops.Conv2D(cout, spec.kernel, pad_mode="valid"))
+        self.bias_add = shard(f"{name}.bias", ops.BiasAdd())
+        # MindSpore's momentum weighs the running statistic, torch's the new batch statistic.
+        self.norm = nn.BatchNorm2d(cout, eps=spec.bn_eps, momentum=1.0 - spec.bn_momentum)
+        self.relu = shard(f"{name}.relu", ops.ReLU())
+        self.pool = nn.MaxPool2d(2, 2) if pool else nn.Identity()
+
+    def construct(self, x):
+        return self.pool(self.relu(self.norm(self.bias_add(self.conv(x, self.weight), self.bias))))
+
+
+class _Apply(nn.Cell):
+    """A primitive as a cell, so that it shares its layer's pipeline stage."""
+
+    def __init__(self, primitive):
+        super().__init__()
+        self.primitive = primitive
+
+    def construct(self, x):
+        return self.primitive(x)
+
+
+class SimpleCNN(nn.Cell):
+    def __init__(self, spec: CnnSpec, init: Init, shard: Sharder):
+        super().__init__()
+        blocks, cin = [], spec.in_channels
+        for i, (cout, pool) in enumerate(zip(spec.conv_channels, spec.pool_after)):
+            blocks.append(ConvBlock(cin, cout, pool, spec, init, shard, f"conv{i}"))
+            cin = cout
+        self.blocks = nn.CellList(blocks)
+        dims = (spec.flat_features, *spec.fc_sizes)
+        self.hidden = nn.CellList([
+            nn.SequentialCell([Linear(*_torch_default_linear(init, fin, fout), shard, f"fc{i}"),
+                               _Apply(shard(f"fc{i}.relu", ops.ReLU()))])
+            for i, (fin, fout) in enumerate(zip(dims, dims[1:]))])
+        self.classifier = Linear(*_torch_default_linear(init, dims[-1], spec.num_classes), shard, f"fc{len(dims) - 1}")
+        self.expand = ops.ExpandDims()
+        self.flat_features = spec.flat_features
+
+    def construct(self, image):
+        """image [B, 28, 28] in [0, 1] -> logits [B, 10]."""
+        x = self.expand(image, 1)
+        for block in self.blocks:
+            x = block(x)
+        x = x.reshape((x.shape[0], self.flat_features))
+        for layer in self.hidden:
+            x = layer(x)
+        return self.classifier(x)
+
+    def stage_parts(self) -> dict[str, nn.Cell]:
+        parts = {f"conv{i}": block for i, block in enumerate(self.blocks)}
+        parts.update({f"fc{i}": layer for i, layer in enumerate(self.hidden)})
+        parts[f"fc{len(self.hidden)}"] = self.classifier
+        return parts
+
+
+# ----------------------------------------------------------------------------- BERT MLM
+
+
+class Embeddings(nn.Cell):
+    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+        super().__init__()
+        h, std = spec.hidden, spec.init_stddev
+        self.token_table = Parameter(init.truncated_normal(std, (spec.vocab_size, h)), name="token_table")
+        self.position_table = Parameter(init.truncated_normal(std, (spec.seq_len, h)), name="position_table")
+        self.segment_table = Parameter(init.truncated_normal(std, (spec.type_vocab_size, h)), name="segment_table")
+        self.gather = shard("embedding.token", ops.Gather())
+        self.add_position = shard("embedding.add_position", ops.Add())
+        self.add_segment = shard("embedding.add_segment", ops.Add())
+        self.norm = LayerNorm(h, spec.layer_norm_eps, shard, "embedding.norm")
+
+    def construct(self, input_ids):
+        x = self.gather(self.token_table, input_ids, 0)
+        x = self.add_position(x, self.position_table)
+        # One segment: every token has type 0.
+        x = self.add_segment(x, self.segment_table[0])
+        return self.norm(x)
+
+
+class EncoderLayer(nn.Cell):
+    """Post-LN block on [B*S, H] rows: x = LN(x + attn(x)); x = LN(x + ffn(x))."""
+
+    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+        super().__init__()
+        h, i, std = spec.hidden, spec.intermediate, spec.init_stddev
+
+        def linear(fin, fout, name):
+            return Linear(init.truncated_normal(std, (fout, fin)), Init.constant(0.0, (fout,)), shard, name)
+
+        self.heads, self.head_dim = spec.heads, spec.head_dim
+        self.query, self.key, self.value = (linear(h, h, f"attention.{p}") for p in ("query", "key", "value"))
+        self.split_q, self.split_k, self.split_v = (shard("attention.split_heads", ops.Transpose())
+                                                    for _ in range(3))
+        self.scores = shard("attention.scores", ops.BatchMatMul(transpose_b=True))
+        self.scale = shard("attention.scale", ops.Mul())
+        self.add_mask = shard("attention.add_mask", ops.Add())
+        self.softmax = shard("attention.softmax", ops.Softmax(axis=-1))
+        self.context = shard("attention.context", ops.BatchMatMul())
+        self.merge_heads = shard("attention.merge_heads", ops.Transpose())
+        self.output = linear(h, h, "attention.output")
+        self.attention_residual = shard("attention.residual", ops.Add())
+        self.attention_norm = LayerNorm(h, spec.layer_norm_eps, shard, "attention.norm")
+        self.ffn_in = linear(h, i, "ffn.in")
+        self.gelu = shard("ffn.gelu", ops.GeLU())  # MindSpore's GeLU is the tanh approximation the spec asks for
+        self.ffn_out = linear(i, h, "ffn.out")
+        self.ffn_residual = shard("ffn.residual", ops.Add())
+        self.ffn_norm = LayerNorm(h, spec.layer_norm_eps, shard, "ffn.norm")
+        self.inv_sqrt_d = Tensor(1.0 / math.sqrt(spec.head_dim), mstype.float32)
+
+    def _heads(self, x, batch, seq, transpose):
+        return transpose(x.reshape((batch, seq, self.heads, self.head_dim)), (0, 2, 1, 3))
+
+    def construct(self, x, mask_bias, batch: int, seq: int):
+        q = self._heads(self.query(x), batch, seq, self.split_q)
+        k = self._heads(self.key(x), batch, seq, self.split_k)
+        v = self._heads(self.value(x), batch, seq, self.split_v)
+        probs = self.softmax(self.add_mask(self.scale(self.scores(q, k), self.inv_sqrt_d), mask_bias))
+        ctx = self.merge_heads(self.context(probs, v), (0, 2, 1, 3)).reshape((batch * seq, self.heads * self.head_dim))
+        x = self.attention_norm(self.attention_residual(x, self.output(ctx)))
+        return self.ffn_norm(self.ffn_residual(x, self.ffn_out(self.gelu(self.ffn_in(x)))))
+
+
+class MaskedLMHead(nn.Cell):
+    """Dense + exact GELU + LN at the gathered positions, then the decoder tied to the token table."""
+
+    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+        super().__init__()
+        h = spec.hidden
+        self.seq_len = spec.seq_len
+        self.one_hot = shard("head.one_hot", ops.OneHot())
+        self.gather = shard("head.gather", ops.BatchMatMul())
+        self.dense = Linear(init.truncated_normal(spec.init_stddev, (h, h)), Init.constant(0.0, (h,)), shard,
+                            "head.dense")
+        self.erf = shard("head.gelu", ops.Erf())  # exact GELU, as keras-hub's MaskedLMHead
+        self.norm = LayerNorm(h, spec.layer_norm_eps, shard, "head.norm")
+        self.decoder = shard("head.decoder.matmul", ops.MatMul(transpose_b=True))
+        self.add_bias = shard("head.decoder.bias", ops.Add())
+        self.bias = Parameter(Init.constant(0.0, (spec.vocab_size,)), name="bias")
+        self.on, self.off = Tensor(1.0, mstype.float32), Tensor(0.0, mstype.float32)
+
+    def construct(self, x, mask_positions, token_table):
+        """x [B, S, H], mask_positions [B, P] -> logits [B*P, vocab]."""
+        select = self.one_hot(mask_positions, self.seq_len, self.on, self.off)   # [B, P, S]
+        picked = self.gather(select, x)                                           # [B, P, H]
+        picked = picked.reshape((-1, picked.shape[-1]))
+        h = self.dense(picked)
+        h = self.norm(h * 0.5 * (1.0 + self.erf(h * (1.0 / math.sqrt(2.0)))))
+        return self.add_bias(self.decoder(h, token_table), self.bias)
+
+
+class BertMLM(nn.Cell):
+    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+        super().__init__()
+        self.embedding = Embeddings(spec, init, shard)
+        self.layers = nn.CellList([EncoderLayer(spec, init, shard) for _ in range(spec.layers)])
+        self.head = MaskedLMHead(spec, init, shard)
+        self.attention_mask = shard("attention.mask", ops.Mul())
+        self.mask_fill = Tensor(np.full((1, 1, 1, 1), MASK_BIAS, np.float32))
+
+    def construct(self, input_ids, padding_mask, mask_positions):
+        """-> logits [B*P, vocab] at the P gathered mask positions only."""
+        batch, seq = input_ids.shape
+        x = self.embedding(input_ids)
+        hidden = x.shape[-1]
+        # [B, 1, 1, S]: 0 for real keys, MASK_BIAS for padding.
+        keep = padding_mask.astype(mstype.float32).reshape((batch, 1, 1, seq))
+        mask_bias = self.attention_mask(1.0 - keep, self.mask_fill)
+        x = x.reshape((batch * seq, hidden))
+        for layer in self.layers:
+            x = layer(x, mask_bias, batch, seq)
+        return self.head(x.reshape((batch, seq, hidden)), mask_positions, self.embedding.token_table)
+
+    def stage_parts(self) -> dict[str, nn.Cell]:
+        parts = {"embedding": self.embedding, "head": self.head}
+        parts.update({f"layers.{i}": layer for i, layer in enumerate(self.layers)})
+        return parts
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+class CrossEntropy(nn.Cell):
+    """Weighted sums of per-row cross-entropy and of correct predictions, from primitives so the
+    class dimension can stay split. A row is correct when its label's logit is the row maximum."""
+
+    def __init__(self, classes: int, shard: Sharder):
+        super().__init__()
+        self.classes = classes
+        self.max = shard("loss.max", ops.ReduceMax(keep_dims=True))
+        self.shift = shard("loss.shift", ops.Sub())
+        self.exp = shard("loss.exp", ops.Exp())
+        self.sum_exp = shard("loss.sum_exp", ops.ReduceSum(keep_dims=True))
+        self.log = shard("loss.log", ops.Log())
+        self.one_hot = shard("loss.one_hot", ops.OneHot())
+        self.pick = shard("loss.pick", ops.Mul())
+        self.picked = shard("loss.picked", ops.ReduceSum(keep_dims=True))
+        self.on, self.off = Tensor(1.0, mstype.float32), Tensor(0.0, mstype.float32)
+
+    def construct(self, logits, labels, weights):
+        shifted = self.shift(logits, ops.stop_gradient(self.max(logits, -1)))
+        log_sum_exp = self.log(self.sum_exp(self.exp(shifted), -1))
+        picked = self.picked(self.pick(shifted, self.one_hot(labels, self.classes, self.on, self.off)), -1)
+        per_row = (log_sum_exp - picked).reshape((-1,))
+        correct = (picked.reshape((-1,)) >= 0).astype(mstype.float32)
+        return (per_row * weights).sum(), (correct * weights).sum()
+
+
+class CnnLoss(nn.Cell):
+    """(image, label, weight) -> (weighted loss sum, weighted correct); weight 0 marks padding rows."""
+
+    def __init__(self, model: SimpleCNN, spec: CnnSpec, shard: Sharder):
+        super().__init__()
+        self.model, self.loss = model, CrossEntropy(spec.num_classes, shard)
+
+    def construct(self, image, label, weight):
+        return self.loss(self.model(image), label, weight)
+
+
+class MlmLoss(nn.Cell):
+    def __init__(self, model: BertMLM, spec: BertSpec, shard: Sharder):
+        super().__init__()
+        self.model, self.loss = model, CrossEntropy(spec.vocab_size, shard)
+
+    def construct(self, input_ids, padding_mask, mask_positions, mask_ids, mask_weights):
+        logits = self.model(input_ids, padding_mask, mask_positions)
+        return self.loss(logits, mask_ids.reshape((-1,)), mask_weights.reshape((-1,)))
+
+
+# The batch columns each loss cell takes, in order (the CNN's weight column is added by the trainer).
+INPUT_COLUMNS = {
+    "cnn": ("image", "label", "weight"),
+    "mlm": ("input_ids", "padding_mask", "mask_positions", "mask_ids", "mask_weights"),
+}
+
+
+def _place(model, loss: nn.Cell, workload: str, spec, cfg: ParallelConfig) -> None:
+    """Pipeline stage, gradient fusion group and recompute per layer, as the tutorial's config does."""
+    stages = stage_plan(workload, cfg, spec)
+    parts = model.stage_parts()
+    layer_names = [n for n in stages if n.startswith(("layers.", "conv", "fc"))]
+    for i, name in enumerate(layer_names):
+        cell = parts[name]
+        cell.set_comm_fusion(layer_placement(i, len(layer_names), cfg).fusion_group)
+        if cfg.recompute:
+            cell.recompute()
+    if cfg.pipeline_stage > 1:
+        for name, stage in stages.items():
+            parts[name].pipeline_stage = stage
+        loss.loss.pipeline_stage = cfg.pipeline_stage - 1
+        if workload == "mlm":
+            # The tied decoder reads the token table on the last stage as well.
+            model.embedding.token_table.add_pipeline_stage(cfg.pipeline_stage - 1)
+
+
+def build_loss_net(workload: str, spec: CnnSpec | BertSpec, cfg: ParallelConfig, seed: int) -> nn.Cell:
+    """The model wrapped in its loss, sharded and placed for `cfg`."""
+    shard = Sharder(operator_strategies(workload, cfg, spec), apply=cfg.mode != "data")
+    init = Init(seed)
+    if workload == "cnn":
+        model = SimpleCNN(spec, init, shard)
+        loss = CnnLoss(model, spec, shard)
+    else:
+        model = BertMLM(spec, init, shard)
+        loss = MlmLoss(model, spec, shard)
+    _place(model, loss, workload, spec, cfg)
+    return loss
+
+
+def param_count(net: nn.Cell) -> int:
+    return sum(int(np.prod(p.shape)) for p in net.trainable_params())

@@ -1,0 +1,241 @@
+"""common.loop's Trainer for MindSpore: a graph-mode train step, evaluation, collectives, checkpoints.
+
+The train step is one compiled cell: the loss of every micro-batch of the step (unrolled, so the
+CNN's BatchNorm sees each micro-batch on its own, as torch's accumulation does), its gradients,
+their reduction across ranks and an AdamW update. Both graphs are compiled before the loop and
+timed apart, so compilation never reaches the throughput figures.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+from mindspore.communication import GlobalComm
+from mindspore.experimental.optim import AdamW
+
+from backends.mindspore_auto.models import INPUT_COLUMNS
+from backends.mindspore_auto.parallel_config import ParallelConfig
+from common.config import RunConfig
+from common.data.batches import Batch, StepBatch
+
+CHECKPOINT_NAME = "checkpoint.ckpt"
+# Rows per evaluation forward. The MLM loss holds several rows x 20 x vocabulary float32 tensors
+# (logits, their exponentials, one-hot labels): 32 rows keep each near 85 MB, where the loop's
+# 256-row batches would take gigabytes per process.
+EVAL_CHUNK_ROWS = {"cnn": 256, "mlm": 32}
+
+
+class ScaledLoss(nn.Cell):
+    """scale x the summed loss of K stacked micro-batches ([K, b, ...] inputs)."""
+
+    def __init__(self, loss_net: nn.Cell, micro_batches: int):
+        super().__init__(auto_prefix=False)
+        self.loss_net, self.micro_batches = loss_net, micro_batches
+
+    def construct(self, scale, *inputs):
+        total = 0.0
+        for k in range(self.micro_batches):
+            total = total + self.loss_net(*[column[k] for column in inputs])
+        return total * scale
+
+
+class TrainLoss(nn.Cell):
+    """The loss sum alone: what gradients, and a PipelineCell, take."""
+
+    def __init__(self, loss_net: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.loss_net = loss_net
+
+    def construct(self, *inputs):
+        return self.loss_net(*inputs)[0]
+
+
+class TrainStep(nn.Cell):
+    def __init__(self, scaled_loss: nn.Cell, optimizer: AdamW, grad_reducer: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.scaled_loss, self.optimizer, self.grad_reducer = scaled_loss, optimizer, grad_reducer
+        self.grad_fn = ops.value_and_grad(scaled_loss, None, optimizer.parameters)
+        self.lr = optimizer.lrs[0]
+
+    def construct(self, lr, scale, *inputs):
+        value, grads = self.grad_fn(scale, *inputs)
+        grads = self.grad_reducer(grads)
+        grads = ops.depend(grads, ops.assign(self.lr, lr))
+        self.optimizer(grads)
+        return value
+
+
+def build_grad_reducer(pcfg: ParallelConfig, world: int, parameters) -> nn.Cell:
+    """DATA_PARALLEL: an explicit averaging all-reduce; semi_auto/auto insert their own reductions,
+    except across pipeline micro-batches, which PipelineGradReducer accumulates."""
+    if pcfg.mode == "data":
+        if world == 1:
+            return nn.Identity()
+        return nn.DistributedGradReducer(parameters, mean=True, degree=world, group=GlobalComm.WORLD_COMM_GROUP)
+    if pcfg.pipeline_stage > 1:
+        return nn.PipelineGradReducer(parameters, opt_shard=pcfg.optimizer_shard)
+    return nn.Identity()
+
+
+class MindSporeTrainer:
+    """`rank`/`world` are what common.loop sees. DATA_PARALLEL: the processes themselves, each with
+    its shard of every batch. semi_auto/auto: one logical trainer (rank 0 of 1) that every process
+    runs in SPMD fashion on the full batch (full_batch=True), the compiler splitting the work."""
+
+    def __init__(self, loss_net: nn.Cell, cfg: RunConfig, pcfg: ParallelConfig, process_rank: int, processes: int):
+        self.cfg, self.pcfg = cfg, pcfg
+        self.process_rank, self.processes = process_rank, processes
+        self.data_parallel_mode = pcfg.mode == "data"
+        self.rank, self.world = (process_rank, processes) if self.data_parallel_mode else (0, 1)
+        self.loss_net, self.columns = loss_net, INPUT_COLUMNS[cfg.workload]
+        o = cfg.optim
+        train_net = TrainLoss(loss_net)
+        if pcfg.pipeline_stage > 1:
+            train_net = nn.PipelineCell(train_net, pcfg.micro_batch_num)
+        scaled = ScaledLoss(train_net, cfg.grad_accum)
+        params = loss_net.trainable_params()
+        self.optimizer = AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+        self.step_cell = TrainStep(scaled, self.optimizer, build_grad_reducer(pcfg, processes, params))
+        self.step_cell.set_train(True)
+        self.eval_rows = EVAL_CHUNK_ROWS[cfg.workload]
+        # With a pipeline only the last stage's processes (rank-major: the last `loss_holders`
+        # ranks) compute the loss; the others are told it through one all-reduce.
+        self.loss_holders = processes // pcfg.pipeline_stage
+        self.holds_loss = process_rank >= processes - self.loss_holders
+
+    # ------------------------------------------------------------------ inputs
+
+    def _columns(self, batch: Batch) -> list[np.ndarray]:
+        if self.cfg.workload == "cnn" and "weight" not in batch:
+            batch = {**batch, "weight": np.ones(len(batch["label"]), np.float32)}
+        return [batch[c] for c in self.columns]
+
+    def _eval_chunks(self, batch: Batch):
+        """The batch in chunks of `eval_rows`, the last padded with zero-weight rows, so that one
+        compiled graph serves every chunk and padding counts for nothing."""
+        columns = self._columns(batch)
+        for start in range(0, len(columns[0]), self.eval_rows):
+            yield _pad_rows([c[start:start + self.eval_rows] for c in columns], self.eval_rows)
+
+    def _step_inputs(self, batch: StepBatch, lr: float) -> list[Tensor]:
+        # DATA_PARALLEL averages gradients over ranks: world x local sum / global denominator
+        # makes the average the gradient of the global mean, as one device would compute it.
+        scale = self.world / batch.denominator
+        stacked = [np.stack(col) for col in zip(*(self._columns(m) for m in batch.micro))]
+        return [Tensor(np.float32(lr)), Tensor(np.float32(scale)), *(Tensor(a) for a in stacked)]
+
+    # ------------------------------------------------------------------ compile
+
+    def compile(self, batch: StepBatch, eval_batch: Batch) -> dict[str, float]:
+        """Compile the train and eval graphs on real shapes; the seconds each took."""
+        t0 = time.perf_counter()
+        self.step_cell.compile(*self._step_inputs(batch, self.cfg.optim.lr))
+        t1 = time.perf_counter()
+        self.loss_net.set_train(False)
+        try:
+            self.loss_net.compile(*(Tensor(a) for a in next(self._eval_chunks(eval_batch))))
+        finally:
+            self.loss_net.set_train(True)
+        return {"compile_s": t1 - t0, "eval_compile_s": time.perf_counter() - t1}
+
+    # ------------------------------------------------------------------ Trainer protocol
+
+    def train_step(self, batch: StepBatch, lr: float) -> float:
+        value = float(self.step_cell(*self._step_inputs(batch, lr)).asnumpy())
+        if self.data_parallel_mode:
+            return value / self.world  # this rank's share of the global mean
+        if self.pcfg.pipeline_stage > 1:
+            value = _all_reduce([value if self.holds_loss else 0.0])[0] / self.loss_holders
+        return value
+
+    def sync(self) -> None:
+        # On CPU the step's asnumpy() has already waited for the graph; MindSpore has no CPU stream.
+        if self.cfg.device_kind != "cpu":
+            ms.runtime.synchronize()
+
+    def evaluate(self, batches) -> tuple[float, float, float]:
+        self.loss_net.set_train(False)
+        loss = correct = count = 0.0
+        try:
+            for batch in batches:
+                for columns in self._eval_chunks(batch):
+                    l_sum, c = self.loss_net(*(Tensor(a) for a in columns))
+                    loss += float(l_sum.asnumpy())
+                    correct += float(c.asnumpy())
+                    count += float(columns[-1].sum())
+        finally:
+            self.loss_net.set_train(True)
+        return loss, correct, count
+
+    def all_reduce_sum(self, values: list[float]) -> list[float]:
+        return _all_reduce(values) if self.world > 1 else list(values)
+
+    def all_gather(self, obj: dict) -> list[dict]:
+        if self.world == 1:
+            return [obj]
+        raw = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+        # float32 carries bytes and lengths exactly: MindSpore's CPU collectives take no integers,
+        # and its CPU all-reduce only sums, so the longest length comes from an all-gather.
+        longest = int(ops.AllGather()(Tensor(np.array([len(raw)], np.float32))).asnumpy().max())
+        padded = np.zeros((1, longest), np.float32)
+        padded[0, :len(raw)] = raw
+        rows = ops.AllGather()(Tensor(padded)).asnumpy().astype(np.uint8)
+        return [json.loads(bytes(row).rstrip(b"\0")) for row in rows]
+
+    def _checkpoint_path(self, directory: Path) -> Path:
+        """Replicas share one file; sharded layouts keep one file of slices per process."""
+        if self.data_parallel_mode:
+            return directory / CHECKPOINT_NAME
+        return directory / f"checkpoint-rank{self.process_rank}.ckpt"
+
+    def save_checkpoint(self, directory: Path, step: int) -> None:
+        if self.process_rank == 0 or not self.data_parallel_mode:
+            directory.mkdir(parents=True, exist_ok=True)
+            # The temporary name must end in .ckpt: save_checkpoint appends it to any name that does not.
+            fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".ckpt", dir=directory)
+            os.close(fd)
+            try:
+                ms.save_checkpoint(self.step_cell, tmp, integrated_save=False, append_dict={"step": step})
+                os.replace(tmp, self._checkpoint_path(directory))
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        if self.processes > 1:
+            _all_reduce([0.0])  # a barrier: nobody runs ahead of (or exits before) a checkpoint being written
+
+    def load_checkpoint(self, directory: Path) -> int | None:
+        path = self._checkpoint_path(directory)
+        if not path.is_file():
+            return None
+        state = ms.load_checkpoint(str(path))
+        step = int(state.pop("step").asnumpy())
+        missing, _ = ms.load_param_into_net(self.step_cell, state, strict_load=True)
+        if missing:
+            raise RuntimeError(f"checkpoint {path} lacks {', '.join(missing[:5])}")
+        return step
+
+    def peak_memory_bytes(self) -> int:
+        if self.cfg.device_kind != "cpu":
+            return int(ms.runtime.max_memory_allocated())
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _all_reduce(values: list[float]) -> list[float]:
+    """Sum over every process of the job, in float32 (MindSpore's collectives take no float64):
+    exact for counts below 2**24, about 7 significant digits for loss sums."""
+    return ops.AllReduce()(Tensor(np.asarray(values, np.float32))).asnumpy().astype(float).tolist()
+
+
+def _pad_rows(columns: list[np.ndarray], size: int) -> list[np.ndarray]:
+    """Zero rows up to `size`: their weight column (the last) is 0, so they count for nothing."""
+    short = size - len(columns[0])
+    if short <= 0:
+        return columns
+    return [np.concatenate([c, np.zeros((short, *c.shape[1:]), c.dtype)]) for c in columns]

@@ -1,0 +1,86 @@
+"""One MindSpore process, started by msrun: python backends/mindspore_auto/worker.py CONFIG.json RESULT.json
+
+msrun runs a script path, not a module, so the repository reaches sys.path through PYTHONPATH
+(common.launch.child_env sets it).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import mindspore as ms
+from mindspore.communication import get_group_size, get_rank, init
+
+from backends.mindspore_auto.data import DatasetBatches
+from backends.mindspore_auto.models import build_loss_net
+from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
+from backends.mindspore_auto.trainer import MindSporeTrainer
+from common.config import RunConfig
+from common.data.batches import TrainBatches, eval_batches
+from common.data.datasets import TRAIN_SPLIT, load_split
+from common.loop import EVAL_BATCH, run_loop
+from common.results import write_json_atomic
+
+DEVICE_TARGETS = {"cpu": "CPU", "cuda": "GPU", "ascend": "Ascend"}
+PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.ParallelMode.SEMI_AUTO_PARALLEL,
+                  "auto": ms.ParallelMode.AUTO_PARALLEL}
+
+
+PID_DIR_ENV = "PARBENCH_WORKER_PID_DIR"
+
+
+def register_pid() -> None:
+    """msrun starts workers in sessions of their own (setsid), out of reach of the harness's
+    process-group kill: the backend ends whoever registered here once msrun is gone."""
+    if PID_DIR_ENV in os.environ:
+        pid_dir = Path(os.environ[PID_DIR_ENV])
+        pid_dir.mkdir(parents=True, exist_ok=True)
+        (pid_dir / str(os.getpid())).touch()
+
+
+def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
+    if pcfg.mode == "data":
+        ms.set_auto_parallel_context(parallel_mode=PARALLEL_MODES["data"], gradients_mean=True, device_num=processes)
+        return
+    # Every process loads the whole global batch and the compiler slices it by the strategies:
+    # the batch's rank layout then never has to agree with the model-parallel groups.
+    ms.set_auto_parallel_context(
+        parallel_mode=PARALLEL_MODES[pcfg.mode], device_num=processes, full_batch=True,
+        pipeline_stages=pcfg.pipeline_stage, enable_parallel_optimizer=pcfg.optimizer_shard,
+        # auto: start from the strategies models.py sets and propagate them to the other operators.
+        **({"search_mode": "sharding_propagation"} if pcfg.mode == "auto" else {}),
+    )
+
+
+def main(config_path: str, result_path: str) -> None:
+    register_pid()
+    cfg = RunConfig.load(Path(config_path))
+    pcfg = parallel_config_from(cfg.backend_options, cfg.devices)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device(DEVICE_TARGETS[cfg.device_kind])
+    if cfg.device_kind == "cpu":
+        ms.device_context.cpu.op_tuning.threads_num(cfg.threads_per_device)
+    init()  # msrun's scheduler; its --cluster_time_out bounds the rendezvous
+    rank, processes = get_rank(), get_group_size()
+    set_parallel_context(pcfg, processes)
+    ms.set_seed(cfg.seed)
+
+    data_dir = Path(cfg.data_dir)
+    split = load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed)
+    eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
+    trainer = MindSporeTrainer(build_loss_net(cfg.workload, cfg.spec, pcfg, cfg.seed), cfg, pcfg, rank, processes)
+    # DATA_PARALLEL: this rank's shard of each micro-batch; otherwise all of it, on every process.
+    per_rank = cfg.per_device_batch if pcfg.mode == "data" else cfg.global_batch // cfg.grad_accum
+    train = TrainBatches(split, cfg.spec, cfg.seed, per_rank, trainer.world, trainer.rank, cfg.grad_accum)
+    first_eval = next(eval_batches(eval_data, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH))
+    compile_s = trainer.compile(train.get(0), first_eval)
+
+    outcome = run_loop(trainer, cfg, DatasetBatches(train, cfg.total_steps), eval_data)
+    if rank == 0:
+        outcome["backend_metrics"] = {**compile_s, "parallel": pcfg.as_dict(), "processes": processes}
+        write_json_atomic(Path(result_path), outcome)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

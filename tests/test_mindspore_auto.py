@@ -1,0 +1,272 @@
+"""mindspore_auto: layout validation, operator strategies, and real msrun runs on CPU.
+
+On CPU MindSpore runs DATA_PARALLEL only, so the semi_auto/auto layouts are checked where they
+are decided (the validation, the strategy table, the strategies the built model's operators
+carry) and through the harness's unsupported path; the data-parallel path runs for real.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
+from backends.mindspore_auto.strategies import bert_strategies, cnn_strategies, stage_plan
+from common.errors import BadInput
+from common.results import validate_record
+from common.spec import BERT_SIZES, CNN
+from tests.conftest import run_cli
+
+TINY, MINI, BASE = BERT_SIZES["tiny"], BERT_SIZES["mini"], BERT_SIZES["base"]
+
+# After 6 AdamW steps (each moves a weight by at most about lr = 1e-3) the 2-worker weights must
+# match the 1-worker weights to 1e-5: float32 all-reduce order is the only difference.
+PARAM_ATOL = 1e-5
+
+
+def layout(mode="semi_auto", dp=1, mp=1, pp=1, k=1, **kw) -> ParallelConfig:
+    return ParallelConfig(mode=mode, data_parallel=dp, model_parallel=mp, pipeline_stage=pp, micro_batch_num=k, **kw)
+
+
+# ----------------------------------------------------------------------------- validation
+
+@pytest.mark.parametrize("cfg, devices, spec, batch, named", [
+    (layout(dp=2, mp=2), 8, TINY, 32, "= 4, not the 8 devices"),
+    (layout(mp=4), 4, TINY, 32, "attention heads 2 is not divisible by model parallel 4"),
+    (layout(mp=3), 3, BERT_SIZES["small"], 32, "attention heads 8 is not divisible by model parallel 3"),
+    (layout(mp=4, vocab_emb_dp=False), 4, MINI, 32, "vocabulary 33282 is not divisible by model parallel 4"),
+    (layout(pp=4, k=4), 4, TINY, 32, "2 layers cannot fill 4 pipeline stages"),
+    (layout(dp=2, pp=2, k=3), 4, TINY, 32, "global batch 32 is not divisible by data parallel 2 x micro-batches 3"),
+    (layout(pp=2, k=1), 2, TINY, 32, "--micro-batches 1 is fewer than the 2 pipeline stages"),
+    (layout(k=2), 1, TINY, 32, "--micro-batches 2 with 1 pipeline stage"),
+    (layout(mode="data", mp=2), 2, TINY, 32, "--parallel-mode data with --model-parallel 2"),
+    (layout(mode="data", dp=2, optimizer_shard=True), 2, TINY, 32, "--optimizer-shard needs"),
+    (layout(mp=3), 3, CNN, 30, "fc size 1024 is not divisible by model parallel 3"),
+])
+def test_a_bad_layout_names_its_combination(cfg, devices, spec, batch, named):
+    with pytest.raises(BadInput, match=named.replace("+", r"\+")) as info:
+        cfg.validate(devices, spec, batch)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("cfg, devices, spec", [
+    (layout(mode="data", dp=2), 2, TINY),
+    (layout(dp=2, mp=2), 4, TINY),
+    (layout(mp=2, pp=2, k=4, vocab_emb_dp=False), 4, TINY),
+    (layout(mode="auto", dp=2, mp=2, pp=2, k=2, optimizer_shard=True, recompute=True), 8, BASE),
+    (layout(mp=2, pp=2, k=2), 4, CNN),
+])
+def test_a_good_layout_passes(cfg, devices, spec):
+    cfg.validate(devices, spec, 64)
+
+
+def test_data_parallel_takes_the_devices_model_and_pipeline_leave():
+    cfg = parallel_config_from({"parallel_mode": "semi_auto", "model_parallel": 2, "pipeline_stages": 2,
+                                "micro_batches": 4}, devices=8)
+    assert (cfg.data_parallel, cfg.model_parallel, cfg.pipeline_stage, cfg.micro_batch_num) == (2, 2, 2, 4)
+    with pytest.raises(BadInput, match="6 devices are not divisible by model parallel 4 x pipeline stages 1"):
+        parallel_config_from({"model_parallel": 4}, devices=6)
+
+
+# ----------------------------------------------------------------------------- strategies
+
+@pytest.mark.parametrize("dp, mp", [(4, 1), (1, 4), (2, 2)])
+def test_megatron_split_of_attention_and_ffn(dp, mp):
+    s = bert_strategies(layout(dp=dp, mp=mp))
+    for column in ("attention.query", "attention.key", "attention.value", "ffn.in"):
+        assert s[f"{column}.matmul"] == ((dp, 1), (mp, 1)) and s[f"{column}.bias"] == ((dp, mp), (mp,))
+    for row in ("attention.output", "ffn.out"):
+        assert s[f"{row}.matmul"] == ((dp, mp), (1, mp)) and s[f"{row}.bias"] == ((dp, 1), (1,))
+    assert s["attention.softmax"] == ((dp, mp, 1, 1),)
+    for norm in ("attention.norm", "ffn.norm", "head.norm"):
+        assert s[norm] == ((dp, 1), (1,), (1,))
+    assert s["embedding.norm"] == ((dp, 1, 1), (1,), (1,))
+    assert s["ffn.gelu"] == ((dp, mp),)
+
+
+@pytest.mark.parametrize("vocab_emb_dp, table, decoder, loss", [
+    (True, ((1, 1), (2, 1)), ((2, 1), (1, 1)), ((2, 1),)),
+    (False, ((4, 1), (1, 1)), ((2, 1), (4, 1)), ((2, 4),)),
+])
+def test_embedding_and_tied_decoder_follow_vocab_emb_dp(vocab_emb_dp, table, decoder, loss):
+    s = bert_strategies(layout(dp=2, mp=4, vocab_emb_dp=vocab_emb_dp))
+    assert s["embedding.token"] == table
+    assert s["head.decoder.matmul"] == decoder
+    assert s["loss.exp"] == loss
+
+
+def test_cnn_splits_only_its_first_two_fc_layers():
+    s = cnn_strategies(layout(dp=2, mp=2), CNN)
+    assert s["conv0.conv"] == ((2, 1, 1, 1), (1, 1, 1, 1))
+    assert s["fc0.matmul"] == ((2, 1), (2, 1)) and s["fc1.matmul"] == ((2, 2), (1, 2))
+    assert s["fc2.matmul"] == ((2, 1), (1, 1))
+
+
+@pytest.mark.parametrize("spec, pp, layers", [
+    (TINY, 1, [0, 0]),
+    (TINY, 2, [0, 1]),
+    (MINI, 2, [0, 0, 1, 1]),
+    (BASE, 4, [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]),
+])
+def test_pipeline_stages_per_layer(spec, pp, layers):
+    plan = stage_plan("mlm", layout(pp=pp, k=pp), spec)
+    assert plan["embedding"] == 0 and plan["head"] == pp - 1
+    assert [plan[f"layers.{i}"] for i in range(spec.layers)] == layers
+
+
+def test_cnn_pipeline_stages():
+    # (7 units + 1) // 2 = 4 per stage: the conv blocks on the first stage, the fc layers on the second.
+    plan = stage_plan("cnn", layout(pp=2, k=2), CNN)
+    assert plan == {"conv0": 0, "conv1": 0, "conv2": 0, "conv3": 0, "fc0": 1, "fc1": 1, "fc2": 1}
+
+
+def test_compare_forwards_the_layout_options():
+    from bench.compare import build_parser, run_command
+
+    args = build_parser().parse_args(["--parallel-mode", "semi_auto", "--model-parallel", "2", "--pipeline-stages",
+                                      "2", "--micro-batches", "4", "--recompute", "--no-vocab-emb-dp"])
+    cmd = run_command(args, "mindspore_auto", "mlm", 4, "run", "sweep")
+    for expected in (["--parallel-mode", "semi_auto"], ["--model-parallel", "2"], ["--pipeline-stages", "2"],
+                     ["--micro-batches", "4"], ["--recompute"], ["--no-vocab-emb-dp"]):
+        assert any(cmd[i:i + len(expected)] == expected for i in range(len(cmd))), expected
+    assert "--optimizer-shard" not in cmd
+
+
+# ----------------------------------------------------------------------------- the MindSpore models
+
+ms_models = pytest.importorskip("backends.mindspore_auto.models", reason="needs mindspore")
+
+
+def _sharded_primitives(net) -> dict[str, tuple]:
+    """Every primitive of the built network that carries a strategy, by its attribute path."""
+    found = {}
+    for cell_name, cell in net.cells_and_names():
+        for attr, value in vars(cell).get("_primitives", {}).items():
+            if value is not None and "in_strategy" in value.attrs:
+                found[f"{cell_name}.{attr}"] = value.attrs["in_strategy"]
+    return found
+
+
+@pytest.mark.parametrize("workload, spec", [("cnn", CNN), ("mlm", TINY)])
+def test_param_counts_match_the_spec(workload, spec):
+    net = ms_models.build_loss_net(workload, spec, ParallelConfig(), seed=0)
+    assert ms_models.param_count(net) == spec.param_count()
+
+
+def test_data_parallel_sets_no_strategies():
+    assert _sharded_primitives(ms_models.build_loss_net("mlm", TINY, ParallelConfig(), seed=0)) == {}
+
+
+@pytest.mark.parametrize("cfg", [layout(dp=2, mp=2), layout(mp=2, pp=2, k=2, vocab_emb_dp=False)])
+def test_every_operator_receives_its_strategy(cfg):
+    net = ms_models.build_loss_net("mlm", TINY, cfg, seed=0)
+    table = bert_strategies(cfg)
+    got = _sharded_primitives(net)
+
+    def strategy(path):
+        return tuple(tuple(dim) for dim in got[path])
+
+    layer = "model.layers.1"
+    assert strategy(f"{layer}.query.matmul") == table["attention.query.matmul"]
+    assert strategy(f"{layer}.output.matmul") == table["attention.output.matmul"]
+    assert strategy(f"{layer}.softmax") == table["attention.softmax"]
+    assert strategy(f"{layer}.ffn_in.add") == table["ffn.in.bias"]
+    assert strategy(f"{layer}.ffn_out.matmul") == table["ffn.out.matmul"]
+    assert strategy(f"{layer}.attention_norm.norm") == table["attention.norm"]
+    assert strategy("model.embedding.gather") == table["embedding.token"]
+    assert strategy("model.head.decoder") == table["head.decoder.matmul"]
+    assert strategy("loss.exp") == table["loss.exp"]
+    # Every layer carries the same sharded operators, and every strategy comes from the table.
+    per_layer = [sorted(p.split(".", 3)[3] for p in got if p.startswith(f"model.layers.{i}."))
+                 for i in range(TINY.layers)]
+    assert per_layer[0] and all(names == per_layer[0] for names in per_layer)
+    assert {strategy(p) for p in got} <= set(table.values())
+
+
+def test_pipeline_placement_reaches_the_cells():
+    cfg = layout(mp=2, pp=2, k=2, recompute=True)
+    net = ms_models.build_loss_net("mlm", TINY, cfg, seed=0)
+    model = net.model
+    assert [model.embedding.pipeline_stage, model.layers[0].pipeline_stage, model.layers[1].pipeline_stage,
+            model.head.pipeline_stage, net.loss.pipeline_stage] == [0, 0, 1, 1, 1]
+
+
+# ----------------------------------------------------------------------------- real runs (msrun)
+
+RUN_ARGS = ("--data", "real", "--steps", "6", "--warmup-steps", "2", "--device-kind", "cpu",
+            "--collective-timeout", "120", "--timeout", "600")
+
+
+def _bench(out: Path, workload: str, devices: int, batch: int, *extra: str):
+    return run_cli("bench.run", "--backend", "mindspore_auto", "--workload", workload, "--devices", str(devices),
+                   "--batch-size", str(batch), "--out", str(out), *RUN_ARGS, *extra, timeout=900)
+
+
+def _record(out: Path) -> dict:
+    (path,) = (out / "runs").glob("*.json")
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def mlm_runs(tmp_path_factory, data_dir):
+    """MLM, global batch 16, 6 steps: on 1 worker and on 2 workers of 8; final weights checkpointed."""
+    runs = {}
+    for devices, batch in ((1, 16), (2, 8)):
+        out = tmp_path_factory.mktemp(f"mlm-n{devices}")
+        proc = _bench(out, "mlm", devices, batch, "--checkpoint-every", "6", "--checkpoint-dir", str(out / "ckpt"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[devices] = out
+    return runs
+
+
+def test_mlm_records_are_valid(mlm_runs):
+    for devices, out in mlm_runs.items():
+        record = _record(out)
+        assert validate_record(record) == [] and record["status"] == "ok"
+        assert record["devices"] == devices and record["global_batch"] == 16 and record["measured_steps"] == 4
+        assert record["params"] == TINY.param_count()
+        assert record["backend_metrics"]["compile_s"] > 0
+        assert record["eval"]["metric"] == "masked_accuracy" and record["eval"]["count"] > 0
+
+
+def test_two_workers_take_the_same_steps_as_one(mlm_runs):
+    import mindspore as ms
+
+    one, two = (ms.load_checkpoint(str(mlm_runs[n] / "ckpt" / "checkpoint.ckpt")) for n in (1, 2))
+    model = [name for name in one if name.startswith("model.")]
+    assert len(model) > 20 and set(model) <= set(two)
+    worst = max(float(np.abs(one[n].asnumpy() - two[n].asnumpy()).max()) for n in model)
+    assert worst <= PARAM_ATOL, f"largest weight difference {worst:.2e}"
+    curve1, curve2 = (np.array(_record(mlm_runs[n])["loss"]["curve"])[:, 1] for n in (1, 2))
+    np.testing.assert_allclose(curve2, curve1, rtol=1e-4)
+
+
+def test_cnn_end_to_end_on_two_workers(tmp_path, data_dir):
+    proc = _bench(tmp_path, "cnn", 2, 16)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = _record(tmp_path)
+    assert validate_record(record) == [] and record["status"] == "ok"
+    assert record["params"] == CNN.param_count() and record["measured_steps"] == 4
+    assert record["backend_metrics"]["compile_s"] > 0
+    assert (tmp_path / "logs" / record["run_id"] / "msrun" / "worker_1.log").is_file()
+
+
+def test_model_parallel_on_cpu_is_unsupported(tmp_path, data_dir):
+    proc = _bench(tmp_path, "cnn", 2, 16, "--parallel-mode", "semi_auto", "--model-parallel", "2")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    record = _record(tmp_path)
+    assert record["status"] == "unsupported" and "requires Ascend or GPU" in record["error"]
+    assert validate_record(record) == []
+
+
+def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, data_dir):
+    proc = _bench(tmp_path, "cnn", 2, 15, "--parallel-mode", "semi_auto", "--model-parallel", "2",
+                  "--pipeline-stages", "1", "--micro-batches", "2")
+    assert proc.returncode == 2
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("bench.run:")]
+    assert lines == ["bench.run: error: --micro-batches 2 with 1 pipeline stage: micro-batches feed a pipeline; "
+                     "use --grad-accum to accumulate without one"]
+    assert not (tmp_path / "runs").exists()
+
