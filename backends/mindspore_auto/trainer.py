@@ -221,6 +221,9 @@ class MindSporeTrainer:
             raise RuntimeError(f"checkpoint {path} lacks {', '.join(missing[:5])}")
         return step
 
+    def backend_metrics(self) -> dict:
+        return {}  # the worker fills backend_metrics on rank 0, where the strategy's facts are at hand
+
     def peak_memory_bytes(self) -> int:
         if self.cfg.device_kind != "cpu":
             return int(ms.runtime.max_memory_allocated())

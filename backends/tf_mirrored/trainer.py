@@ -180,6 +180,9 @@ class KerasTrainer:
             self.checkpoint.read(str(directory / meta["folder"] / STATE_PREFIX)).assert_existing_objects_matched()
         return int(meta["step"])
 
+    def backend_metrics(self) -> dict:
+        return {}  # the worker fills backend_metrics on rank 0, where the strategy's facts are at hand
+
     def peak_memory_bytes(self) -> int:
         if self.device_kind == "cuda":
             return sum(tf.config.experimental.get_memory_info(d.name)["peak"]
