@@ -32,6 +32,7 @@ def main(config_path: str, result_path: str) -> None:
     # Every collective below inherits this timeout: a dead peer ends the run, it does not hang it.
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.collective_timeout_s),
                             device_id=device if cuda else None)
+    model = None
     try:
         data_dir = Path(cfg.data_dir)
         train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
@@ -45,7 +46,11 @@ def main(config_path: str, result_path: str) -> None:
         outcome = run_loop(TorchTrainer(model, core, cfg, device, rank, world), cfg, train, eval_data)
         if rank == 0:
             write_json_atomic(Path(result_path), outcome)
+        # Gloo aborts a process whose peer tears down while it still holds work objects
+        # ("terminate called without an active exception"): finish together, reducer first.
+        dist.barrier()
     finally:
+        del model
         dist.destroy_process_group()
 
 
