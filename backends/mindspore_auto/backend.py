@@ -104,6 +104,11 @@ class MindSporeAuto(Backend):
             raise Unsupported(f"--precision {cfg.precision}: mindspore_auto trains in fp32 only")
         if cfg.sync_bn:
             raise Unsupported("--sync-bn: mindspore_auto keeps BatchNorm statistics per rank")
+        if plan.kind == "cpu" and cfg.workload == "cnn" and cfg.devices > 1:
+            # Observed twice with MindSpore 2.10 on CPU: all steps train, then one worker exits its main
+            # thread and the other waits in a collective until --timeout. Refusing beats an hour's hang.
+            raise Unsupported("cnn on 2+ MindSpore CPU workers stalls after training (a worker leaves the "
+                              "final collectives); known defect, see issue #5")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
