@@ -7,7 +7,7 @@ backends compares frameworks, not configurations.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 WORKLOADS = ("cnn", "mlm")
 
@@ -196,10 +196,6 @@ def learning_rate(step: int, total_steps: int, optim: OptimSpec) -> float:
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
     end = optim.lr * optim.end_lr_ratio
     return end + (optim.lr - end) * (1.0 - progress) ** optim.decay_power
-
-
-def spec_dict(spec) -> dict:
-    return asdict(spec)
 
 
 __all__ = [

@@ -78,12 +78,15 @@ class TrainBatches:
         return self._order[i * self.global_batch:(i + 1) * self.global_batch]
 
     def rank_indices(self, step: int) -> list[np.ndarray]:
-        glob = self.global_indices(step).reshape(self.k, self.world, self.b)
-        return [glob[m, self.rank] for m in range(self.k)]
+        return self._rank_slices(self.global_indices(step))
+
+    def _rank_slices(self, glob: np.ndarray) -> list[np.ndarray]:
+        shaped = glob.reshape(self.k, self.world, self.b)
+        return [shaped[m, self.rank] for m in range(self.k)]
 
     def get(self, step: int) -> StepBatch:
         glob = self.global_indices(step)
-        micro = [_select(self.data.workload, self._inputs, idx) for idx in self.rank_indices(step)]
+        micro = [_select(self.data.workload, self._inputs, idx) for idx in self._rank_slices(glob)]
         if self.data.workload == "mlm":
             denominator = float(self._inputs["mask_weights"][glob].sum())
         else:
