@@ -22,6 +22,12 @@ from common.launch import RunFailed, child_env, free_port, log_tail, run_supervi
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 LOG_TAIL_CHARS = 4000
 MSRUN_LOG = "msrun.log"
+# On AVX-512 hosts the oneDNN 3.10 inside MindSpore 2.10 runs a plain-layout (NCHW) convolution as
+# `jit_uni_ncsp:conv+ref:any`, a reference matmul: 2.1-3.0 s for one 64 x 16->32 x 26x26 3x3 conv,
+# against 37 ms with `x64:gemm:jit`, which it picks when the ISA is capped at AVX2 (ONEDNN_VERBOSE,
+# 2 threads). The cap halves its AVX-512 brgemm matmul, so only the CNN gets it; a value the user
+# set wins.
+CPU_CONV_ISA_CAP = "AVX2"
 
 
 def _accelerators(target: str) -> int:
@@ -78,6 +84,10 @@ def msrun_log_tails(log_dir: Path) -> str:
     return " || ".join(f"{p.name}: {_log_summary(p, LOG_TAIL_CHARS // len(logs))}" for p in logs)
 
 
+def caps_conv_isa(cfg: RunConfig, plan: DevicePlan) -> bool:
+    return plan.kind == "cpu" and cfg.workload == "cnn" and "ONEDNN_MAX_CPU_ISA" not in os.environ
+
+
 class MindSporeAuto(Backend):
     name = "mindspore_auto"
     framework = "mindspore"
@@ -104,11 +114,6 @@ class MindSporeAuto(Backend):
             raise Unsupported(f"--precision {cfg.precision}: mindspore_auto trains in fp32 only")
         if cfg.sync_bn:
             raise Unsupported("--sync-bn: mindspore_auto keeps BatchNorm statistics per rank")
-        if plan.kind == "cpu" and cfg.workload == "cnn" and cfg.devices > 1:
-            # Observed twice with MindSpore 2.10 on CPU: all steps train, then one worker exits its main
-            # thread and the other waits in a collective until --timeout. Refusing beats an hour's hang.
-            raise Unsupported("cnn on 2+ MindSpore CPU workers stalls after training (a worker leaves the "
-                              "final collectives); known defect, see issue #5")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
@@ -126,6 +131,8 @@ class MindSporeAuto(Backend):
                # and the CPU collectives for their peers far longer than --collective-timeout.
                "MS_NODE_TIMEOUT": timeout, "MS_CPU_COMM_OP_TIMEOUT": timeout}
         env[PID_DIR_ENV] = str(workdir / "worker-pids")
+        if caps_conv_isa(cfg, plan):
+            env["ONEDNN_MAX_CPU_ISA"] = CPU_CONV_ISA_CAP
         try:
             rc = run_supervised(cmd, child_env(env), workdir / MSRUN_LOG, cfg.timeout_s)
         except RunFailed as exc:
@@ -149,6 +156,9 @@ class MindSporeAuto(Backend):
             notes.append("every process loads the whole global batch (full_batch) and the compiler splits it")
         if cfg.workload == "cnn" and p.data_parallel > 1:
             notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as torch_ddp by default")
+        if caps_conv_isa(cfg, plan):
+            notes.append(f"ONEDNN_MAX_CPU_ISA={CPU_CONV_ISA_CAP}: MindSpore 2.10's oneDNN runs NCHW convolutions "
+                         "through a reference matmul on AVX-512 (about 80x slower); capped, it uses its jit gemm")
         if plan.kind == "cpu":
             notes.append("MindSpore on CPU runs DATA_PARALLEL only; gradients all-reduced over mccl between "
                          "msrun processes")
