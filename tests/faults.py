@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -84,19 +86,49 @@ def training_started(checkpoint_dir: Path) -> bool:
     return checkpoint_dir.is_dir() and any(not p.name.startswith(".") for p in checkpoint_dir.iterdir())
 
 
-def kill_rank_and_time(proc: subprocess.Popen, out: Path, rank: int, rank_of, checkpoint_dir: Path,
-                       start_timeout_s: float = 300, end_timeout_s: float = 120) -> tuple[float, dict]:
-    """Wait until training runs, SIGKILL the worker of `rank` from outside, and return (seconds from
-    the kill until bench.run has exited with its record, the record)."""
-    wait_for(lambda: training_started(checkpoint_dir), start_timeout_s, "first checkpoint", proc)
-    pid = wait_for(lambda: worker_pid(out, rank, rank_of), 30, f"worker of rank {rank}")
+def kill_and_time(proc: subprocess.Popen, out: Path, pid: int, end_timeout_s: float = 120) -> tuple[float, dict]:
+    """SIGKILL `pid` from outside; return (seconds from the kill until bench.run has exited, its record)."""
     killed_at = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     try:
         proc.wait(timeout=end_timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"bench.run still running {end_timeout_s:g} s after rank {rank} was killed") from None
+        raise AssertionError(f"bench.run still running {end_timeout_s:g} s after pid {pid} was killed") from None
     elapsed = time.monotonic() - killed_at
     [record] = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
     return elapsed, record
+
+
+def listening_sockets(pids: list[int]) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket in LISTEN state owned by one of `pids`."""
+    inodes = set()
+    for pid in pids:
+        try:
+            links = [str(p.readlink()) for p in Path(f"/proc/{pid}/fd").iterdir()]
+        except OSError:
+            continue
+        inodes |= {link[len("socket:["):-1] for link in links if link.startswith("socket:[")}
+    found = []
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: TCP_LISTEN
+                address, port = fields[1].split(":")
+                found.append((_address(address, family), int(port, 16)))
+    return found
+
+
+def _address(hex_address: str, family: int) -> str:
+    """/proc/net/tcp writes an address as host-order 32-bit words in hex."""
+    words = [int(hex_address[i:i + 8], 16) for i in range(0, len(hex_address), 8)]
+    return socket.inet_ntop(family, b"".join(struct.pack("=I", w) for w in words))
+
+
+def tf_grpc_ports(out: Path) -> set[int]:
+    """The ports of the run's TF_CONFIG cluster, as a worker sees it."""
+    for pid in run_processes(out):
+        env = environ(pid)
+        if "TF_CONFIG" in env:
+            return {int(a.rpartition(":")[2]) for a in json.loads(env["TF_CONFIG"])["cluster"]["worker"]}
+    return set()

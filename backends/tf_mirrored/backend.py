@@ -96,9 +96,12 @@ class TFMirrored(Backend):
             notes = [f"mode mirrored: one process, {STRATEGY_NAMES[mode]} over {cfg.devices} logical device(s), "
                      f"cross-device all-reduce {all_reduce}, {threads}"]
         else:
-            notes = [f"mode multi_worker: {cfg.devices} process(es) on 127.0.0.1, {STRATEGY_NAMES[mode]}, "
+            notes = [f"mode multi_worker: {cfg.devices} process(es) on {LOOPBACK}, {STRATEGY_NAMES[mode]}, "
                      f"cross-process all-reduce {all_reduce} over gRPC, "
-                     f"intra-op threads {plan.threads_per_device} per process"]
+                     f"intra-op threads {plan.threads_per_device} per process",
+                     "TensorFlow's gRPC servers listen on all interfaces (0.0.0.0) whatever address TF_CONFIG "
+                     "gives; TensorFlow has no option to bind them to loopback, so on an untrusted network "
+                     "firewall the run's ports or use --tf-mode mirrored"]
         notes += [
             "tf.data feeds common's batches (from_generator, one element per replica piece); the distributed "
             "iterator prefetches one element per device, so data_wait is the wait on that buffer",
