@@ -23,8 +23,8 @@ from common.timing import aggregate_ranks
 # the one named in PARBENCH_FAULT_RANK.
 FAULT_AFTER_STEP_ENV = "PARBENCH_FAULT_AFTER_STEP"
 FAULT_RANK_ENV = "PARBENCH_FAULT_RANK"
-# With this set to a path, a rank's fault fires once: the rank leaves PATH.rank<R> behind and a
-# restarted worker (torchrun --max-restarts) that finds it trains on.
+# With this set to a path, a rank's fault fires at most once: the rank's first attempt claims
+# PATH.rank<R>, and a restarted worker (torchrun --max-restarts) that finds it trains on.
 FAULT_MARKER_ENV = "PARBENCH_FAULT_MARKER"
 FAULT_EXIT_CODE = 17
 MAX_CURVE_POINTS = 1000

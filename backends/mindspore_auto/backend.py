@@ -162,7 +162,7 @@ class MindSporeAuto(Backend):
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
-        log_dir = workdir / "msrun"
+        log_dir, pid_dir = workdir / "msrun", workdir / "worker-pids"
         cfg.save(config_path)
         cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run",
                f"--worker_num={cfg.devices}", f"--local_worker_num={cfg.devices}",
@@ -175,8 +175,7 @@ class MindSporeAuto(Backend):
                # A dead peer must end the run: without these the scheduler waits for lost nodes
                # and the CPU collectives for their peers far longer than --collective-timeout.
                "MS_NODE_TIMEOUT": timeout, "MS_CPU_COMM_OP_TIMEOUT": timeout}
-        pid_dir = workdir / "worker-pids"
-        env[PID_DIR_ENV] = str(pid_dir)
+        env[PID_DIR_ENV] = str(workdir / "worker-pids")
         try:
             rc = run_supervised(cmd, child_env(env), workdir / MSRUN_LOG, cfg.timeout_s,
                                 health=lambda: dead_worker(pid_dir, workdir / MSRUN_LOG))
