@@ -32,7 +32,7 @@ def _fill(trainer: TorchTrainer, value: float) -> None:
 
 
 def _first_param(trainer: TorchTrainer) -> float:
-    return float(next(trainer.core.parameters()).flatten()[0])
+    return float(next(trainer.core.parameters()).detach().flatten()[0])
 
 
 @pytest.fixture
