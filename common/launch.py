@@ -47,9 +47,10 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the whole process group, then SIGKILL what is left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
+def _kill_group(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM the whole process group, then SIGKILL what is left after `grace_s` (0: SIGKILL at once)."""
+    steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)) if grace_s > 0 else ((signal.SIGKILL, 5.0),)
+    for sig, wait in steps:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -137,6 +138,8 @@ def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]],
                                     f"{log_tail(commands[0][2])}")
                 time.sleep(poll_s)
         finally:
+            # The peers of a failed rank are stuck in collectives that cannot complete: nothing to wind
+            # down (a TF worker took 5 s to act on SIGTERM), so they are killed outright.
             for proc in procs:
-                _kill_group(proc)
+                _kill_group(proc, 0 if first_failed is not None else TERM_GRACE_S)
     return GroupExit([p.returncode for p in procs], first_failed)
