@@ -84,6 +84,8 @@ def build_config(args, run_id: str, plan) -> RunConfig:
     if warmup >= total:
         raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
     key = f"{args.backend}-{args.workload}-n{args.devices}-seed{args.seed}"
+    if args.max_restarts and not args.resume:
+        key = run_id  # a restarted worker must resume this run's checkpoints, never an earlier run's
     ckpt_dir = args.checkpoint_dir or (str(Path(args.out) / "checkpoints" / key)
                                        if args.checkpoint_every or args.resume else "")
     return RunConfig(

@@ -71,7 +71,8 @@ def commit(directory: Path, step: int, ext: str, write: Callable[[Path], None], 
         Path(tmp).unlink(missing_ok=True)
         raise
     _write_text_atomic(final.with_name(final.name + DIGEST_SUFFIX), f"{digest}  {final.name}\n")
-    for _, old in list(_candidates(directory, ext))[keep:]:
+    # Only older steps go: a folder that also holds a later run's higher steps must not lose this one.
+    for _, old in [c for c in _candidates(directory, ext) if c[0] < step][keep - 1:]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + DIGEST_SUFFIX).unlink(missing_ok=True)
     return final

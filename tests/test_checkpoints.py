@@ -109,3 +109,10 @@ def test_commit_writes_the_digest_of_the_payload(tmp_path):
     assert path.read_bytes() == b"payload"
     assert path.with_name(path.name + DIGEST_SUFFIX).read_text().split() == [sha256_of(path), path.name]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "temporary files left"
+
+
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
+    for step in (5, 6):  # an earlier run's, further along
+        commit(tmp_path, step, ".bin", lambda tmp: tmp.write_bytes(b"old"))
+    commit(tmp_path, 2, ".bin", lambda tmp: tmp.write_bytes(b"new"))
+    assert checkpoint_path(tmp_path, 2, ".bin").read_bytes() == b"new"
