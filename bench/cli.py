@@ -93,6 +93,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-every", type=non_negative_int, default=0, help="checkpoint every K steps")
     g.add_argument("--checkpoint-dir", help="checkpoint directory (default OUT/checkpoints/<run key>)")
     g.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    g.add_argument("--max-restarts", type=non_negative_int, default=0,
+                   help="torch_ddp: restart the workers up to K times after a failure, from the newest valid "
+                        "checkpoint (needs --checkpoint-every)")
     g.add_argument("--threads-per-device", type=positive_int,
                    help="CPU threads per virtual device (default 1 for bench.run; compare: cores / max N)")
     g.add_argument("--device-kind", choices=("auto", "cpu", "cuda"), default="auto",

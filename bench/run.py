@@ -51,6 +51,10 @@ def check_options(args) -> None:
         raise BadInput("--skip-eval contradicts --eval-every")
     if args.resume and not (args.checkpoint_dir or args.checkpoint_every):
         raise BadInput("--resume needs --checkpoint-dir or --checkpoint-every")
+    if args.max_restarts and args.backend != "torch_ddp":
+        raise BadInput(f"--max-restarts: only torch_ddp restarts its workers (torchrun), not {args.backend}")
+    if args.max_restarts and not args.checkpoint_every:
+        raise BadInput("--max-restarts needs --checkpoint-every: a restart resumes from the newest checkpoint")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out}: exists and is not a directory")
@@ -80,6 +84,8 @@ def build_config(args, run_id: str, plan) -> RunConfig:
     if warmup >= total:
         raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
     key = f"{args.backend}-{args.workload}-n{args.devices}-seed{args.seed}"
+    if args.max_restarts and not args.resume:
+        key = run_id  # a restarted worker must resume this run's checkpoints, never an earlier run's
     ckpt_dir = args.checkpoint_dir or (str(Path(args.out) / "checkpoints" / key)
                                        if args.checkpoint_every or args.resume else "")
     return RunConfig(
@@ -90,7 +96,7 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         model_size=args.model_size, precision=args.precision, sync_bn=args.sync_bn,
         eval_every=args.eval_every, skip_eval=args.skip_eval, patience=args.patience,
         checkpoint_every=args.checkpoint_every,
-        checkpoint_dir=ckpt_dir, resume=args.resume, timeout_s=args.timeout,
+        checkpoint_dir=ckpt_dir, resume=args.resume, max_restarts=args.max_restarts, timeout_s=args.timeout,
         collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
         backend_options=backend_options(args),
     )

@@ -43,6 +43,7 @@ class RunConfig:
     checkpoint_every: int = 0    # 0: no checkpoints
     checkpoint_dir: str = ""
     resume: bool = False
+    max_restarts: int = 0        # torch_ddp: torchrun restarts the worker group this many times at most
     timeout_s: float = 3600.0
     collective_timeout_s: float = 300.0
     sweep_id: str = ""

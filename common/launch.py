@@ -2,23 +2,37 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.hostinfo import REPO_ROOT
 
 TERM_GRACE_S = 10.0
+# A single-host run talks to itself only: every rendezvous, store and collective listens here.
+LOOPBACK = "127.0.0.1"
 
 
 class RunFailed(Exception):
     """The run started but did not finish; the message is the record's `error`."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback interface (127.0.0.0/8, ::1, localhost)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+def free_port(host: str = LOOPBACK) -> int:
     """A port free right now on `host`, chosen by the kernel (never a fixed number)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -33,9 +47,10 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the whole process group, then SIGKILL what is left after a grace period."""
-    for sig, wait in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 5.0)):
+def _kill_group(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
+    """SIGTERM the whole process group, then SIGKILL what is left after `grace_s` (0: SIGKILL at once)."""
+    steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)) if grace_s > 0 else ((signal.SIGKILL, 5.0),)
+    for sig, wait in steps:
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -50,20 +65,26 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_supervised(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float) -> int:
+def run_supervised(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float,
+                   health: Callable[[], str | None] | None = None, poll_s: float = 0.5) -> int:
     """Run `cmd` in its own process group with output to `log_path`; kill the group on timeout or
-    interrupt. Returns the exit code; raises RunFailed on timeout."""
+    interrupt. `health`, polled while the launcher runs, returns why the run is already lost (a
+    worker died that the launcher would wait out) or None. Returns the exit code; raises RunFailed
+    on timeout or when `health` reports."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         started = time.monotonic()
         try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            raise RunFailed(f"timed out after {time.monotonic() - started:.0f} s (--timeout {timeout_s:g}); "
-                            f"log tail: {log_tail(log_path)}") from None
+            while (rc := proc.poll()) is None:
+                if time.monotonic() - started > timeout_s:
+                    raise RunFailed(f"timed out after {time.monotonic() - started:.0f} s (--timeout {timeout_s:g}); "
+                                    f"log tail: {log_tail(log_path)}")
+                lost = health() if health else None
+                if lost:
+                    raise RunFailed(lost)
+                time.sleep(poll_s)
         except BaseException:
             _kill_group(proc)
             raise
@@ -82,13 +103,20 @@ def log_tail(path: Path, lines: int = 15, max_chars: int = 3000) -> str:
     return " | ".join(tail)[-max_chars:]
 
 
+@dataclass
+class GroupExit:
+    codes: list[int]          # exit codes in order (negative: killed by a signal, maybe by us)
+    first_failed: int | None  # the index that failed first, seen before the others were stopped
+
+
 def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]], timeout_s: float,
-                         poll_s: float = 0.2) -> list[int]:
+                         poll_s: float = 0.2) -> GroupExit:
     """Run cooperating processes (the ranks of one job), each `(cmd, env, log_path)` in its own process
     group. The first to fail takes the others down at once: a peer blocked in a collective with a dead
     rank would otherwise sit out its collective timeout. Raises RunFailed on timeout; every group is
-    killed on any exit from here. Returns the exit codes in order (negative: killed by a signal)."""
+    killed on any exit from here."""
     procs: list[subprocess.Popen] = []
+    first_failed = None
     with contextlib.ExitStack() as logs:
         try:
             for cmd, env, log_path in commands:
@@ -99,13 +127,19 @@ def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]],
             deadline = time.monotonic() + timeout_s
             while True:
                 codes = [p.poll() for p in procs]
-                if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                failed = [i for i, c in enumerate(codes) if c not in (None, 0)]
+                if failed:
+                    first_failed = failed[0]
+                    break
+                if all(c is not None for c in codes):
                     break
                 if time.monotonic() > deadline:
                     raise RunFailed(f"timed out after {timeout_s:g} s (--timeout); log tail of rank 0: "
                                     f"{log_tail(commands[0][2])}")
                 time.sleep(poll_s)
         finally:
+            # The peers of a failed rank are stuck in collectives that cannot complete: nothing to wind
+            # down (a TF worker took 5 s to act on SIGTERM), so they are killed outright.
             for proc in procs:
-                _kill_group(proc)
-    return [p.returncode for p in procs]
+                _kill_group(proc, 0 if first_failed is not None else TERM_GRACE_S)
+    return GroupExit([p.returncode for p in procs], first_failed)

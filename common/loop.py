@@ -23,6 +23,9 @@ from common.timing import aggregate_ranks
 # the one named in PARBENCH_FAULT_RANK.
 FAULT_AFTER_STEP_ENV = "PARBENCH_FAULT_AFTER_STEP"
 FAULT_RANK_ENV = "PARBENCH_FAULT_RANK"
+# With this set to a path, a rank's fault fires at most once: the rank's first attempt claims
+# PATH.rank<R>, and a restarted worker (torchrun --max-restarts) that finds it trains on.
+FAULT_MARKER_ENV = "PARBENCH_FAULT_MARKER"
 FAULT_EXIT_CODE = 17
 MAX_CURVE_POINTS = 1000
 EVAL_BATCH = 256
@@ -69,6 +72,20 @@ def _downsample(curve: list[list[float]]) -> list[list[float]]:
     return curve[::stride] if curve[-1:] == curve[::stride][-1:] else curve[::stride] + curve[-1:]
 
 
+def _fault_step(rank: int) -> int:
+    """The step after which this rank is to exit hard, or 0 for none."""
+    fault_at = int(os.environ.get(FAULT_AFTER_STEP_ENV, "0"))
+    if os.environ.get(FAULT_RANK_ENV, str(rank)) != str(rank):
+        return 0
+    marker = os.environ.get(FAULT_MARKER_ENV)
+    if fault_at and marker:
+        try:
+            Path(f"{marker}.rank{rank}").touch(exist_ok=False)
+        except FileExistsError:
+            return 0
+    return fault_at
+
+
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
              clock=time.perf_counter) -> dict | None:
     """Train, evaluate and gather; returns the aggregated outcome on rank 0, None elsewhere."""
@@ -76,9 +93,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     start = 0
     if cfg.resume and ckpt_dir is not None:
         start = trainer.load_checkpoint(ckpt_dir) or 0
-    fault_at = int(os.environ.get(FAULT_AFTER_STEP_ENV, "0"))
-    if os.environ.get(FAULT_RANK_ENV, str(trainer.rank)) != str(trainer.rank):
-        fault_at = 0
+    fault_at = _fault_step(trainer.rank)
 
     step_times, data_wait, losses, history = [], [], [], []
     best, evals_since_best, stopped_early = -math.inf, 0, False

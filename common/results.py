@@ -94,7 +94,7 @@ def load_records(out_dir: Path) -> list[dict]:
     for path in sorted((Path(out_dir) / "runs").glob("*.json")):
         try:
             records.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
+        except (OSError, ValueError):  # JSONDecodeError, and UnicodeDecodeError for a binary file
             continue  # a foreign or damaged file must not hide the other runs
     return records
 

@@ -10,43 +10,79 @@ from common.results import validate_record
 from tests.conftest import run_cli
 
 BASE = ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "1"]
+OUT = "{out}"  # replaced by a fresh folder per case; nothing may appear in it
 
-BAD_RUNS = {
-    "missing backend": ["--workload", "cnn", "--devices", "1"],
-    "unknown backend": ["--backend", "nope", "--workload", "cnn", "--devices", "1"],
-    "unknown workload": ["--backend", "torch_ddp", "--workload", "gpt", "--devices", "1"],
-    "zero devices": ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "0"],
-    "devices not a number": ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "two"],
-    "zero steps": [*BASE, "--steps", "0"],
-    "steps and epochs": [*BASE, "--steps", "5", "--epochs", "1"],
-    "negative epochs": [*BASE, "--epochs", "-1"],
-    "negative batch": [*BASE, "--batch-size", "-4"],
-    "unknown scaling": [*BASE, "--scaling", "diagonal"],
-    "unknown data mode": [*BASE, "--data", "imaginary"],
-    "real data missing": [*BASE, "--data", "real", "--data-dir", "/nonexistent/parbench"],
-    "patience without eval": [*BASE, "--patience", "2"],
-    "skip-eval with eval-every": [*BASE, "--skip-eval", "--eval-every", "2"],
-    "warm-up swallows the run": [*BASE, "--steps", "5", "--warmup-steps", "5"],
-    "strong batch not divisible": ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "2",
-                                   "--scaling", "strong", "--batch-size", "3"],
-    "global batch beyond the dataset": [*BASE, "--batch-size", "100000", "--data", "synthetic"],
-    "zero timeout": [*BASE, "--timeout", "0"],
-    "resume without checkpoints": [*BASE, "--resume"],
-    "unknown model size": [*BASE, "--model-size", "huge"],
-    "unknown flag": [*BASE, "--frobnicate"],
-    "unknown precision": [*BASE, "--precision", "fp8"],
+# One table for every tool (issue #8): (tool, arguments). Each must exit 2 with exactly one line on
+# stderr, no traceback, and write nothing: no record, no report, no data file.
+BAD_INPUT = {
+    "run: missing backend": ("bench.run", ["--workload", "cnn", "--devices", "1", "--out", OUT]),
+    "run: unknown backend": ("bench.run", ["--backend", "nope", "--workload", "cnn", "--devices", "1", "--out", OUT]),
+    "run: unknown workload": ("bench.run", ["--backend", "torch_ddp", "--workload", "gpt", "--devices", "1",
+                                            "--out", OUT]),
+    "run: zero devices": ("bench.run", ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "0", "--out", OUT]),
+    "run: devices not a number": ("bench.run", ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "two",
+                                                "--out", OUT]),
+    "run: zero steps": ("bench.run", [*BASE, "--steps", "0", "--out", OUT]),
+    "run: steps and epochs": ("bench.run", [*BASE, "--steps", "5", "--epochs", "1", "--out", OUT]),
+    "run: negative epochs": ("bench.run", [*BASE, "--epochs", "-1", "--out", OUT]),
+    "run: negative batch": ("bench.run", [*BASE, "--batch-size", "-4", "--out", OUT]),
+    "run: unknown scaling": ("bench.run", [*BASE, "--scaling", "diagonal", "--out", OUT]),
+    "run: unknown data mode": ("bench.run", [*BASE, "--data", "imaginary", "--out", OUT]),
+    "run: real data missing": ("bench.run", [*BASE, "--data", "real", "--data-dir", "/nonexistent/parbench",
+                                             "--out", OUT]),
+    "run: patience without eval": ("bench.run", [*BASE, "--patience", "2", "--out", OUT]),
+    "run: skip-eval with eval-every": ("bench.run", [*BASE, "--skip-eval", "--eval-every", "2", "--out", OUT]),
+    "run: warm-up swallows the run": ("bench.run", [*BASE, "--steps", "5", "--warmup-steps", "5", "--out", OUT]),
+    "run: strong batch not divisible": ("bench.run", ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "2",
+                                                      "--scaling", "strong", "--batch-size", "3", "--out", OUT]),
+    "run: global batch beyond the dataset": ("bench.run", [*BASE, "--batch-size", "100000", "--data", "synthetic",
+                                                           "--out", OUT]),
+    "run: zero timeout": ("bench.run", [*BASE, "--timeout", "0", "--out", OUT]),
+    "run: resume without checkpoints": ("bench.run", [*BASE, "--resume", "--out", OUT]),
+    "run: unknown model size": ("bench.run", [*BASE, "--model-size", "huge", "--out", OUT]),
+    "run: unknown flag": ("bench.run", [*BASE, "--frobnicate", "--out", OUT]),
+    "run: unknown precision": ("bench.run", [*BASE, "--precision", "fp8", "--out", OUT]),
+    "run: negative max-restarts": ("bench.run", [*BASE, "--max-restarts", "-1", "--out", OUT]),
+    "run: max-restarts without checkpoints": ("bench.run", [*BASE, "--max-restarts", "2", "--out", OUT]),
+    "run: max-restarts on a backend without": ("bench.run", ["--backend", "torch_dp", "--workload", "cnn",
+                                                             "--devices", "1", "--max-restarts", "1",
+                                                             "--checkpoint-every", "2", "--out", OUT]),
+    "compare: zero devices": ("bench.compare", ["--gpus", "0,1", "--out", OUT]),
+    "compare: letters": ("bench.compare", ["--gpus", "a,b", "--out", OUT]),
+    "compare: unknown backend": ("bench.compare", ["--backends", "torch_ddp,caffe", "--out", OUT]),
+    "compare: unknown workload": ("bench.compare", ["--workloads", "rnn", "--out", OUT]),
+    "compare: bad timeout": ("bench.compare", ["--timeout", "soon", "--out", OUT]),
+    "report: no results folder": ("bench.report", ["--results", "{out}/missing"]),
+    "report: no records": ("bench.report", ["--results", OUT]),
+    "report: bad date": ("bench.report", ["--results", OUT, "--since", "yesterday"]),
+    "report: unknown workload": ("bench.report", ["--results", OUT, "--workload", "gpt"]),
+    "report: unknown backend": ("bench.report", ["--results", OUT, "--backends", "caffe"]),
+    "data: no command": ("bench.data", ["--data-dir", OUT]),
+    "data: unknown command": ("bench.data", ["fetch", "--data-dir", OUT]),
+    "data: unknown dataset": ("bench.data", ["download", "--datasets", "imagenet", "--data-dir", OUT]),
+    "data: unknown flag": ("bench.data", ["verify", "--quick", "--data-dir", OUT]),
 }
 
 
-@pytest.mark.parametrize("args", BAD_RUNS.values(), ids=BAD_RUNS.keys())
-def test_bad_run_input_is_one_line_and_no_record(tmp_path, args):
+def _files(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("tool, args", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_exit_2_one_line_and_nothing_written(tmp_path, tool, args):
     out = tmp_path / "out"
-    proc = run_cli("bench.run", *args, "--out", str(out))
+    (out / "runs").mkdir(parents=True)  # an empty results folder: bench.report must find nothing to report
+    proc = run_cli(tool, *[a.replace(OUT, str(out)) for a in args])
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith("bench.run: error:"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"{tool}: error:"), proc.stderr
     assert "Traceback" not in proc.stderr
-    assert not (out / "runs").exists() or not any((out / "runs").iterdir())
+    assert _files(tmp_path) == [], "bad input wrote files"
+
+
+def test_the_bad_input_table_covers_every_tool():
+    tools = [tool for tool, _ in BAD_INPUT.values()]
+    assert len(tools) >= 20 and set(tools) == {"bench.run", "bench.compare", "bench.report", "bench.data"}
 
 
 def test_out_that_is_a_file_is_bad_input(tmp_path):
@@ -54,21 +90,6 @@ def test_out_that_is_a_file_is_bad_input(tmp_path):
     target.write_text("x")
     proc = run_cli("bench.run", *BASE, "--out", str(target))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-
-
-BAD_SWEEPS = {
-    "zero devices": ["--gpus", "0,1"],
-    "letters": ["--gpus", "a,b"],
-    "unknown backend": ["--backends", "torch_ddp,caffe"],
-    "unknown workload": ["--workloads", "rnn"],
-}
-
-
-@pytest.mark.parametrize("args", BAD_SWEEPS.values(), ids=BAD_SWEEPS.keys())
-def test_bad_sweep_input(tmp_path, args):
-    proc = run_cli("bench.compare", *args, "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert not (tmp_path / "out").exists()
 
 
 UNSUPPORTED = {

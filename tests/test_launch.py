@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from common.launch import RunFailed, child_env, run_supervised_group
+from common.launch import RunFailed, child_env, is_loopback, run_supervised, run_supervised_group
 
 
 def _py(code: str, log: Path) -> tuple[list[str], dict[str, str], Path]:
@@ -16,14 +16,16 @@ def _py(code: str, log: Path) -> tuple[list[str], dict[str, str], Path]:
 
 def test_first_failure_stops_the_others(tmp_path: Path):
     started = time.monotonic()
-    codes = run_supervised_group([_py("import sys; sys.exit(3)", tmp_path / "0.log"),
-                                  _py("import time; time.sleep(60)", tmp_path / "1.log")], timeout_s=30)
-    assert codes[0] == 3 and codes[1] < 0  # the sleeper was killed by a signal
+    ended = run_supervised_group([_py("import time; time.sleep(60)", tmp_path / "0.log"),
+                                  _py("import sys; sys.exit(3)", tmp_path / "1.log")], timeout_s=30)
+    assert ended.codes[1] == 3 and ended.codes[0] < 0  # the sleeper was killed by a signal
+    assert ended.first_failed == 1  # not the one we killed afterwards
     assert time.monotonic() - started < 20
 
 
 def test_all_succeed(tmp_path: Path):
-    assert run_supervised_group([_py("print('hi')", tmp_path / f"{i}.log") for i in range(2)], timeout_s=30) == [0, 0]
+    ended = run_supervised_group([_py("print('hi')", tmp_path / f"{i}.log") for i in range(2)], timeout_s=30)
+    assert ended.codes == [0, 0] and ended.first_failed is None
     assert (tmp_path / "0.log").read_text().strip() == "hi"
 
 
@@ -31,3 +33,17 @@ def test_timeout_kills_every_rank(tmp_path: Path):
     with pytest.raises(RunFailed, match="timed out"):
         run_supervised_group([_py("import time; time.sleep(60)", tmp_path / f"{i}.log") for i in range(2)],
                              timeout_s=1)
+
+
+def test_a_health_check_ends_a_launcher_that_would_wait(tmp_path: Path):
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match="rank 1 died"):
+        run_supervised([sys.executable, "-c", "import time; time.sleep(60)"], child_env({}), tmp_path / "l.log",
+                       timeout_s=30, health=lambda: "rank 1 died" if time.monotonic() - started > 1 else None)
+    assert time.monotonic() - started < 20
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),
+                                            ("10.0.0.1", False), ("0.0.0.0", False)])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback

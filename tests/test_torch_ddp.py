@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from backends.torch_common.models import build_model
-from backends.torch_common.trainer import CHECKPOINT_NAME, TorchTrainer
+from backends.torch_common.trainer import CHECKPOINT_EXT, TorchTrainer
+from common.checkpoints import valid_checkpoints
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import SplitData, load_split
-from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV, run_loop
+from common.loop import FAULT_AFTER_STEP_ENV, FAULT_MARKER_ENV, FAULT_RANK_ENV, run_loop
 from common.results import validate_record
 from common.spec import CNN
 from tests.conftest import run_cli
@@ -31,7 +32,8 @@ def _run(out: Path, *args: str, env: dict | None = None):
 
 
 def _params(ckpt_dir: Path) -> dict[str, torch.Tensor]:
-    state = torch.load(ckpt_dir / CHECKPOINT_NAME, weights_only=True)["model"]
+    _, newest = next(valid_checkpoints(ckpt_dir, CHECKPOINT_EXT, []))
+    state = torch.load(newest, weights_only=True)["model"]
     # BatchNorm running statistics are buffers, not parameters: DDP broadcasts rank 0's, so they
     # legitimately differ from a single device's.
     return {k: v for k, v in state.items() if "running_" not in k and "num_batches" not in k}
@@ -62,22 +64,50 @@ def test_two_ranks_equal_one_device_on_the_same_global_batch(tmp_path, data_dir,
     _assert_same_params(_params(tmp_path / "two"), _params(tmp_path / "one"))
 
 
-def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, data_dir):
-    common = ["--workload", "cnn", "--devices", "2", "--batch-size", "16", "--steps", "6",
-              "--warmup-steps", "1", "--checkpoint-every", "3", "--skip-eval"]
-    p, full = _run(tmp_path / "out", *common, "--checkpoint-dir", str(tmp_path / "full"))
+RESUME_RUN = ["--workload", "cnn", "--devices", "2", "--batch-size", "16", "--steps", "6", "--warmup-steps", "1",
+              "--checkpoint-every", "3", "--skip-eval"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir):
+    """The reference for the resume tests: (record, checkpoint dir) of a run nothing interrupts."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    p, full = _run(tmp / "out", *RESUME_RUN, "--checkpoint-dir", str(tmp / "full"))
     assert p.returncode == 0, p.stderr
+    return full, tmp / "full"
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):
+    full, full_ckpt = uninterrupted
     # Both ranks die after step 4; the checkpoint of step 3 survives and step 4 is redone.
-    p, crashed = _run(tmp_path / "out", *common, "--checkpoint-dir", str(tmp_path / "resumed"),
+    p, crashed = _run(tmp_path / "out", *RESUME_RUN, "--checkpoint-dir", str(tmp_path / "resumed"),
                       env={FAULT_AFTER_STEP_ENV: "4"})
     assert p.returncode == 1 and crashed["status"] == "failed"
     assert "exited with code" in crashed["error"] and validate_record(crashed) == []
-    p, resumed = _run(tmp_path / "out", *common, "--checkpoint-dir", str(tmp_path / "resumed"), "--resume")
+    p, resumed = _run(tmp_path / "out", *RESUME_RUN, "--checkpoint-dir", str(tmp_path / "resumed"), "--resume")
     assert p.returncode == 0, p.stderr
     assert resumed["start_step"] == 3 and resumed["steps_done"] == 6
     assert resumed["measured_steps"] == 2  # steps 5 and 6; step 4 is this process's warm-up
-    _assert_same_params(_params(tmp_path / "resumed"), _params(tmp_path / "full"), rtol=0.0)
+    _assert_same_params(_params(tmp_path / "resumed"), _params(full_ckpt), rtol=0.0)
     assert resumed["loss"]["last"] == full["loss"]["last"]
+
+
+@pytest.mark.timeout(600)
+def test_torchrun_restarts_after_a_dead_rank_and_ends_where_an_uninterrupted_run_ends(tmp_path, uninterrupted):
+    """--max-restarts 1: rank 1 exits hard after step 4 (once: the marker stops it from doing so again);
+    torchrun restarts both ranks, which resume from the step-3 checkpoint and finish bit-identical."""
+    full, full_ckpt = uninterrupted
+    env = {FAULT_AFTER_STEP_ENV: "4", FAULT_RANK_ENV: "1", FAULT_MARKER_ENV: str(tmp_path / "fault")}
+    p, elastic = _run(tmp_path / "out", *RESUME_RUN, "--max-restarts", "1", "--checkpoint-dir",
+                      str(tmp_path / "elastic"), env=env)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "fault.rank1").exists(), "the fault never fired"
+    assert elastic["status"] == "ok" and validate_record(elastic) == []
+    assert elastic["backend_metrics"]["restarts"] == 1
+    assert elastic["config"]["max_restarts"] == 1
+    assert elastic["start_step"] == 3 and elastic["steps_done"] == 6
+    _assert_same_params(_params(tmp_path / "elastic"), _params(full_ckpt), rtol=0.0)
+    assert elastic["loss"]["last"] == full["loss"]["last"]
 
 
 def test_compare_one_and_two_devices_on_real_mnist(tmp_path, data_dir):
@@ -134,15 +164,22 @@ def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
     assert np.isfinite(outcome["loss"]["last"]) and outcome["loss"]["last"] < outcome["loss"]["first"]
 
 
-def test_a_dead_rank_ends_the_run_and_is_named(tmp_path, data_dir):
-    """Rank 1 dies after step 2 while rank 0 waits in the next all-reduce: torchrun must end the
-    run (not the collective timeout), and the record must say which rank died."""
-    proc, record = _run(tmp_path / "out", "--workload", "cnn", "--devices", "2", "--steps", "50",
-                        "--warmup-steps", "1", "--skip-eval", "--collective-timeout", "600",
-                        env={FAULT_AFTER_STEP_ENV: "2", FAULT_RANK_ENV: "1"})
-    assert proc.returncode == 1
-    assert record["status"] == "failed" and "rank 1 exited with code 17" in record["error"], record["error"]
-    assert record["duration_s"] < 120
+@pytest.mark.timeout(600)
+def test_a_sweep_records_a_dead_rank_and_goes_on(tmp_path, data_dir):
+    """Rank 1 of the 2-device run dies after step 2 while rank 0 waits in the next all-reduce: torchrun
+    ends that run (not the collective timeout), its record names the rank, and the sweep goes on."""
+    out = tmp_path / "results"
+    proc = run_cli("bench.compare", "--gpus", "1,2", "--backends", "torch_ddp", "--workloads", "cnn", "--data", "real",
+                   "--steps", "4", "--warmup-steps", "1", "--batch-size", "8", "--skip-eval",
+                   "--collective-timeout", "600", "--out", str(out),
+                   env={FAULT_AFTER_STEP_ENV: "2", FAULT_RANK_ENV: "1"})
+    assert proc.returncode == 0, proc.stderr
+    records = {r["devices"]: r for r in (json.loads(p.read_text()) for p in (out / "runs").glob("*.json"))}
+    assert records[1]["status"] == "ok"  # a 1-device run has no rank 1 to fail
+    failed = records[2]
+    assert failed["status"] == "failed" and "rank 1 exited with code 17" in failed["error"], failed["error"]
+    assert failed["duration_s"] < 120 and validate_record(failed) == []
+    assert len(pd.read_csv(out / "summary.csv")) == 2
 
 
 def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):

@@ -13,11 +13,11 @@ import mindspore as ms
 
 from backends.base import Backend
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
-from backends.mindspore_auto.worker import PID_DIR_ENV
+from backends.mindspore_auto.worker import FINISHED, PID_DIR_ENV
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan
 from common.errors import Unsupported
-from common.launch import RunFailed, child_env, free_port, log_tail, run_supervised
+from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 LOG_TAIL_CHARS = 4000
@@ -74,6 +74,56 @@ def kill_leftover_workers(pid_dir: Path, config_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def _alive(pid: int) -> bool:
+    """Running, not a zombie that msrun has yet to reap."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+def _registered_workers(pid_dir: Path) -> dict[int, tuple[str, bool]]:
+    """pid -> (rank, finished) of every training worker that registered (the scheduler is left out)."""
+    workers = {}
+    for entry in pid_dir.glob("*") if pid_dir.is_dir() else ():
+        with contextlib.suppress(OSError, ValueError):
+            lines = entry.read_text().split("\n")
+            role, _, rank = lines[0].partition(" ")
+            if role == "MS_WORKER":
+                workers[int(entry.name)] = (rank, FINISHED in lines)
+    return workers
+
+
+# msrun's own line when it sees a worker exit badly (it then kills the others).
+_MSRUN_WORKER_EXIT = re.compile(r"Worker process (\d+) exit with exception\. Error code: (-?\d+)")
+
+
+def dead_worker(pid_dir: Path, msrun_log: Path) -> str | None:
+    """'rank R (pid P) died ...' once a training worker is gone without finishing, else None.
+
+    msrun notices a worker's bad exit within a second and kills the others, but then waits for its
+    scheduler, which waits out MS_NODE_TIMEOUT for the lost nodes and blames whichever timed out
+    first (observed: 128 s, naming rank 0 for a killed rank 1). So the harness watches the workers
+    itself. When several are gone, msrun's log says which went first."""
+    workers = _registered_workers(pid_dir)
+    dead = {pid: rank for pid, (rank, finished) in workers.items() if not finished and not _alive(pid)}
+    if not dead:
+        return None
+    try:
+        first = _MSRUN_WORKER_EXIT.search(msrun_log.read_text(errors="replace"))
+    except OSError:
+        first = None
+    if first and int(first[1]) in workers:
+        pid, code = int(first[1]), int(first[2])
+        signal_note = f" (signal {-code})" if code < 0 else ""
+        return f"rank {workers[pid][0]} (pid {pid}) exited with code {code}{signal_note} first"
+    if len(dead) == 1:
+        [(pid, rank)] = dead.items()
+        return f"rank {rank} (pid {pid}) died before finishing (killed, or exited without a result)"
+    return f"ranks {', '.join(sorted(dead.values()))} died before finishing (which first is not known)"
+
+
 def msrun_log_tails(log_dir: Path) -> str:
     """What every msrun worker, the scheduler and msrun itself logged last, labelled, for a failed
     run's record (msrun's own log, beside the folder, says which worker exited with what code)."""
@@ -117,11 +167,11 @@ class MindSporeAuto(Backend):
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
-        log_dir = workdir / "msrun"
+        log_dir, pid_dir = workdir / "msrun", workdir / "worker-pids"
         cfg.save(config_path)
         cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run",
                f"--worker_num={cfg.devices}", f"--local_worker_num={cfg.devices}",
-               "--master_addr=127.0.0.1", f"--master_port={free_port()}", f"--log_dir={log_dir}",
+               f"--master_addr={LOOPBACK}", f"--master_port={free_port()}", f"--log_dir={log_dir}",
                "--join=True", f"--cluster_time_out={int(cfg.collective_timeout_s)}",
                str(WORKER_SCRIPT), str(config_path), str(result_path)]
         timeout = str(int(cfg.collective_timeout_s))
@@ -134,13 +184,16 @@ class MindSporeAuto(Backend):
         if caps_conv_isa(cfg, plan):
             env["ONEDNN_MAX_CPU_ISA"] = CPU_CONV_ISA_CAP
         try:
-            rc = run_supervised(cmd, child_env(env), workdir / MSRUN_LOG, cfg.timeout_s)
+            rc = run_supervised(cmd, child_env(env), workdir / MSRUN_LOG, cfg.timeout_s,
+                                health=lambda: dead_worker(pid_dir, workdir / MSRUN_LOG))
         except RunFailed as exc:
             raise RunFailed(f"{exc}; {msrun_log_tails(log_dir)}") from None
         finally:
-            kill_leftover_workers(workdir / "worker-pids", config_path)
+            cause = dead_worker(pid_dir, workdir / MSRUN_LOG)  # before the leftovers are killed below
+            kill_leftover_workers(pid_dir, config_path)
         if rc != 0 or not result_path.is_file():
-            raise RunFailed(f"msrun exited with code {rc}: {msrun_log_tails(log_dir)}")
+            because = f", {cause}" if cause else ""
+            raise RunFailed(f"msrun exited with code {rc}{because}: {msrun_log_tails(log_dir)}")
         return json.loads(result_path.read_text())
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:

@@ -28,15 +28,29 @@ PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.Paralle
 
 
 PID_DIR_ENV = "PARBENCH_WORKER_PID_DIR"
+FINISHED = "finished"
+
+
+def _pid_file() -> Path | None:
+    return Path(os.environ[PID_DIR_ENV]) / str(os.getpid()) if PID_DIR_ENV in os.environ else None
 
 
 def register_pid() -> None:
     """msrun starts workers in sessions of their own (setsid), out of reach of the harness's
-    process-group kill: the backend ends whoever registered here once msrun is gone."""
-    if PID_DIR_ENV in os.environ:
-        pid_dir = Path(os.environ[PID_DIR_ENV])
-        pid_dir.mkdir(parents=True, exist_ok=True)
-        (pid_dir / str(os.getpid())).touch()
+    process-group kill: the backend ends whoever registered here once msrun is gone. The file says
+    the role and rank msrun gave this process, so that the backend can name a worker that dies."""
+    path = _pid_file()
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{os.environ.get('MS_ROLE', '')} {os.environ.get('RANK_ID', '')}\n")
+
+
+def mark_finished() -> None:
+    """A registered worker that is gone without this mark died (signal, os._exit, crash)."""
+    path = _pid_file()
+    if path is not None:
+        with open(path, "a") as fh:
+            fh.write(f"{FINISHED}\n")
 
 
 def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
@@ -80,6 +94,7 @@ def main(config_path: str, result_path: str) -> None:
     if rank == 0:
         outcome["backend_metrics"] = {**compile_s, "parallel": pcfg.as_dict(), "processes": processes}
         write_json_atomic(Path(result_path), outcome)
+    mark_finished()
 
 
 if __name__ == "__main__":

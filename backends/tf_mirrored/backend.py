@@ -16,7 +16,7 @@ from backends.tf_mirrored.strategy import STRATEGY_NAMES, all_reduce_implementat
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
-from common.launch import RunFailed, child_env, free_port, log_tail, run_supervised, run_supervised_group
+from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised, run_supervised_group
 
 WORKER = "backends.tf_mirrored.worker"
 
@@ -73,17 +73,19 @@ class TFMirrored(Backend):
     @staticmethod
     def _run_workers(cmd: list[str], cfg: RunConfig, workdir: Path, env: dict[str, str]) -> None:
         """One process per device; the cluster's ports are picked free at launch on loopback."""
-        cluster = {"worker": [f"127.0.0.1:{free_port()}" for _ in range(cfg.devices)]}
+        cluster = {"worker": [f"{LOOPBACK}:{free_port()}" for _ in range(cfg.devices)]}
         commands = []
         for index in range(cfg.devices):
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
             commands.append((cmd, child_env({**env, "TF_CONFIG": tf_config}), workdir / f"worker-{index}.log"))
-        codes = run_supervised_group(commands, cfg.timeout_s)
-        failed = [i for i, rc in enumerate(codes) if rc and rc > 0] or [i for i, rc in enumerate(codes) if rc]
-        if failed:
-            first = failed[0]
-            raise RunFailed(f"worker {first} exited with code {codes[first]} (all: {codes}): "
-                            f"{log_tail(workdir / f'worker-{first}.log')}")
+        ended = run_supervised_group(commands, cfg.timeout_s)
+        first = ended.first_failed
+        if first is not None:
+            code = ended.codes[first]
+            signal_note = f" (signal {-code})" if code < 0 else ""
+            # The worker index is the rank: TF_CONFIG's task index orders the replicas.
+            raise RunFailed(f"worker {first} (rank {first}) exited with code {code}{signal_note} first "
+                            f"(all: {ended.codes}): {log_tail(workdir / f'worker-{first}.log')}")
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         mode = mode_of(cfg)
@@ -94,9 +96,12 @@ class TFMirrored(Backend):
             notes = [f"mode mirrored: one process, {STRATEGY_NAMES[mode]} over {cfg.devices} logical device(s), "
                      f"cross-device all-reduce {all_reduce}, {threads}"]
         else:
-            notes = [f"mode multi_worker: {cfg.devices} process(es) on 127.0.0.1, {STRATEGY_NAMES[mode]}, "
+            notes = [f"mode multi_worker: {cfg.devices} process(es) on {LOOPBACK}, {STRATEGY_NAMES[mode]}, "
                      f"cross-process all-reduce {all_reduce} over gRPC, "
-                     f"intra-op threads {plan.threads_per_device} per process"]
+                     f"intra-op threads {plan.threads_per_device} per process",
+                     "TensorFlow's gRPC servers listen on all interfaces (0.0.0.0) whatever address TF_CONFIG "
+                     "gives; TensorFlow has no option to bind them to loopback, so on an untrusted network "
+                     "firewall the run's ports or use --tf-mode mirrored"]
         notes += [
             "tf.data feeds common's batches (from_generator, one element per replica piece); the distributed "
             "iterator prefetches one element per device, so data_wait is the wait on that buffer",

@@ -6,9 +6,9 @@ rank): `model` is what runs the training forward, `core` the bare module underne
 from __future__ import annotations
 
 import contextlib
-import os
+import pickle
 import resource
-import tempfile
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,10 +17,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from common.checkpoints import commit, valid_checkpoints
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
 
-CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_EXT = ".pt"
 
 
 def loss_and_correct(model: nn.Module, workload: str, batch: dict[str, torch.Tensor]):
@@ -49,6 +50,7 @@ class TorchTrainer:
                                            weight_decay=o.weight_decay)
         self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "amp")
         self._collective_device = device if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+        self.skipped_checkpoints: list[str] = []
 
     def to_device(self, batch: Batch) -> dict[str, torch.Tensor]:
         return {k: torch.from_numpy(v).to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -113,30 +115,33 @@ class TorchTrainer:
 
     def save_checkpoint(self, directory: Path, step: int) -> None:
         if self.rank == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".checkpoint.", suffix=".tmp", dir=directory)
-            os.close(fd)
-            try:
-                torch.save({"model": self.core.state_dict(), "optimizer": self.optimizer.state_dict(),
-                            "step": step}, tmp)
-                os.replace(tmp, directory / CHECKPOINT_NAME)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            state = {"model": self.core.state_dict(), "optimizer": self.optimizer.state_dict(), "step": step}
+            commit(directory, step, CHECKPOINT_EXT, lambda tmp: torch.save(state, tmp))
         self._barrier()  # nobody runs ahead of (or exits before) a checkpoint that is still being written
 
     def load_checkpoint(self, directory: Path) -> int | None:
-        path = directory / CHECKPOINT_NAME
-        if not path.is_file():
+        """The newest checkpoint whose digest matches, loaded as tensors only (weights_only: a payload
+        that asks to run code is refused, not unpickled); torn or refused ones are skipped with a note."""
+        try:
+            for step, path in valid_checkpoints(directory, CHECKPOINT_EXT, self.skipped_checkpoints):
+                try:
+                    state = torch.load(path, map_location=self.device, weights_only=True)
+                except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+                    self.skipped_checkpoints.append(f"checkpoint {path.name} skipped: refused by torch.load "
+                                                    f"(weights_only): {str(exc).splitlines()[0][:200]}")
+                    continue
+                self.core.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+                return int(step)
             return None
-        state = torch.load(path, map_location=self.device, weights_only=True)
-        self.core.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        return int(state["step"])
+        finally:
+            for note in self.skipped_checkpoints:
+                print(f"rank {self.rank}: {note}", file=sys.stderr, flush=True)
 
     def backend_metrics(self) -> dict:
         counted = sum(p.numel() for p in self.core.parameters() if p.requires_grad)
-        return {"trainable_params": counted, **(self._metrics() if self._metrics else {})}
+        skipped = {"skipped_checkpoints": self.skipped_checkpoints} if self.skipped_checkpoints else {}
+        return {"trainable_params": counted, **skipped, **(self._metrics() if self._metrics else {})}
 
     def peak_memory_bytes(self) -> int:
         if self.device.type == "cuda":

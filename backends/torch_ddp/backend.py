@@ -12,7 +12,7 @@ from backends.torch_common.backend import TorchBackend
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
-from common.launch import RunFailed, child_env, free_port, log_tail, run_supervised
+from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised
 
 
 def torch_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
@@ -55,9 +55,9 @@ class TorchDDP(TorchBackend):
         config_path, result_path = workdir / "config.json", workdir / "result.json"
         cfg.save(config_path)
         port = free_port()
-        cmd = [sys.executable, "-m", "torch.distributed.run",
-               "--nnodes=1", f"--nproc-per-node={cfg.devices}", "--max-restarts=0",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+        cmd = [sys.executable, "-m", "backends.torch_ddp.torchrun",  # torchrun, its stores on loopback
+               "--nnodes=1", f"--nproc-per-node={cfg.devices}", f"--max-restarts={cfg.max_restarts}",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint={LOOPBACK}:{port}", f"--local-addr={LOOPBACK}",
                f"--rdzv-conf=join_timeout={int(cfg.collective_timeout_s)}",
                "-m", "backends.torch_ddp.worker", str(config_path), str(result_path)]
         env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)),

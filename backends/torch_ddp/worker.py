@@ -1,6 +1,7 @@
 """One DDP rank, started by torchrun: python -m backends.torch_ddp.worker CONFIG.json RESULT.json"""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from datetime import timedelta
@@ -21,6 +22,10 @@ from common.results import write_json_atomic
 
 def main(config_path: str, result_path: str) -> None:
     cfg = RunConfig.load(Path(config_path))
+    # torchrun --max-restarts: a restarted worker group carries on from the newest valid checkpoint.
+    restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if restarts and cfg.checkpoint_dir:
+        cfg = dataclasses.replace(cfg, resume=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = cfg.device_kind == "cuda"
@@ -43,7 +48,8 @@ def main(config_path: str, result_path: str) -> None:
         if cfg.sync_bn:
             core = torch.nn.SyncBatchNorm.convert_sync_batchnorm(core)
         model = DistributedDataParallel(core, device_ids=[local_rank] if cuda else None)
-        outcome = run_loop(TorchTrainer(model, core, cfg, device, rank, world), cfg, train, eval_data)
+        trainer = TorchTrainer(model, core, cfg, device, rank, world, metrics=lambda: {"restarts": restarts})
+        outcome = run_loop(trainer, cfg, train, eval_data)
         if rank == 0:
             write_json_atomic(Path(result_path), outcome)
         # Gloo aborts a process whose peer tears down while it still holds work objects
