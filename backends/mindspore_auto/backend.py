@@ -180,7 +180,7 @@ class MindSporeAuto(Backend):
                # A dead peer must end the run: without these the scheduler waits for lost nodes
                # and the CPU collectives for their peers far longer than --collective-timeout.
                "MS_NODE_TIMEOUT": timeout, "MS_CPU_COMM_OP_TIMEOUT": timeout}
-        env[PID_DIR_ENV] = str(workdir / "worker-pids")
+        env[PID_DIR_ENV] = str(pid_dir)
         if caps_conv_isa(cfg, plan):
             env["ONEDNN_MAX_CPU_ISA"] = CPU_CONV_ISA_CAP
         try:
