@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from backends.tf_mirrored.optimizer import TorchAdamW
 from common.config import RunConfig
 from common.data.batches import StepBatch
 from common.results import write_json_atomic
@@ -53,7 +54,7 @@ class KerasTrainer:
         self.rank, self.world = rank, world
         o = cfg.optim
         with strategy.scope():
-            self.optimizer = keras.optimizers.AdamW(learning_rate=o.lr, weight_decay=o.weight_decay,
+            self.optimizer = TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay,
                                                     beta_1=o.beta1, beta_2=o.beta2, epsilon=o.eps)
             self.optimizer.build(model.trainable_variables)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer)
