@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     write_json_atomic(Path(args.out) / "parity.json", {
         "summary": line, "data": args.data, "steps": args.steps, "per_device_batch": args.batch_size,
         "global_batch": 2 * args.batch_size, "seed": args.seed,
-        "tolerances": {"step0_rtol": pc.STEP0_RTOL, "curve_rtol": pc.CURVE_RTOL,
-                       "data_parallel_rtol": pc.DATA_PARALLEL_RTOL},
+        "tolerances": {"step0_rtol": pc.STEP0_RTOL, "early_steps": pc.EARLY_STEPS, "early_rtol": pc.EARLY_RTOL,
+                       "curve_rtol": pc.CURVE_RTOL},
         "runs": runs, "checks": [c.as_dict() for c in checks]})
     print(f"report {Path(args.out) / 'parity.json'}, records in {Path(args.out) / 'runs'}")
     print(line)

@@ -13,19 +13,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 # Step 0 is a forward pass from identical weights on identical inputs: only the order of float32
-# sums inside each framework's kernels differs (measured: <= 5e-7 relative on both workloads).
+# sums inside each framework's kernels differs (measured: <= 5.3e-7 relative, both workloads).
 STEP0_RTOL = 1e-4
-# Over the first steps the frameworks' float32 rounding differences pass through AdamW, whose
-# normalised update turns a 1e-7 relative change of a small gradient into a visible change of the
-# step. Measured over 20 steps on synthetic and real data with four backends, the largest spread of
-# the loss across backends was MEASURED_CURVE_SPREAD (see README, bench.parity); the tolerance
-# leaves a margin of ~10x over it and stays ~100x below what one changed hyperparameter does (a
-# different Adam epsilon placement moved the MLM loss by 4e-5 within three steps; a different
-# initialisation moves step 0 itself by ~1e-2).
-CURVE_RTOL = 2e-5
-# 2 devices against 1 device with 2 micro-batches, in the same framework: the same kernels, only
-# the all-reduce's order of summation differs, so the curves agree to float32 rounding.
-DATA_PARALLEL_RTOL = 1e-5
+# After step 0 the loss depends on the updates, and float32 differences grow. Two regimes, both
+# measured (synthetic data, global batch 8, the spec's AdamW with the 20-step schedule):
+# - the first EARLY_STEPS steps: before amplification sets in, the backends agree to float32
+#   rounding (largest spread measured: 3.6e-6). EARLY_RTOL is 3x that and still catches a real
+#   difference: Keras' epsilon placement alone moved the MLM loss by 4e-5 within three steps.
+# - all steps: with a batch of 8 and a peak learning rate of 1e-3 the training is chaotic; a
+#   pre-activation within rounding of 0 or a near-tied max-pool flips one way in one framework and
+#   the other way in another, and AdamW's normalised step turns that into a visible jump (measured:
+#   mindspore_auto vs torch on the CNN went from 4e-7 at step 5 to 3.3e-4 at step 6 and 2.8e-3 at
+#   step 15; the same framework against itself at 2 devices, where only the all-reduce's order of
+#   summation differs, reached 3.6e-4 by step 19). CURVE_RTOL bounds that regime: a different
+#   optimizer, schedule, data order or loss reduction moves the loss by far more than 1e-2 in 20 steps.
+EARLY_STEPS = 5
+EARLY_RTOL = 1e-5
+CURVE_RTOL = 1e-2
 
 
 @dataclass
@@ -68,6 +72,14 @@ def _equal_check(workload: str, name: str, values: dict[str, object], what: str)
                                          f"across {', '.join(values)}", values)
 
 
+def _regimes(steps: int) -> list[tuple[str, int, float]]:
+    """(name, steps covered, tolerance): the early steps, then all of them when there are more."""
+    regimes = [(f"the first {min(steps, EARLY_STEPS)} steps", min(steps, EARLY_STEPS), EARLY_RTOL)]
+    if steps > EARLY_STEPS:
+        regimes.append((f"all {steps} steps", steps, CURVE_RTOL))
+    return regimes
+
+
 def cross_backend_checks(workload: str, spec_params: int, spec_flops: int, one: dict[str, dict],
                          two: dict[str, dict]) -> list[Check]:
     """Parameters, FLOPs, sample digests and losses across backends; `one`/`two`: backend -> record at N=1/2."""
@@ -90,7 +102,7 @@ def cross_backend_checks(workload: str, spec_params: int, spec_flops: int, one: 
 
     if len(ran) < 2:
         checks.append(Check(workload, "loss at step 0", "skip", "fewer than two backends ran"))
-        checks.append(Check(workload, "loss over the first steps", "skip", "fewer than two backends ran"))
+        checks.append(Check(workload, "loss after step 0", "skip", "fewer than two backends ran"))
         return checks
     curves = {b: _curve(r) for b, r in ran.items()}
     step0 = {b: c[0] for b, c in curves.items()}
@@ -100,11 +112,12 @@ def cross_backend_checks(workload: str, spec_params: int, spec_flops: int, one: 
                         {"losses": step0, "spread": spread0}))
     steps = min(len(c) for c in curves.values())
     per_step = [_spread([c[s] for c in curves.values()]) for s in range(steps)]
-    worst = max(per_step)
-    checks.append(Check(workload, f"loss over the first {steps} steps", "pass" if worst <= CURVE_RTOL else "fail",
-                        f"largest spread {worst:.1e} at step {per_step.index(worst)} "
-                        f"(tolerance {CURVE_RTOL:.0e} relative)",
-                        {"spread_per_step": per_step, "curves": curves}))
+    for name, upto, rtol in _regimes(steps):
+        worst = max(per_step[:upto])
+        checks.append(Check(workload, f"loss over {name}", "pass" if worst <= rtol else "fail",
+                            f"largest spread {worst:.1e} at step {per_step.index(worst)} "
+                            f"(tolerance {rtol:.0e} relative)", {"spread_per_step": per_step[:upto]}))
+    checks[-1].values["curves"] = curves
     return checks
 
 
@@ -123,11 +136,14 @@ def data_parallel_checks(workload: str, one: dict[str, dict], two: dict[str, dic
             checks.append(Check(workload, name, "fail", f"2-device run failed: {r2.get('error')}"))
         else:
             c1, c2 = _curve(r1), _curve(r2)
-            worst = max(abs(a - b) / max(abs(a), 1e-30) for a, b in zip(c1, c2))
-            ok = worst <= DATA_PARALLEL_RTOL and len(c1) == len(c2)
-            checks.append(Check(workload, name, "pass" if ok else "fail",
-                                f"largest relative difference {worst:.1e} over {len(c1)} steps "
-                                f"(tolerance {DATA_PARALLEL_RTOL:.0e})", {"one": c1, "two": c2}))
+            rel = [abs(a - b) / max(abs(a), 1e-30) for a, b in zip(c1, c2)]
+            failed = [f"{worst:.1e} > {rtol:.0e} over {name}" for name, upto, rtol in _regimes(len(rel))
+                      if (worst := max(rel[:upto])) > rtol]
+            status = "pass" if not failed and len(c1) == len(c2) else "fail"
+            detail = "; ".join(failed) or (f"largest relative difference {max(rel[:EARLY_STEPS]):.1e} over the "
+                                           f"first {EARLY_STEPS} steps (tolerance {EARLY_RTOL:.0e}), {max(rel):.1e} "
+                                           f"over {len(rel)} (tolerance {CURVE_RTOL:.0e})")
+            checks.append(Check(workload, name, status, detail, {"one": c1, "two": c2, "relative": rel}))
     return checks
 
 

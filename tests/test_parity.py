@@ -96,7 +96,7 @@ def test_checks_catch_a_backend_that_differs():
 @pytest.mark.timeout(900)
 def test_bench_parity_holds_on_synthetic_data(tmp_path, data_dir):
     out = tmp_path / "parity"
-    proc = run_cli("bench.parity", "--data", "synthetic", "--steps", "4", "--out", str(out), timeout=880)
+    proc = run_cli("bench.parity", "--data", "synthetic", "--steps", "6", "--out", str(out), timeout=880)
     report = json.loads((out / "parity.json").read_text())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == report["summary"] and "PARITY HOLDS" in report["summary"]
