@@ -73,7 +73,8 @@ class KerasTrainer:
                 loss_sum, _ = loss_and_correct(self.model, batch, training=True)
                 loss = loss_sum / denominator
             step_grads = tape.gradient(loss, variables)
-            grads = step_grads if grads is None else [_dense(a) + _dense(b) for a, b in zip(grads, step_grads)]
+            step_grads = [_dense(g) for g in step_grads]
+            grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
             total += loss
         self.optimizer.apply_gradients(zip(grads, variables))
         return total
