@@ -11,6 +11,7 @@ the summary.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -80,7 +81,13 @@ def print_table(checks: list[pc.Check]) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
+def _exit_on_sigterm(signum, frame):
+    # SystemExit unwinds through run_supervised, which stops the running bench.run and its workers.
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = build_parser().parse_args(argv)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     console = Console(stderr=True)
