@@ -27,6 +27,8 @@ STEP0_RTOL = 1e-4
 #   step 15; the same framework against itself at 2 devices, where only the all-reduce's order of
 #   summation differs, reached 3.6e-4 by step 19). CURVE_RTOL bounds that regime: a different
 #   optimizer, schedule, data order or loss reduction moves the loss by far more than 1e-2 in 20 steps.
+# Open: on real MNIST the CNN's backends jump apart earlier (TF vs torch 3.8e-3 at step 4, up to
+# 1.5e-2 by step 14), so --data real fails both CNN curve checks; not yet explained, not hidden.
 EARLY_STEPS = 5
 EARLY_RTOL = 1e-5
 CURVE_RTOL = 1e-2
