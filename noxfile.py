@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, compare, report, and bench-<backend> for each backend.
+"""nox sessions: tests, lint, compare, parity, report, and bench-<backend> for each backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -44,6 +44,13 @@ def compare(session: nox.Session) -> None:
     session.install("-e", ".[torch]")
     args = session.posargs or ["--gpus", "1,2", "--backends", "torch_ddp"]
     session.run("python", "-m", "bench.compare", *args, env=_env())
+
+
+@nox.session(python="3.11")
+def parity(session: nox.Session) -> None:
+    """bench.parity: every backend runs the same experiment; arguments after -- go to bench.parity."""
+    session.install("-e", ".[torch,tf,mindspore]")
+    session.run("python", "-m", "bench.parity", *(session.posargs or ["--data", "synthetic"]), env=_env())
 
 
 @nox.session(python="3.11")

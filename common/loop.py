@@ -3,6 +3,7 @@ checkpoint cadence and cross-rank aggregation live here once; a backend supplies
 that knows how to do one step in its framework."""
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -86,6 +87,27 @@ def _fault_step(rank: int) -> int:
     return fault_at
 
 
+class SampleDigests:
+    """SHA-256 per epoch and per local device of the sample ids trained on, in order."""
+
+    def __init__(self):
+        self.hashes: dict[int, list] = {}
+
+    def add(self, batch: StepBatch) -> None:
+        per_device = self.hashes.setdefault(batch.epoch, [hashlib.sha256() for _ in batch.device_ids])
+        for h, ids in zip(per_device, batch.device_ids):
+            h.update(np.asarray(ids, np.int64).tobytes())
+
+    def hex(self) -> dict[str, list[str]]:
+        return {str(epoch): [h.hexdigest() for h in hs] for epoch, hs in self.hashes.items()}
+
+
+def _merge_digests(ranks: list[dict]) -> dict[str, list[str]]:
+    """Epoch -> one digest per device, ranks in order: device index = rank x local devices + local index."""
+    epochs = sorted({e for r in ranks for e in r["sample_digests"]}, key=int)
+    return {e: [d for r in ranks for d in r["sample_digests"].get(e, [])] for e in epochs}
+
+
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
              clock=time.perf_counter) -> dict | None:
     """Train, evaluate and gather; returns the aggregated outcome on rank 0, None elsewhere."""
@@ -96,6 +118,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     fault_at = _fault_step(trainer.rank)
 
     step_times, data_wait, losses, history = [], [], [], []
+    digests = SampleDigests()
     best, evals_since_best, stopped_early = -math.inf, 0, False
     began = last_report = clock()
     done = start
@@ -106,6 +129,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         losses.append(trainer.train_step(batch, learning_rate(step, cfg.total_steps, cfg.optim)))
         trainer.sync()
         t2 = clock()
+        digests.add(batch)
         if step - start >= cfg.warmup_steps:
             step_times.append(t2 - t0)
             data_wait.append(t1 - t0)
@@ -140,7 +164,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         history.append({"step": done, "elapsed_s": clock() - began, "value": final["value"],
                         "loss": final["loss"]})
     mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
-            "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(),
+            "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(), "sample_digests": digests.hex(),
             "backend_metrics": trainer.backend_metrics()}
     ranks = trainer.all_gather(mine)
     if trainer.rank != 0:
@@ -160,6 +184,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
                  "curve": _downsample(curve) if curve else []},
         "eval": final,
         "eval_history": history,
+        "sample_digests": _merge_digests(ranks),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
         "peak_memory_per_rank": [r["peak_memory_bytes"] for r in ranks],
         "backend_metrics": ranks[0]["backend_metrics"] or None,

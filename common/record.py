@@ -52,6 +52,7 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
         total_steps=outcome.get("total_steps"), start_step=outcome.get("start_step"),
         steps_done=outcome.get("steps_done"), stopped_early=outcome.get("stopped_early"),
         train_wall_s=outcome.get("train_wall_s"), backend_metrics=outcome.get("backend_metrics"),
+        sample_digests=outcome.get("sample_digests"),
     )
     counted = (outcome.get("backend_metrics") or {}).get("trainable_params")
     if counted is not None:

@@ -28,7 +28,8 @@ class _StepSource:
         batch = self.train.get(self.first_step + i)
         stacked = [np.stack([m[c] for m in batch.micro]) for c in self.columns]
         # 0-d arrays, not NumPy scalars: MindSpore converts rows with np.array(copy=False).
-        return (*stacked, np.array(batch.denominator, np.float64), np.array(batch.epoch, np.int64))
+        return (*stacked, np.array(batch.denominator, np.float64), np.array(batch.epoch, np.int64),
+                np.stack(batch.device_ids).astype(np.int64))
 
 
 class DatasetBatches:
@@ -46,7 +47,7 @@ class DatasetBatches:
     def _start(self, first_step: int) -> None:
         dataset.config.set_prefetch_size(PREFETCH_STEPS)
         source = _StepSource(self.train, self.columns, first_step, self.total_steps)
-        steps = dataset.GeneratorDataset(source, column_names=[*self.columns, "denominator", "epoch"],
+        steps = dataset.GeneratorDataset(source, column_names=[*self.columns, "denominator", "epoch", "device_ids"],
                                          shuffle=False, num_parallel_workers=1, python_multiprocessing=False)
         self._items = steps.create_tuple_iterator(num_epochs=1, output_numpy=True, do_copy=False)
         self.next_step = first_step
@@ -57,6 +58,6 @@ class DatasetBatches:
         if step != self.next_step:
             raise ValueError(f"steps are served in order: expected {self.next_step}, asked for {step}")
         self.next_step += 1
-        *stacked, denominator, epoch = next(self._items)
+        *stacked, denominator, epoch, device_ids = next(self._items)
         micro = [{c: col[k] for c, col in zip(self.columns, stacked)} for k in range(len(stacked[0]))]
-        return StepBatch(micro, float(denominator), int(epoch))
+        return StepBatch(micro, float(denominator), int(epoch), list(device_ids))

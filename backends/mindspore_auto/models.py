@@ -2,8 +2,9 @@
 
 Every primitive that a parallel layout touches is created through `Sharder`, which applies its
 strategy from strategies.py when MindSpore partitions operators (semi_auto / auto); in
-DATA_PARALLEL mode strategies mean nothing and none are set. Parameters are initialised from
-NumPy with the run's seed, so every replica starts from the same weights without a broadcast.
+DATA_PARALLEL mode strategies mean nothing and none are set. Parameters are created as
+placeholders; weights.py loads common.initial_weights into them, so every replica (and every
+other framework) starts from the same weights without a broadcast.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from mindspore import dtype as mstype
 
 from backends.mindspore_auto.parallel_config import ParallelConfig
 from backends.mindspore_auto.strategies import layer_placement, operator_strategies, stage_plan
+from backends.mindspore_auto.weights import load_initial_weights
+from common.initial_weights import initial_weights
 from common.spec import BertSpec, CnnSpec
 
 MASK_BIAS = -1e9  # added to the scores of padded keys: exp() of it is exactly 0 in float32
@@ -30,26 +33,9 @@ class Sharder:
         return primitive.shard(self.strategies[name]) if self.apply else primitive
 
 
-class Init:
-    """NumPy initialisers in float32: torch's defaults for the CNN, truncated normal for BERT."""
-
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng([seed, 0x4D53])
-
-    def uniform(self, bound: float, shape) -> Tensor:
-        return Tensor(self.rng.uniform(-bound, bound, shape).astype(np.float32))
-
-    def truncated_normal(self, std: float, shape) -> Tensor:
-        values = self.rng.normal(0.0, std, shape)
-        outside = np.abs(values) > 2 * std
-        while outside.any():  # redraw, as torch.nn.init.trunc_normal_ does in effect
-            values[outside] = self.rng.normal(0.0, std, outside.sum())
-            outside = np.abs(values) > 2 * std
-        return Tensor(values.astype(np.float32))
-
-    @staticmethod
-    def constant(value: float, shape) -> Tensor:
-        return Tensor(np.full(shape, value, np.float32))
+def placeholder(shape, value: float = 0.0) -> Tensor:
+    """A parameter's value until weights.py loads the shared initial weights into it."""
+    return Tensor(np.full(shape, value, np.float32))
 
 
 class Linear(nn.Cell):
@@ -69,28 +55,26 @@ class Linear(nn.Cell):
 class LayerNorm(nn.Cell):
     def __init__(self, size: int, eps: float, shard: Sharder, name: str):
         super().__init__()
-        self.gamma = Parameter(Init.constant(1.0, (size,)), name="gamma")
-        self.beta = Parameter(Init.constant(0.0, (size,)), name="beta")
+        self.gamma = Parameter(placeholder((size,), 1.0), name="gamma")
+        self.beta = Parameter(placeholder((size,)), name="beta")
         self.norm = shard(name, ops.LayerNorm(begin_norm_axis=-1, begin_params_axis=-1, epsilon=eps))
 
     def construct(self, x):
         return self.norm(x, self.gamma, self.beta)[0]
 
 
-def _torch_default_linear(init: Init, fin: int, fout: int) -> tuple[Tensor, Tensor]:
-    bound = 1 / math.sqrt(fin)
-    return init.uniform(bound, (fout, fin)), init.uniform(bound, (fout,))
+def _linear(fin: int, fout: int, shard: Sharder, name: str) -> Linear:
+    return Linear(placeholder((fout, fin)), placeholder((fout,)), shard, name)
 
 
 # ----------------------------------------------------------------------------- CNN
 
 
 class ConvBlock(nn.Cell):
-    def __init__(self, cin: int, cout: int, pool: bool, spec: CnnSpec, init: Init, shard: Sharder, name: str):
+    def __init__(self, cin: int, cout: int, pool: bool, spec: CnnSpec, shard: Sharder, name: str):
         super().__init__()
-        bound = 1 / math.sqrt(cin * spec.kernel**2)
-        self.weight = Parameter(init.uniform(bound, (cout, cin, spec.kernel, spec.kernel)), name="weight")
-        self.bias = Parameter(init.uniform(bound, (cout,)), name="bias")
+        self.weight = Parameter(placeholder((cout, cin, spec.kernel, spec.kernel)), name="weight")
+        self.bias = Parameter(placeholder((cout,)), name="bias")
         self.conv = shard(f"{name}.conv", ops.Conv2D(cout, spec.kernel, pad_mode="valid"))
         self.bias_add = shard(f"{name}.bias", ops.BiasAdd())
         # MindSpore's momentum weighs the running statistic, torch's the new batch statistic.
@@ -114,19 +98,19 @@ class _Apply(nn.Cell):
 
 
 class SimpleCNN(nn.Cell):
-    def __init__(self, spec: CnnSpec, init: Init, shard: Sharder):
+    def __init__(self, spec: CnnSpec, shard: Sharder):
         super().__init__()
         blocks, cin = [], spec.in_channels
         for i, (cout, pool) in enumerate(zip(spec.conv_channels, spec.pool_after)):
-            blocks.append(ConvBlock(cin, cout, pool, spec, init, shard, f"conv{i}"))
+            blocks.append(ConvBlock(cin, cout, pool, spec, shard, f"conv{i}"))
             cin = cout
         self.blocks = nn.CellList(blocks)
         dims = (spec.flat_features, *spec.fc_sizes)
         self.hidden = nn.CellList([
-            nn.SequentialCell([Linear(*_torch_default_linear(init, fin, fout), shard, f"fc{i}"),
+            nn.SequentialCell([_linear(fin, fout, shard, f"fc{i}"),
                                _Apply(shard(f"fc{i}.relu", ops.ReLU()))])
             for i, (fin, fout) in enumerate(zip(dims, dims[1:]))])
-        self.classifier = Linear(*_torch_default_linear(init, dims[-1], spec.num_classes), shard, f"fc{len(dims) - 1}")
+        self.classifier = _linear(dims[-1], spec.num_classes, shard, f"fc{len(dims) - 1}")
         self.expand = ops.ExpandDims()
         self.flat_features = spec.flat_features
 
@@ -151,12 +135,12 @@ class SimpleCNN(nn.Cell):
 
 
 class Embeddings(nn.Cell):
-    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+    def __init__(self, spec: BertSpec, shard: Sharder):
         super().__init__()
-        h, std = spec.hidden, spec.init_stddev
-        self.token_table = Parameter(init.truncated_normal(std, (spec.vocab_size, h)), name="token_table")
-        self.position_table = Parameter(init.truncated_normal(std, (spec.seq_len, h)), name="position_table")
-        self.segment_table = Parameter(init.truncated_normal(std, (spec.type_vocab_size, h)), name="segment_table")
+        h = spec.hidden
+        self.token_table = Parameter(placeholder((spec.vocab_size, h)), name="token_table")
+        self.position_table = Parameter(placeholder((spec.seq_len, h)), name="position_table")
+        self.segment_table = Parameter(placeholder((spec.type_vocab_size, h)), name="segment_table")
         self.gather = shard("embedding.token", ops.Gather())
         self.add_position = shard("embedding.add_position", ops.Add())
         self.add_segment = shard("embedding.add_segment", ops.Add())
@@ -173,12 +157,12 @@ class Embeddings(nn.Cell):
 class EncoderLayer(nn.Cell):
     """Post-LN block on [B*S, H] rows: x = LN(x + attn(x)); x = LN(x + ffn(x))."""
 
-    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+    def __init__(self, spec: BertSpec, shard: Sharder):
         super().__init__()
-        h, i, std = spec.hidden, spec.intermediate, spec.init_stddev
+        h, i = spec.hidden, spec.intermediate
 
         def linear(fin, fout, name):
-            return Linear(init.truncated_normal(std, (fout, fin)), Init.constant(0.0, (fout,)), shard, name)
+            return _linear(fin, fout, shard, name)
 
         self.heads, self.head_dim = spec.heads, spec.head_dim
         self.query, self.key, self.value = (linear(h, h, f"attention.{p}") for p in ("query", "key", "value"))
@@ -216,19 +200,18 @@ class EncoderLayer(nn.Cell):
 class MaskedLMHead(nn.Cell):
     """Dense + exact GELU + LN at the gathered positions, then the decoder tied to the token table."""
 
-    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+    def __init__(self, spec: BertSpec, shard: Sharder):
         super().__init__()
         h = spec.hidden
         self.seq_len = spec.seq_len
         self.one_hot = shard("head.one_hot", ops.OneHot())
         self.gather = shard("head.gather", ops.BatchMatMul())
-        self.dense = Linear(init.truncated_normal(spec.init_stddev, (h, h)), Init.constant(0.0, (h,)), shard,
-                            "head.dense")
+        self.dense = _linear(h, h, shard, "head.dense")
         self.erf = shard("head.gelu", ops.Erf())  # exact GELU, as keras-hub's MaskedLMHead
         self.norm = LayerNorm(h, spec.layer_norm_eps, shard, "head.norm")
         self.decoder = shard("head.decoder.matmul", ops.MatMul(transpose_b=True))
         self.add_bias = shard("head.decoder.bias", ops.Add())
-        self.bias = Parameter(Init.constant(0.0, (spec.vocab_size,)), name="bias")
+        self.bias = Parameter(placeholder((spec.vocab_size,)), name="bias")
         self.on, self.off = Tensor(1.0, mstype.float32), Tensor(0.0, mstype.float32)
 
     def construct(self, x, mask_positions, token_table):
@@ -242,11 +225,11 @@ class MaskedLMHead(nn.Cell):
 
 
 class BertMLM(nn.Cell):
-    def __init__(self, spec: BertSpec, init: Init, shard: Sharder):
+    def __init__(self, spec: BertSpec, shard: Sharder):
         super().__init__()
-        self.embedding = Embeddings(spec, init, shard)
-        self.layers = nn.CellList([EncoderLayer(spec, init, shard) for _ in range(spec.layers)])
-        self.head = MaskedLMHead(spec, init, shard)
+        self.embedding = Embeddings(spec, shard)
+        self.layers = nn.CellList([EncoderLayer(spec, shard) for _ in range(spec.layers)])
+        self.head = MaskedLMHead(spec, shard)
         self.attention_mask = shard("attention.mask", ops.Mul())
         self.mask_fill = Tensor(np.full((1, 1, 1, 1), MASK_BIAS, np.float32))
 
@@ -348,13 +331,13 @@ def _place(model, loss: nn.Cell, workload: str, spec, cfg: ParallelConfig) -> No
 def build_loss_net(workload: str, spec: CnnSpec | BertSpec, cfg: ParallelConfig, seed: int) -> nn.Cell:
     """The model wrapped in its loss, sharded and placed for `cfg`."""
     shard = Sharder(operator_strategies(workload, cfg, spec), apply=cfg.mode != "data")
-    init = Init(seed)
     if workload == "cnn":
-        model = SimpleCNN(spec, init, shard)
+        model = SimpleCNN(spec, shard)
         loss = CnnLoss(model, spec, shard)
     else:
-        model = BertMLM(spec, init, shard)
+        model = BertMLM(spec, shard)
         loss = MlmLoss(model, spec, shard)
+    load_initial_weights(model, spec, initial_weights(spec, seed))
     _place(model, loss, workload, spec, cfg)
     return loss
 

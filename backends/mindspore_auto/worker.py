@@ -13,7 +13,7 @@ import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
 
 from backends.mindspore_auto.data import DatasetBatches
-from backends.mindspore_auto.models import build_loss_net
+from backends.mindspore_auto.models import build_loss_net, param_count
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
 from backends.mindspore_auto.trainer import MindSporeTrainer
 from common.config import RunConfig
@@ -83,7 +83,8 @@ def main(config_path: str, result_path: str) -> None:
     data_dir = Path(cfg.data_dir)
     split = load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed)
     eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
-    trainer = MindSporeTrainer(build_loss_net(cfg.workload, cfg.spec, pcfg, cfg.seed), cfg, pcfg, rank, processes)
+    loss_net = build_loss_net(cfg.workload, cfg.spec, pcfg, cfg.seed)
+    trainer = MindSporeTrainer(loss_net, cfg, pcfg, rank, processes)
     # DATA_PARALLEL: this rank's shard of each micro-batch; otherwise all of it, on every process.
     per_rank = cfg.per_device_batch if pcfg.mode == "data" else cfg.global_batch // cfg.grad_accum
     train = TrainBatches(split, cfg.spec, cfg.seed, per_rank, trainer.world, trainer.rank, cfg.grad_accum)
@@ -92,7 +93,8 @@ def main(config_path: str, result_path: str) -> None:
 
     outcome = run_loop(trainer, cfg, DatasetBatches(train, cfg.total_steps), eval_data)
     if rank == 0:
-        outcome["backend_metrics"] = {**compile_s, "parallel": pcfg.as_dict(), "processes": processes}
+        outcome["backend_metrics"] = {**compile_s, "parallel": pcfg.as_dict(), "processes": processes,
+                                      "trainable_params": param_count(loss_net)}
         write_json_atomic(Path(result_path), outcome)
     mark_finished()
 

@@ -105,8 +105,6 @@ class TFMirrored(Backend):
         notes += [
             "tf.data feeds common's batches (from_generator, one element per replica piece); the distributed "
             "iterator prefetches one element per device, so data_wait is the wait on that buffer",
-            "Keras' AdamW adds epsilon to sqrt(v) before the bias correction (torch: after it), so its "
-            "effective epsilon is eps/sqrt(1-beta2^t): 3.2e-7 at step 1, tending to 1e-8",
             "the training step is a tf.function without XLA; the first (traced) step falls in the warm-up",
         ]
         if cfg.workload == "cnn":
@@ -115,8 +113,8 @@ class TFMirrored(Backend):
             if cfg.devices > 1 and not cfg.sync_bn:
                 notes.append("BatchNorm statistics are per replica (no synchronized BatchNorm), as in DDP")
         else:
-            notes.append("BERT from keras-hub's BertBackbone + MaskedLMHead with random weights; the model ends "
-                         "at the sequence output, so the pooler (h*h+h parameters) is excluded, not frozen; "
+            notes.append("BERT from keras-hub's BertBackbone + MaskedLMHead with common's initial weights; the model "
+                         "ends at the sequence output, so the pooler (h*h+h parameters) is excluded, not frozen; "
                          "trainable parameters equal the spec (backend_metrics.trainable_params)")
         if cfg.warmup_steps == 0:
             notes.append("--warmup-steps 0: the timed steps include tf.function tracing")

@@ -43,7 +43,9 @@ class ReplicaBatches:
         self._signature = _signature(batches.get(0).micro[0], self.rows)
         self._iterator = None
         self._next_step = -1
-        self._denominators: dict[int, float] = {}  # filled by the generator, read by get()
+        # Filled by the generator, read by get(): what the step's batch carries besides the tensors.
+        self._denominators: dict[int, float] = {}
+        self._device_ids: dict[int, list] = {}
 
     def _pieces(self, start: int):
         """Every local replica's piece of every micro-batch, step after step, in replica order:
@@ -51,6 +53,7 @@ class ReplicaBatches:
         for step in range(start, self.total):
             sb = self.batches.get(step)
             self._denominators[step] = sb.denominator
+            self._device_ids[step] = sb.device_ids
             for micro in sb.micro:
                 for r in range(self.local):
                     yield {k: v[r * self.rows:(r + 1) * self.rows] for k, v in micro.items()}
@@ -74,5 +77,6 @@ class ReplicaBatches:
             self._start(step)
         micro = [next(self._iterator) for _ in range(self.batches.k)]
         self._next_step = step + 1
-        return StepBatch(micro, self._denominators.pop(step), step // self.batches.steps_per_epoch)
+        return StepBatch(micro, self._denominators.pop(step), step // self.batches.steps_per_epoch,
+                         self._device_ids.pop(step))
 

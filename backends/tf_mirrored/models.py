@@ -1,4 +1,6 @@
-"""The two workload models in Keras 3, built from common.spec: the SimpleCNN and a keras-hub BERT MLM."""
+"""The two workload models in Keras 3, built from common.spec: the SimpleCNN and a keras-hub BERT MLM.
+
+Their initial values come from common.initial_weights (weights.py loads them), not from Keras' initializers."""
 from __future__ import annotations
 
 import keras
@@ -7,43 +9,28 @@ import keras_hub
 from common.spec import BertSpec, CnnSpec
 
 
-def _torch_default_init(fan_in: int) -> tuple[keras.initializers.Initializer, keras.initializers.Initializer]:
-    """torch's default Conv/Linear init, U(+-1/sqrt(fan_in)) for kernel and bias, so that both
-    backends start from the same distribution (Keras would use Glorot and zero biases)."""
-    bound = fan_in ** -0.5
-    return (keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform"),
-            keras.initializers.RandomUniform(-bound, bound))
-
-
 def simple_cnn(spec: CnnSpec, sync_bn: bool = False) -> keras.Model:
     """torch's SimpleCNN layer for layer: 3x3 valid convs + BatchNorm + ReLU, max-pools, three FCs."""
     image = keras.Input((spec.image_size, spec.image_size), name="image")
     x = keras.layers.Reshape((spec.image_size, spec.image_size, spec.in_channels))(image)  # NHWC
-    cin = spec.in_channels
     for i, (cout, pool) in enumerate(zip(spec.conv_channels, spec.pool_after)):
-        kernel_init, bias_init = _torch_default_init(cin * spec.kernel ** 2)
-        x = keras.layers.Conv2D(cout, spec.kernel, kernel_initializer=kernel_init, bias_initializer=bias_init,
-                                name=f"conv{i}")(x)
+        x = keras.layers.Conv2D(cout, spec.kernel, name=f"conv{i}")(x)
         # Keras' momentum weighs the old moving average: torch's 0.1 is Keras' 0.9.
         x = keras.layers.BatchNormalization(momentum=1 - spec.bn_momentum, epsilon=spec.bn_eps,
                                             synchronized=sync_bn, name=f"bn{i}")(x)
         x = keras.layers.ReLU()(x)
         if pool:
             x = keras.layers.MaxPooling2D(2)(x)
-        cin = cout
     # Flatten in torch's (C, H, W) order, so fc0's weights correspond one to one with torch's.
     x = keras.layers.Flatten()(keras.layers.Permute((3, 1, 2))(x))
-    dims = (spec.flat_features, *spec.fc_sizes, spec.num_classes)
-    for i, (fin, fout) in enumerate(zip(dims, dims[1:])):
-        kernel_init, bias_init = _torch_default_init(fin)
-        last = i == len(dims) - 2
-        x = keras.layers.Dense(fout, activation=None if last else "relu", kernel_initializer=kernel_init,
-                               bias_initializer=bias_init, name=f"fc{i}")(x)
+    sizes = (*spec.fc_sizes, spec.num_classes)
+    for i, size in enumerate(sizes):
+        x = keras.layers.Dense(size, activation=None if i == len(sizes) - 1 else "relu", name=f"fc{i}")(x)
     return keras.Model(image, x, name="simple_cnn")
 
 
 def bert_mlm(spec: BertSpec) -> keras.Model:
-    """keras-hub's BertBackbone and MaskedLMHead (decoder tied to the token embedding), random weights.
+    """keras-hub's BertBackbone and MaskedLMHead (decoder tied to the token embedding).
 
     The model ends at the backbone's sequence output, so the pooler, which the MLM loss never
     reaches, is not part of it: no weights, no compute, no optimizer state.
@@ -56,8 +43,7 @@ def bert_mlm(spec: BertSpec) -> keras.Model:
     head = keras_hub.layers.MaskedLMHead(
         token_embedding=backbone.token_embedding,
         intermediate_activation=lambda x: keras.activations.gelu(x, approximate=spec.head_gelu_approximate),
-        layer_norm_epsilon=spec.layer_norm_eps,
-        kernel_initializer=keras.initializers.TruncatedNormal(stddev=spec.init_stddev), name="mlm_head")
+        layer_norm_epsilon=spec.layer_norm_eps, name="mlm_head")
     mask_positions = keras.Input((None,), dtype="int32", name="mask_positions")
     logits = head(backbone.output["sequence_output"], mask_positions)
     return keras.Model({**backbone.input, "mask_positions": mask_positions}, logits, name="bert_mlm")

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from backends.tf_mirrored.optimizer import TorchAdamW
 from common.config import RunConfig
 from common.data.batches import StepBatch
 from common.results import write_json_atomic
@@ -53,7 +54,7 @@ class KerasTrainer:
         self.rank, self.world = rank, world
         o = cfg.optim
         with strategy.scope():
-            self.optimizer = keras.optimizers.AdamW(learning_rate=o.lr, weight_decay=o.weight_decay,
+            self.optimizer = TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay,
                                                     beta_1=o.beta1, beta_2=o.beta2, epsilon=o.eps)
             self.optimizer.build(model.trainable_variables)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer)
@@ -72,7 +73,8 @@ class KerasTrainer:
                 loss_sum, _ = loss_and_correct(self.model, batch, training=True)
                 loss = loss_sum / denominator
             step_grads = tape.gradient(loss, variables)
-            grads = step_grads if grads is None else [_dense(a) + _dense(b) for a, b in zip(grads, step_grads)]
+            step_grads = [_dense(g) for g in step_grads]
+            grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
             total += loss
         self.optimizer.apply_gradients(zip(grads, variables))
         return total

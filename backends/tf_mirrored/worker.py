@@ -18,6 +18,7 @@ from backends.tf_mirrored.devices import configure_devices, physical_gpus
 from backends.tf_mirrored.models import build_model, trainable_param_count
 from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy, mode_of
 from backends.tf_mirrored.trainer import KerasTrainer
+from backends.tf_mirrored.weights import load_seeded
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split
@@ -60,11 +61,12 @@ def main(config_path: str, result_path: str) -> None:
         keras.config.set_dtype_policy("mixed_bfloat16")
     data_dir = Path(cfg.data_dir)
     train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
-                         cfg.spec, cfg.seed, cfg.per_device_batch * local, world, rank, cfg.grad_accum)
+                         cfg.spec, cfg.seed, cfg.per_device_batch * local, world, rank, cfg.grad_accum, local)
     eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
+        load_seeded(model, cfg.spec, cfg.seed)
     trainer = KerasTrainer(strategy, model, cfg, cfg.device_kind, rank, world)
     feed = ReplicaBatches(train, strategy, local, cfg.total_steps)
     try:

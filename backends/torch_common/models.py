@@ -1,4 +1,6 @@
-"""The two workload models in PyTorch, built from common.spec; shared by torch_dp and torch_ddp."""
+"""The two workload models in PyTorch, built from common.spec; shared by torch_dp and torch_ddp.
+
+Their initial values come from common.initial_weights (weights.py loads them), not from torch's init."""
 from __future__ import annotations
 
 import torch
@@ -76,15 +78,6 @@ class BertMLM(nn.Module):
         self.head_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
         self.head_bias = nn.Parameter(torch.zeros(spec.vocab_size))
         self.head_gelu = "tanh" if spec.head_gelu_approximate else "none"
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        std = self.spec.init_stddev
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
-            if isinstance(module, nn.Linear):
-                nn.init.zeros_(module.bias)
 
     def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor,
                 mask_positions: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from backends.torch_common.models import build_model
 from backends.torch_common.trainer import TorchTrainer
+from backends.torch_common.weights import initialised_model
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split
@@ -44,7 +44,7 @@ def main(config_path: str, result_path: str) -> None:
                              cfg.spec, cfg.seed, cfg.per_device_batch, world, rank, cfg.grad_accum)
         eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
         torch.manual_seed(cfg.seed)
-        core = build_model(cfg.workload, cfg.spec).to(device)
+        core = initialised_model(cfg.workload, cfg.spec, cfg.seed).to(device)
         if cfg.sync_bn:
             core = torch.nn.SyncBatchNorm.convert_sync_batchnorm(core)
         model = DistributedDataParallel(core, device_ids=[local_rank] if cuda else None)

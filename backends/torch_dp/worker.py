@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from backends.torch_common.models import build_model
 from backends.torch_common.trainer import TorchTrainer, loss_and_correct
+from backends.torch_common.weights import initialised_model
 from backends.torch_dp.backend import EXIT_UNSUPPORTED
 from backends.torch_dp.timed import TimedDataParallel
 from common.config import RunConfig
@@ -51,10 +51,11 @@ def main(config_path: str, result_path: str) -> int:
     # One process sees the whole global batch; DataParallel's scatter cuts micro-batch rows into
     # contiguous chunks, chunk r being what rank r gets from TrainBatches in the other backends.
     train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
-                         cfg.spec, cfg.seed, cfg.per_device_batch * cfg.devices, 1, 0, cfg.grad_accum)
+                         cfg.spec, cfg.seed, cfg.per_device_batch * cfg.devices, 1, 0, cfg.grad_accum,
+                         cfg.devices)
     eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
     torch.manual_seed(cfg.seed)
-    core = build_model(cfg.workload, cfg.spec).to(device)
+    core = initialised_model(cfg.workload, cfg.spec, cfg.seed).to(device)
     model = TimedDataParallel(core, device_ids=device_ids, output_device=device_ids[0] if cuda else None)
 
     def metrics() -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,15 +49,21 @@ class StepBatch:
     micro: list[Batch]       # this rank's micro-batches of the step
     denominator: float       # the global batch's loss weight, over all ranks and micro-batches
     epoch: int
+    # The sample ids each of this process's devices trains on in the step, micro-batches in order:
+    # what the loop hashes per epoch to prove that every backend feeds every device the same data.
+    device_ids: list[np.ndarray] = field(default_factory=list)
 
 
 class TrainBatches:
     """Stateless in the step: `get(step)` needs no history, so a resumed run continues exactly."""
 
     def __init__(self, data: SplitData, spec: CnnSpec | BertSpec, seed: int, per_device_batch: int,
-                 world: int, rank: int, micro_batches: int = 1):
+                 world: int, rank: int, micro_batches: int = 1, local_devices: int = 1):
+        """`per_device_batch` is per rank (process); a rank driving `local_devices` devices in one
+        process (MirroredStrategy, DataParallel) hands device d the d-th contiguous piece of it."""
         self.data, self.spec, self.seed = data, spec, seed
         self.b, self.world, self.rank, self.k = per_device_batch, world, rank, micro_batches
+        self.local_devices = local_devices
         self.global_batch = per_device_batch * world * micro_batches
         if self.global_batch > len(data):
             raise BadInput(f"global batch {self.global_batch} exceeds the {len(data)} samples of "
@@ -86,15 +92,21 @@ class TrainBatches:
 
     def get(self, step: int) -> StepBatch:
         glob = self.global_indices(step)
-        micro = [_select(self.data.workload, self._inputs, idx) for idx in self._rank_slices(glob)]
+        slices = self._rank_slices(glob)
+        micro = [_select(self.data.workload, self._inputs, idx) for idx in slices]
         if self.data.workload == "mlm":
             denominator = float(self._inputs["mask_weights"][glob].sum())
         else:
             denominator = float(len(glob))
-        return StepBatch(micro, denominator, step // self.steps_per_epoch)
+        return StepBatch(micro, denominator, step // self.steps_per_epoch, self._device_ids(slices))
+
+    def _device_ids(self, slices: list[np.ndarray]) -> list[np.ndarray]:
+        pieces = [s.reshape(self.local_devices, -1) for s in slices]
+        return [np.concatenate([p[d] for p in pieces]) for d in range(self.local_devices)]
 
     def epoch_digest(self, epoch: int) -> str:
-        """SHA-256 of the sample ids this rank sees in `epoch`, in order (for parity checks)."""
+        """SHA-256 of the sample ids this rank is dealt in `epoch`, in order; the loop measures the same
+        digest from the ids it actually trains on (tests hold the two equal)."""
         first = epoch * self.steps_per_epoch
         ids = [i for s in range(first, first + self.steps_per_epoch) for i in self.rank_indices(s)]
         return hashlib.sha256(np.concatenate(ids).astype(np.int64).tobytes()).hexdigest()

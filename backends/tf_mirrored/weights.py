@@ -1,0 +1,101 @@
+"""common.initial_weights -> the Keras models: names by variable path, layouts converted here.
+
+Keras stores dense kernels `[in, out]` (canonical `[out, in]`), conv kernels HWIO (canonical
+OIHW) and keras-hub's attention projections per head: Q/K/V kernels `[hidden, heads, head_dim]`
+with biases `[heads, head_dim]`, the output kernel `[heads, head_dim, hidden]`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import numpy as np
+
+from common.initial_weights import check_complete, check_shape, initial_weights
+from common.spec import BertSpec, CnnSpec
+
+Convert = Callable[[np.ndarray], np.ndarray]
+
+
+def _same(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def _dense_kernel(a: np.ndarray) -> np.ndarray:
+    return a.T
+
+
+def _cnn_map(spec: CnnSpec) -> dict[str, tuple[str, Convert]]:
+    names = {}
+    for i in range(len(spec.conv_channels)):
+        names.update({
+            f"conv{i}/kernel": (f"conv{i}.weight", lambda a: a.transpose(2, 3, 1, 0)),  # OIHW -> HWIO
+            f"conv{i}/bias": (f"conv{i}.bias", _same),
+            f"bn{i}/gamma": (f"bn{i}.gamma", _same), f"bn{i}/beta": (f"bn{i}.beta", _same),
+            f"bn{i}/moving_mean": (f"bn{i}.moving_mean", _same),
+            f"bn{i}/moving_variance": (f"bn{i}.moving_var", _same)})
+    for i in range(len(spec.fc_sizes) + 1):
+        # models.simple_cnn flattens in torch's (C, H, W) order, so fc0 needs no row permutation.
+        names.update({f"fc{i}/kernel": (f"fc{i}.weight", _dense_kernel), f"fc{i}/bias": (f"fc{i}.bias", _same)})
+    return names
+
+
+def _bert_map(spec: BertSpec) -> dict[str, tuple[str, Convert]]:
+    heads, d = spec.heads, spec.head_dim
+
+    def qkv_kernel(a):  # [out, in] -> [in, heads, head_dim]
+        return a.T.reshape(-1, heads, d)
+
+    def qkv_bias(a):
+        return a.reshape(heads, d)
+
+    def output_kernel(a):  # [out, in] -> [heads, head_dim, out]
+        return a.T.reshape(heads, d, -1)
+
+    names = {"token_embedding/embeddings": ("embeddings.token", _same),
+             "position_embedding/embeddings": ("embeddings.position", _same),
+             "segment_embedding/embeddings": ("embeddings.segment", _same),
+             "embeddings_layer_norm/gamma": ("embeddings.norm.gamma", _same),
+             "embeddings_layer_norm/beta": ("embeddings.norm.beta", _same),
+             "mlm_head/output_bias": ("head.bias", _same),
+             "mlm_head/intermediate_dense/kernel": ("head.dense.weight", _dense_kernel),
+             "mlm_head/intermediate_dense/bias": ("head.dense.bias", _same),
+             "mlm_head/intermediate_layer_norm/gamma": ("head.norm.gamma", _same),
+             "mlm_head/intermediate_layer_norm/beta": ("head.norm.beta", _same)}
+    for i in range(spec.layers):
+        k, c = f"transformer_layer_{i}", f"layers.{i}"
+        for proj in ("query", "key", "value"):
+            names[f"{k}/self_attention_layer/{proj}/kernel"] = (f"{c}.attention.{proj}.weight", qkv_kernel)
+            names[f"{k}/self_attention_layer/{proj}/bias"] = (f"{c}.attention.{proj}.bias", qkv_bias)
+        names.update({
+            f"{k}/self_attention_layer/attention_output/kernel": (f"{c}.attention.output.weight", output_kernel),
+            f"{k}/self_attention_layer/attention_output/bias": (f"{c}.attention.output.bias", _same),
+            f"{k}/self_attention_layer_norm/gamma": (f"{c}.attention_norm.gamma", _same),
+            f"{k}/self_attention_layer_norm/beta": (f"{c}.attention_norm.beta", _same),
+            f"{k}/feedforward_intermediate_dense/kernel": (f"{c}.ffn.in.weight", _dense_kernel),
+            f"{k}/feedforward_intermediate_dense/bias": (f"{c}.ffn.in.bias", _same),
+            f"{k}/feedforward_output_dense/kernel": (f"{c}.ffn.out.weight", _dense_kernel),
+            f"{k}/feedforward_output_dense/bias": (f"{c}.ffn.out.bias", _same),
+            f"{k}/feedforward_layer_norm/gamma": (f"{c}.ffn_norm.gamma", _same),
+            f"{k}/feedforward_layer_norm/beta": (f"{c}.ffn_norm.beta", _same)})
+    return names
+
+
+def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> None:
+    """Assign every canonical tensor to its Keras variable (all replicas of a mirrored one)."""
+    mapping = _cnn_map(spec) if isinstance(spec, CnnSpec) else _bert_map(spec)
+    assigned, unmapped = set(), []
+    for variable in model.weights:
+        if variable.path not in mapping:
+            unmapped.append(variable.path)
+            continue
+        canon, convert = mapping[variable.path]
+        value = convert(weights[canon])
+        check_shape(variable.path, value.shape, tuple(variable.shape), "keras")
+        variable.assign(value)
+        assigned.add(canon)
+    check_complete(assigned, weights, "keras", unmapped)
+
+
+def load_seeded(model: keras.Model, spec: CnnSpec | BertSpec, seed: int) -> None:
+    load_initial_weights(model, spec, initial_weights(spec, seed))

@@ -1,0 +1,69 @@
+"""common.initial_weights -> the torch models: names mapped here, layouts already torch's (OIHW, [out, in])."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from backends.torch_common.models import BertMLM, SimpleCNN, build_model
+from common.initial_weights import check_complete, check_shape, initial_weights
+from common.spec import BertSpec, CnnSpec
+
+# BatchNorm's batch counter is bookkeeping, not state a forward or an update reads (momentum is fixed).
+_NOT_STATE = ("num_batches_tracked",)
+
+
+def _cnn_names(model: SimpleCNN) -> dict[str, str]:
+    names = {}
+    convs = [i for i, m in enumerate(model.features) if isinstance(m, nn.Conv2d)]
+    norms = [i for i, m in enumerate(model.features) if isinstance(m, nn.BatchNorm2d)]
+    for n, (c, b) in enumerate(zip(convs, norms)):
+        names.update({f"conv{n}.weight": f"features.{c}.weight", f"conv{n}.bias": f"features.{c}.bias",
+                      f"bn{n}.gamma": f"features.{b}.weight", f"bn{n}.beta": f"features.{b}.bias",
+                      f"bn{n}.moving_mean": f"features.{b}.running_mean",
+                      f"bn{n}.moving_var": f"features.{b}.running_var"})
+    linears = [i for i, m in enumerate(model.classifier) if isinstance(m, nn.Linear)]
+    for n, i in enumerate(linears):
+        names.update({f"fc{n}.weight": f"classifier.{i}.weight", f"fc{n}.bias": f"classifier.{i}.bias"})
+    return names
+
+
+def _bert_names(model: BertMLM) -> dict[str, str]:
+    names = {"embeddings.token": "token_embedding.weight", "embeddings.position": "position_embedding.weight",
+             "embeddings.segment": "segment_embedding.weight", "head.bias": "head_bias"}
+    norms = {"embeddings.norm": "embeddings_norm", "head.norm": "head_norm"}
+    dense = {"head.dense": "head_dense"}
+    for i in range(len(model.layers)):
+        p = f"layers.{i}"
+        dense.update({f"{p}.attention.{q}": f"{p}.{q}" for q in ("query", "key", "value", "output")})
+        dense.update({f"{p}.ffn.in": f"{p}.ffn_in", f"{p}.ffn.out": f"{p}.ffn_out"})
+        norms.update({f"{p}.attention_norm": f"{p}.attention_norm", f"{p}.ffn_norm": f"{p}.ffn_norm"})
+    for canon, mod in dense.items():
+        names.update({f"{canon}.weight": f"{mod}.weight", f"{canon}.bias": f"{mod}.bias"})
+    for canon, mod in norms.items():
+        names.update({f"{canon}.gamma": f"{mod}.weight", f"{canon}.beta": f"{mod}.bias"})
+    return names
+
+
+@torch.no_grad()
+def load_initial_weights(model: nn.Module, weights: dict[str, np.ndarray]) -> None:
+    """Copy every canonical tensor into `model` (before it is wrapped); fails if anything is left over."""
+    names = _cnn_names(model) if isinstance(model, SimpleCNN) else _bert_names(model)
+    state = model.state_dict()
+    assigned = set()
+    for canon, key in names.items():
+        if canon not in weights or key not in state:
+            continue
+        check_shape(canon, weights[canon].shape, tuple(state[key].shape), "torch")
+        state[key].copy_(torch.from_numpy(weights[canon]))
+        assigned.add(canon)
+    loaded = {names[c] for c in assigned}
+    unmapped = [k for k in state if k not in loaded and not k.endswith(_NOT_STATE)]
+    check_complete(assigned, weights, "torch", unmapped)
+
+
+def initialised_model(workload: str, spec: CnnSpec | BertSpec, seed: int) -> nn.Module:
+    """The workload's model with the shared initial weights of `seed`."""
+    model = build_model(workload, spec)
+    load_initial_weights(model, initial_weights(spec, seed))
+    return model

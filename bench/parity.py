@@ -1,0 +1,121 @@
+"""python -m bench.parity [--data real|synthetic] [--workloads cnn,mlm] [--backends ...] [--out DIR]
+
+Proves that the backends run the same experiment. Every backend trains the same first batches
+through `bench.run` (the path every benchmark takes, records and all): on 1 device with 2
+accumulated micro-batches and on 2 devices, the same global batch. The checks (parity_checks.py)
+compare parameter counts, analytical FLOPs, the digests of the sample ids each device trained on,
+the loss at step 0 and over the first steps, and each backend's 2-device run against its 1-device
+run. Prints a table, writes DIR/parity.json, exits 0 only if every check holds; the last line is
+the summary.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench import parity_checks as pc
+from bench.cli import OneLineParser, backend_names, name_list, positive_float, positive_int, workload_names
+from common.launch import RunFailed, child_env, run_supervised
+from common.results import write_json_atomic
+from common.spec import model_spec, training_flops_per_sample
+
+HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of its --timeout
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="bench.parity", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", choices=("real", "synthetic"), default="synthetic")
+    p.add_argument("--data-dir", help="data directory (default $PARBENCH_DATA_DIR or ~/.cache/parbench)")
+    p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
+    p.add_argument("--backends", type=name_list(backend_names()), default=list(backend_names()))
+    p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps compared (default 20)")
+    p.add_argument("--batch-size", type=positive_int, default=4,
+                   help="per-device batch b; the global batch is 2b (default 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=positive_float, default=900.0, help="wall-clock limit per run (s)")
+    p.add_argument("--out", default="results/parity", help="records, logs and parity.json (default results/parity)")
+    return p
+
+
+def run_command(args, backend: str, workload: str, devices: int, run_id: str) -> list[str]:
+    """bench.run at `devices` devices; the global batch is 2b either way (1 device: 2 micro-batches)."""
+    cmd = [sys.executable, "-m", "bench.run", "--backend", backend, "--workload", workload,
+           "--devices", str(devices), "--run-id", run_id, "--out", args.out, "--data", args.data,
+           "--steps", str(args.steps), "--warmup-steps", "0", "--skip-eval", "--scaling", "weak",
+           "--batch-size", str(args.batch_size), "--grad-accum", str(3 - devices), "--seed", str(args.seed),
+           "--threads-per-device", "1", "--device-kind", "cpu", "--model-size", "tiny",
+           "--timeout", str(args.timeout)]
+    return cmd + (["--data-dir", args.data_dir] if args.data_dir else [])
+
+
+def run_one(args, backend: str, workload: str, devices: int, stamp: str) -> dict:
+    """The run's record; a stand-in `failed` record when bench.run left none (it died, or timed out)."""
+    run_id = f"parity-{stamp}-{backend}-{workload}-n{devices}"
+    log = Path(args.out) / "logs" / f"{run_id}.log"
+    try:
+        rc = run_supervised(run_command(args, backend, workload, devices, run_id), child_env({}), log,
+                            args.timeout + HARNESS_MARGIN_S)
+    except RunFailed as exc:
+        rc, why = None, str(exc)
+    path = Path(args.out) / "runs" / f"{run_id}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+    why = why if rc is None else f"bench.run exited {rc} without a record: {' '.join(tail)}"
+    return {"run_id": run_id, "backend": backend, "workload": workload, "devices": devices,
+            "status": "failed", "error": why}
+
+
+def print_table(checks: list[pc.Check]) -> None:
+    table = Table(title="bench.parity")
+    for col in ("workload", "check", "result", "detail"):
+        table.add_column(col)
+    for c in checks:
+        table.add_row(c.workload, c.name, c.status, c.detail)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def _exit_on_sigterm(signum, frame):
+    # SystemExit unwinds through run_supervised, which stops the running bench.run and its workers.
+    sys.exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    args = build_parser().parse_args(argv)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    console = Console(stderr=True)
+    checks, runs = [], {}
+    for workload in args.workloads:
+        one, two = {}, {}
+        for backend in args.backends:
+            for devices, into in ((1, one), (2, two)):
+                console.print(f"{workload} {backend} N={devices} ...")
+                into[backend] = run_one(args, backend, workload, devices, stamp)
+                console.print(f"  {into[backend]['status']} ({into[backend].get('duration_s') or 0:.0f} s)")
+        spec = model_spec(workload, "tiny")
+        checks += pc.run_status_checks(workload, one)
+        checks += pc.cross_backend_checks(workload, spec.param_count(), training_flops_per_sample(spec), one, two)
+        checks += pc.data_parallel_checks(workload, one, two)
+        runs[workload] = {str(n): {b: r.get("run_id") for b, r in group.items()} for n, group in ((1, one), (2, two))}
+    print_table(checks)
+    line = pc.summary_line(checks)
+    write_json_atomic(Path(args.out) / "parity.json", {
+        "summary": line, "data": args.data, "steps": args.steps, "per_device_batch": args.batch_size,
+        "global_batch": 2 * args.batch_size, "seed": args.seed,
+        "tolerances": {"step0_rtol": pc.STEP0_RTOL, "early_steps": pc.EARLY_STEPS, "early_rtol": pc.EARLY_RTOL,
+                       "curve_rtol": pc.CURVE_RTOL},
+        "runs": runs, "checks": [c.as_dict() for c in checks]})
+    print(f"report {Path(args.out) / 'parity.json'}, records in {Path(args.out) / 'runs'}")
+    print(line)
+    return 0 if "HOLDS" in line else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Parity across backends: shared initial weights, measured sample-id digests, and bench.parity end to end.
+
+The end-to-end test is the point: CI runs `bench.parity` on synthetic data with every backend, so
+a change that makes one framework run a different experiment fails here.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.parity_checks import cross_backend_checks, data_parallel_checks
+from common.data.batches import TrainBatches
+from common.data.datasets import SplitData
+from common.initial_weights import initial_weights, layout, trainable_count
+from common.loop import SampleDigests, _merge_digests
+from common.spec import BERT_SIZES, CNN
+from tests.conftest import run_cli
+
+TINY = BERT_SIZES["tiny"]
+
+
+@pytest.mark.parametrize("spec", [CNN, *BERT_SIZES.values()], ids=lambda s: getattr(s, "name", "cnn"))
+def test_initial_weights_layout_counts_the_spec_parameters(spec):
+    assert trainable_count(spec) == spec.param_count()
+
+
+def test_initial_weights_depend_on_the_seed_only():
+    a, b, c = initial_weights(CNN, 0), initial_weights(CNN, 0), initial_weights(CNN, 1)
+    assert [t.name for t in layout(CNN)] == list(a)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert not np.array_equal(a["conv0.weight"], c["conv0.weight"])
+    bound = (9 * 16) ** -0.5  # conv1: torch's U(+-1/sqrt(fan_in)), fan_in = 16 channels x 3 x 3
+    assert np.abs(a["conv1.weight"]).max() <= bound and a["conv1.weight"].std() == pytest.approx(bound / 3**0.5, 0.05)
+    token = initial_weights(TINY, 0)["embeddings.token"]
+    assert token.dtype == np.float32 and np.abs(token).max() <= 2 * TINY.init_stddev
+    assert token.std() == pytest.approx(0.88 * TINY.init_stddev, rel=0.02)  # a normal cut at 2 std
+
+
+def test_torch_loader_takes_every_tensor_and_rejects_gaps():
+    torch_weights = pytest.importorskip("backends.torch_common.weights")
+    from backends.torch_common.models import build_model
+    weights = initial_weights(TINY, 0)
+    model = torch_weights.initialised_model("mlm", TINY, 0)
+    np.testing.assert_array_equal(model.layers[1].key.weight.detach().numpy(), weights["layers.1.attention.key.weight"])
+    with pytest.raises(RuntimeError, match="unassigned"):
+        torch_weights.load_initial_weights(build_model("mlm", TINY), {k: v for k, v in weights.items()
+                                                                      if k != "head.bias"})
+    with pytest.raises(RuntimeError, match="shape"):
+        torch_weights.load_initial_weights(build_model("mlm", TINY), {**weights, "head.bias": weights["head.bias"][:9]})
+
+
+def _small_split() -> SplitData:
+    rng = np.random.default_rng(0)
+    return SplitData("cnn", "train", True, {"image": rng.integers(0, 255, (96, 28, 28), np.uint8),
+                                            "label": rng.integers(0, 10, 96).astype(np.uint8)})
+
+
+def test_loop_digests_are_the_ids_each_device_trained_on():
+    """Two ranks, and one process driving two devices, hash the same ids per device as the dealt
+    epoch order; one device sees the same samples in another grouping, so its digest differs."""
+    data = _small_split()
+    ranks = [TrainBatches(data, CNN, 0, 4, 2, r, micro_batches=2) for r in range(2)]
+    local = TrainBatches(data, CNN, 0, 8, 1, 0, micro_batches=2, local_devices=2)
+    one = TrainBatches(data, CNN, 0, 8, 1, 0, micro_batches=2)
+    measured = []
+    for source in (ranks[0], ranks[1], local, one):
+        digests = SampleDigests()
+        for step in range(source.steps_per_epoch * 2):
+            digests.add(source.get(step))
+        measured.append({"sample_digests": digests.hex()})
+    two_ranks = _merge_digests(measured[:2])
+    assert two_ranks == _merge_digests([measured[2]])
+    assert two_ranks["1"] == [ranks[0].epoch_digest(1), ranks[1].epoch_digest(1)]
+    assert two_ranks["0"] != two_ranks["1"]
+    assert measured[3]["sample_digests"]["0"] == [one.epoch_digest(0)]
+
+
+def _record(loss_curve, params=100, digest="d"):
+    return {"status": "ok", "params": params, "flops_per_sample": 6, "sample_digests": {"0": [digest]},
+            "loss": {"curve": [[i + 1, v] for i, v in enumerate(loss_curve)]}}
+
+
+def test_checks_catch_a_backend_that_differs():
+    same = {"a": _record([2.0, 1.5]), "b": _record([2.0, 1.5 * (1 + 1e-7)])}
+    assert {c.status for c in cross_backend_checks("cnn", 100, 6, same, {})} == {"pass", "skip"}
+    off = {"a": _record([2.0, 1.5]), "b": _record([2.001, 1.5], params=99, digest="e")}
+    failed = {c.name for c in cross_backend_checks("cnn", 100, 6, off, {}) if c.status == "fail"}
+    assert failed == {"parameter count", "sample ids per device, N=1", "loss at step 0", "loss over the first 2 steps"}
+    unsupported = {"status": "unsupported", "error": "no CUDA"}
+    dp = data_parallel_checks("cnn", same, {"a": _record([2.0, 1.5]), "b": unsupported})
+    assert [c.status for c in dp] == ["pass", "skip"] and "no CUDA" in dp[1].detail
+
+
+# 14 bench.run processes (4 backends x 2 workloads x N = 1, 2): ~6 min on an idle 2-core machine,
+# ~20 min on one shared four ways; the limit is for the second.
+@pytest.mark.timeout(1800)
+def test_bench_parity_holds_on_synthetic_data(tmp_path, data_dir):
+    out = tmp_path / "parity"
+    proc = run_cli("bench.parity", "--data", "synthetic", "--steps", "6", "--out", str(out), timeout=1750)
+    report = json.loads((out / "parity.json").read_text())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == report["summary"] and "PARITY HOLDS" in report["summary"]
+    checks = {(c["workload"], c["name"]): c for c in report["checks"]}
+    for workload in ("cnn", "mlm"):
+        assert checks[(workload, "loss at step 0")]["status"] == "pass"
+        assert checks[(workload, "sample ids per device, N=2")]["status"] == "pass"
+        assert set(checks[(workload, "loss at step 0")]["values"]["losses"]) == {
+            "torch_dp", "torch_ddp", "tf_mirrored", "mindspore_auto"}
+        assert checks[(workload, "torch_ddp: 2 devices = 1 device x 2 micro-batches")]["status"] == "pass"
+        assert checks[(workload, "tf_mirrored: 2 devices = 1 device x 2 micro-batches")]["status"] == "pass"
+        # DataParallel needs CUDA for 2 devices: reported as skipped with the reason, never as passed.
+        dp = checks[(workload, "torch_dp: 2 devices = 1 device x 2 micro-batches")]
+        assert dp["status"] == "skip" and "CUDA" in dp["detail"]
+    assert checks[("mlm", "mindspore_auto: 2 devices = 1 device x 2 micro-batches")]["status"] == "pass"
