@@ -44,6 +44,13 @@ positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
 
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
+    return value
+
+
 def name_list(choices):
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]

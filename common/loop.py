@@ -15,6 +15,7 @@ import numpy as np
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
 from common.data.datasets import SplitData
+from common.nodes import hosts_table, rank_host
 from common.spec import DEFAULTS, learning_rate
 from common.timing import aggregate_ranks
 
@@ -71,7 +72,7 @@ def _downsample(curve: list[list[float]]) -> list[list[float]]:
 
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
              clock=time.perf_counter) -> dict | None:
-    """Train, evaluate and gather; returns the aggregated outcome on rank 0, None elsewhere."""
+    """Train, evaluate and gather; returns the aggregated outcome on every rank."""
     ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     start = 0
     if cfg.resume and ckpt_dir is not None:
@@ -126,10 +127,10 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
                         "loss": final["loss"]})
     mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
             "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(),
-            "backend_metrics": trainer.backend_metrics()}
+            "backend_metrics": trainer.backend_metrics(),
+            "host": rank_host(cfg.nnodes, cfg.node_rank, cfg.master_addr)}
+    # Every rank gets the aggregate: with several hosts, each node's first process writes it locally.
     ranks = trainer.all_gather(mine)
-    if trainer.rank != 0:
-        return None
 
     global_loss = np.sum([r["losses"] for r in ranks], axis=0).tolist()
     curve = [[start + i + 1, loss] for i, loss in enumerate(global_loss)]
@@ -149,4 +150,5 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         "peak_memory_per_rank": [r["peak_memory_bytes"] for r in ranks],
         "backend_metrics": ranks[0]["backend_metrics"] or None,
         "train_wall_s": clock() - began,
+        "hosts": hosts_table([r["host"] for r in ranks]),
     }

@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 
 SCHEMA_VERSION = 1
+RUN_RECORDS = "runs"              # one record per run: what summaries and reports read
+NODE_RECORDS = "node-records"     # the same record as seen by node R > 0 of a several-host run
 STATUSES = ("ok", "failed", "unsupported")
 
 REQUIRED_FIELDS = (
@@ -82,11 +84,11 @@ def write_json_atomic(path: Path, payload: dict) -> Path:
     return path
 
 
-def write_record(record: dict, out_dir: Path) -> Path:
+def write_record(record: dict, out_dir: Path, folder: str = RUN_RECORDS) -> Path:
     problems = validate_record(record)
     if problems:
         raise ValueError(f"refusing to write a malformed record: {'; '.join(problems)}")
-    return write_json_atomic(Path(out_dir) / "runs" / f"{record['run_id']}.json", record)
+    return write_json_atomic(Path(out_dir) / folder / f"{record['run_id']}.json", record)
 
 
 def load_records(out_dir: Path) -> list[dict]:
