@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(args.out) / "logs" / run_id
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"{run_id}: {backend.strategy} on {plan.description}, {cfg.data} data, "
+    print(f"{run_id}: {backend.strategy_name(cfg)} on {plan.description}, {cfg.data} data, "
           f"{cfg.total_steps} steps of global batch {cfg.global_batch}; progress in {workdir}", file=sys.stderr)
     try:
         outcome = backend.run(cfg, plan, workdir)
