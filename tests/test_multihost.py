@@ -8,22 +8,26 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from common.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from common.launch import free_port
+from common.nodes import exchange
 from common.results import NODE_RECORDS, RUN_RECORDS, validate_record
 from tests.conftest import REPO, run_cli
 from tests.netns import two_hosts, why_unavailable
 
 TINY_MLM = ["--workload", "mlm", "--model-size", "tiny", "--steps", "3", "--warmup-steps", "1", "--skip-eval",
             "--batch-size", "4", "--data", "real"]
+# mindspore_auto across two namespaces works as well (msrun --node_rank; ~2 min with graph compile on
+# 2 cores): it is left out of CI's budget, as is its missing-peer case (msrun --cluster_time_out).
 BACKENDS = {
     "torch_ddp": ["--backend", "torch_ddp"],
     "tf_multi_worker": ["--backend", "tf_mirrored", "--tf-mode", "multi_worker"],
-    "mindspore_auto": ["--backend", "mindspore_auto"],
 }
 
 
@@ -89,8 +93,7 @@ def test_two_hosts_train_one_run(hosts, tmp_path, data_dir, backend):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("backend", ["torch_ddp", "tf_multi_worker"])
-def test_missing_peer_fails_within_the_rendezvous_timeout(hosts, tmp_path, data_dir, backend):
+def test_missing_peer_fails_within_the_rendezvous_timeout(hosts, tmp_path, data_dir, backend="torch_ddp"):
     a, _ = hosts
     out, limit = tmp_path / "out", 20
     started = time.monotonic()
@@ -128,3 +131,23 @@ def test_single_host_strategy_refuses_several_hosts(tmp_path, data_dir):
                    "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.9.9.9", "--master-port", "29500",
                    "--out", str(tmp_path), timeout=180)
     assert proc.returncode == EXIT_BAD_INPUT and "runs on one host" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_node_exchange_gives_every_node_the_table_and_times_out_on_a_missing_node():
+    """The exchange TF_CONFIG is built from (tf multi_worker's missing peer ends here, before any worker)."""
+    port = free_port()
+    answers = {}
+    joiner = threading.Thread(target=lambda: answers.setdefault(
+        1, exchange("127.0.0.1", port, 1, 2, {"ports": [2]}, timeout_s=20)))
+    joiner.start()
+    answers[0] = exchange("127.0.0.1", port, 0, 2, {"ports": [1]}, timeout_s=20)
+    joiner.join(timeout=20)
+    assert answers[0] == answers[1] == [{"ports": [1]}, {"ports": [2]}]
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"node\(s\) \[1, 2\] did not join"):
+        exchange("127.0.0.1", free_port(), 0, 3, {}, timeout_s=1.5)
+    with pytest.raises(TimeoutError, match="did not answer"):
+        exchange("127.0.0.1", free_port(), 1, 2, {}, timeout_s=1.5)
+    assert time.monotonic() - started < 10
