@@ -98,7 +98,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--patience", type=non_negative_int, default=0,
                    help="stop after this many evaluations without improvement (needs --eval-every)")
     g.add_argument("--checkpoint-every", type=non_negative_int, default=0, help="checkpoint every K steps")
-    g.add_argument("--checkpoint-dir", help="checkpoint directory (default OUT/checkpoints/<run key>)")
+    g.add_argument("--checkpoint-dir", help="checkpoint directory (default OUT/checkpoints/<run key>, "
+                   "in a sweep OUT/checkpoints/<sweep id>/<run key>)")
     g.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     g.add_argument("--threads-per-device", type=positive_int,
                    help="CPU threads per virtual device (default 1 for bench.run; compare: cores / max N)")

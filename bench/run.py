@@ -109,7 +109,8 @@ def build_config(args, run_id: str, plan) -> RunConfig:
     if warmup >= total:
         raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
     key = f"{args.backend}-{args.workload}-n{world}-seed{args.seed}"
-    ckpt_dir = args.checkpoint_dir or (str(Path(args.out) / "checkpoints" / key)
+    # A stable key lets a rerun --resume; within a sweep the sweep id keeps two sweeps sharing --out apart.
+    ckpt_dir = args.checkpoint_dir or (str(Path(args.out) / "checkpoints" / args.sweep_id / key)
                                        if args.checkpoint_every or args.resume else "")
     return RunConfig(
         run_id=run_id, backend=args.backend, workload=args.workload, devices=world,
