@@ -59,7 +59,7 @@ def build_parser() -> OneLineParser:
                    "rendezvous and writes the run's record")
     n.add_argument("--master-addr", help="node 0's IPv4 address, the same on every node (needed with --nnodes > 1)")
     n.add_argument("--master-port", type=port_number, help="node 0's rendezvous port, the same on every node "
-                   "(needed with --nnodes > 1; one node: a free loopback port unless given)")
+                   "(needed with --nnodes > 1; one node: this loopback port if given, else a free one)")
     return p
 
 

@@ -25,6 +25,8 @@ def check_node_options(nnodes: int, node_rank: int, master_addr: str | None, mas
     if node_rank >= nnodes:
         raise BadInput(f"--node-rank {node_rank} is not below --nnodes {nnodes}")
     if nnodes == 1:
+        if master_addr:
+            raise BadInput("--master-addr is for --nnodes > 1: one node's rendezvous stays on loopback")
         return
     if not master_addr:
         raise BadInput(f"--nnodes {nnodes} needs --master-addr (node 0's address, the same on every node)")

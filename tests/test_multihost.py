@@ -118,6 +118,7 @@ def test_missing_peer_fails_within_the_rendezvous_timeout(hosts, tmp_path, data_
     (["--nnodes", "2", "--node-rank", "0", "--master-addr", "10.9.9.9", "--master-port", "29500"],
      "not an address of this host"),
     (["--nnodes", "2", "--master-addr", "10.9.9.9", "--master-port", "70000"], "at most 65535"),
+    (["--master-addr", "10.9.9.9"], "for --nnodes > 1"),
 ])
 def test_bad_node_options_are_bad_input(tmp_path, args, message):
     proc = run_cli("bench.run", "--backend", "torch_ddp", "--workload", "cnn", "--devices", "1",

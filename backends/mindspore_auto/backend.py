@@ -84,7 +84,7 @@ def msrun_nodes(cfg: RunConfig) -> list[str]:
     (the host of --master-addr) for several, with --node_rank so that ranks are numbered node by node."""
     if not cfg.multi_node:
         return [f"--worker_num={cfg.devices}", f"--local_worker_num={cfg.devices}",
-                f"--master_addr={LOOPBACK}", f"--master_port={free_port()}"]
+                f"--master_addr={LOOPBACK}", f"--master_port={cfg.master_port or free_port()}"]
     return [f"--worker_num={cfg.devices}", f"--local_worker_num={cfg.devices_per_node}",
             f"--master_addr={cfg.master_addr}", f"--master_port={cfg.master_port}", f"--node_rank={cfg.node_rank}"]
 

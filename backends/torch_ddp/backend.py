@@ -50,7 +50,7 @@ def rendezvous(cfg: RunConfig) -> tuple[list[str], dict[str, str]]:
         endpoint, run_key, iface = f"{cfg.master_addr}:{cfg.master_port}", "parbench", interface_of(local)
         extra = [f"--local-addr={local}"]
     else:
-        endpoint, run_key, iface, extra = f"127.0.0.1:{free_port()}", cfg.run_id, "lo", []
+        endpoint, run_key, iface, extra = f"127.0.0.1:{cfg.master_port or free_port()}", cfg.run_id, "lo", []
     args = [f"--nnodes={cfg.nnodes}", f"--nproc-per-node={cfg.devices_per_node}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_key}", *extra,
             f"--rdzv-conf=join_timeout={int(cfg.collective_timeout_s)},is_host={int(cfg.node_rank == 0)}"]
