@@ -105,5 +105,6 @@ class TorchDDP(TorchBackend):
         if cfg.workload == "cnn" and cfg.devices > 1 and not cfg.sync_bn:
             notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as DDP does by default")
         if plan.kind == "cpu":
-            notes.append("gloo all-reduce over loopback between CPU processes")
+            link = f"TCP between {cfg.nnodes} hosts" if cfg.multi_node else "loopback"
+            notes.append(f"gloo all-reduce over {link} between CPU processes")
         return notes
