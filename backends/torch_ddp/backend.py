@@ -41,6 +41,11 @@ def first_failure(log: Path) -> str:
     return f", rank {rank[1]} exited with code {code[1]}{signal_note} first"
 
 
+# A port picked free can still be taken by a process outside parbench before torchrun binds it:
+# torchrun then fails at once (is_host is explicit) and the run is started again on another port.
+PORT_ATTEMPTS = 3
+
+
 def rendezvous(cfg: RunConfig) -> tuple[list[str], dict[str, str]]:
     """torchrun's c10d rendezvous arguments and gloo's interface: loopback and a free port for one
     node; node 0's address for several, each node advertising the address it reaches node 0 from.
@@ -59,12 +64,24 @@ def rendezvous(cfg: RunConfig) -> tuple[list[str], dict[str, str]]:
     return args, {"GLOO_SOCKET_IFNAME": iface}
 
 
+def port_taken(log: Path, offset: int) -> bool:
+    """Whether torchrun's output after `offset` says the rendezvous port was in use."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(offset)
+            return b"EADDRINUSE" in fh.read()
+    except OSError:
+        return False
+
+
 def rendezvous_failure(log: Path, cfg: RunConfig) -> str:
     """A plain reason when the nodes never met (torchrun's own message is a long traceback)."""
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return ""
+    if "EADDRINUSE" in text:
+        return ", the rendezvous port was taken by another process (EADDRINUSE)"
     if "RendezvousTimeoutError" in text:
         return (f", rendezvous timed out: {cfg.nnodes} node(s) did not all join within "
                 f"{cfg.collective_timeout_s:g} s (--collective-timeout)")
@@ -88,13 +105,18 @@ class TorchDDP(TorchBackend):
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
         cfg.save(config_path)
-        rdzv_args, rdzv_env = rendezvous(cfg)
-        cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv_args, "--max-restarts=0",
-               "-m", "backends.torch_ddp.worker", str(config_path), str(result_path)]
-        env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)), **rdzv_env,
-               "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
         log = workdir / "torchrun.log"
-        rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
+        for _ in range(PORT_ATTEMPTS):
+            offset = log.stat().st_size if log.exists() else 0
+            rdzv_args, rdzv_env = rendezvous(cfg)
+            cmd = [sys.executable, "-m", "torch.distributed.run", *rdzv_args, "--max-restarts=0",
+                   "-m", "backends.torch_ddp.worker", str(config_path), str(result_path)]
+            env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)), **rdzv_env,
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+            rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
+            # A port the user gave, or node 0's, is not ours to change.
+            if rc == 0 or cfg.multi_node or cfg.master_port or not port_taken(log, offset):
+                break
         if rc != 0 or not result_path.is_file():
             raise RunFailed(f"torchrun exited with code {rc}{rendezvous_failure(log, cfg)}{first_failure(log)}: "
                             f"{log_tail(log)}")
