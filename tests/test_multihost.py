@@ -128,7 +128,7 @@ def test_bad_node_options_are_bad_input(tmp_path, args, message):
 
 
 def test_single_host_strategy_refuses_several_hosts(tmp_path, data_dir):
-    proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", "cnn", "--devices", "1", "--data", "real",
+    proc = run_cli("bench.run", "--backend", "torch_dp", "--workload", "cnn", "--devices", "1", "--data", "real",
                    "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.9.9.9", "--master-port", "29500",
                    "--out", str(tmp_path), timeout=180)
     assert proc.returncode == EXIT_BAD_INPUT and "runs on one host" in proc.stderr, proc.stderr
