@@ -24,6 +24,10 @@ class Backend:
         """Which devices `count` means here (kind: auto|cpu|cuda); raises Unsupported if none fit."""
         raise NotImplementedError
 
+    def spans_hosts(self, cfg: RunConfig) -> bool:
+        """Whether this run's strategy can take part in a run of several hosts (--nnodes > 1)."""
+        return False
+
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         """Raise Unsupported for a valid request this machine or strategy cannot run."""
 

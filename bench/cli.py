@@ -44,6 +44,13 @@ positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 
 
+def port_number(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is at most 65535, got {value}")
+    return value
+
+
 def name_list(choices):
     def parse(text: str) -> list[str]:
         names = [n.strip() for n in text.split(",") if n.strip()]
@@ -91,7 +98,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--patience", type=non_negative_int, default=0,
                    help="stop after this many evaluations without improvement (needs --eval-every)")
     g.add_argument("--checkpoint-every", type=non_negative_int, default=0, help="checkpoint every K steps")
-    g.add_argument("--checkpoint-dir", help="checkpoint directory (default OUT/checkpoints/<run key>)")
+    g.add_argument("--checkpoint-dir", help="checkpoint directory (default OUT/checkpoints/<run key>, "
+                   "in a sweep OUT/checkpoints/<sweep id>/<run key>)")
     g.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
     g.add_argument("--max-restarts", type=non_negative_int, default=0,
                    help="torch_ddp: restart the workers up to K times after a failure, from the newest valid "

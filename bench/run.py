@@ -2,6 +2,11 @@
 
 Exit status (CONVENTIONS §3): 0 ok, 1 failed after starting, 2 bad input (one line, no record),
 3 unsupported on this machine (a record says why).
+
+Several hosts: every node runs bench.run with the same --nnodes/--master-addr/--master-port and its
+own --node-rank. Node 0 writes the run's record (OUT/runs/, aggregated over every rank of every
+node); the other nodes write the same record tagged with their node rank to OUT/node-records/, so
+that summaries and reports count the run once.
 """
 from __future__ import annotations
 
@@ -15,15 +20,25 @@ import traceback
 from pathlib import Path
 
 from backends import load_backend
-from bench.cli import BACKEND_OPTIONS, OneLineParser, add_run_options, backend_names, positive_int, workload_names
+from bench.cli import (
+    BACKEND_OPTIONS,
+    OneLineParser,
+    add_run_options,
+    backend_names,
+    non_negative_int,
+    port_number,
+    positive_int,
+    workload_names,
+)
 from common.config import RunConfig, per_device_batch_for
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split, resolve_data_mode
 from common.data.files import resolve_data_dir
 from common.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_UNSUPPORTED, BadInput, Unsupported
 from common.launch import RunFailed
+from common.nodes import check_node_options, describe_nodes
 from common.record import describe_config, measured_fields, skeleton
-from common.results import new_run_id, utc_now, write_record
+from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_record
 from common.spec import DEFAULTS, model_spec
 
 
@@ -32,11 +47,19 @@ def build_parser() -> OneLineParser:
     p.add_argument("--backend", required=True, choices=backend_names())
     p.add_argument("--workload", required=True, choices=workload_names())
     p.add_argument("--devices", type=positive_int, required=True,
-                   help="device count: CUDA devices when present, else virtual CPU devices")
+                   help="devices on this node, one process each: CUDA devices when present, else virtual CPU "
+                        "devices; the run's world is --nnodes x this")
     # Set by bench.compare, which must know the record's name before the run starts.
     p.add_argument("--sweep-id", default="", help=argparse.SUPPRESS)
     p.add_argument("--run-id", default="", help=argparse.SUPPRESS)
     add_run_options(p)
+    n = p.add_argument_group("several hosts (torch_ddp, tf_mirrored --tf-mode multi_worker, mindspore_auto)")
+    n.add_argument("--nnodes", type=positive_int, default=1, help="hosts taking part; each runs bench.run")
+    n.add_argument("--node-rank", type=non_negative_int, default=0, help="this host's rank; node 0 hosts the "
+                   "rendezvous and writes the run's record")
+    n.add_argument("--master-addr", help="node 0's IPv4 address, the same on every node (needed with --nnodes > 1)")
+    n.add_argument("--master-port", type=port_number, help="node 0's rendezvous port, the same on every node "
+                   "(needed with --nnodes > 1; one node: this loopback port if given, else a free one)")
     return p
 
 
@@ -55,6 +78,7 @@ def check_options(args) -> None:
         raise BadInput(f"--max-restarts: only torch_ddp restarts its workers (torchrun), not {args.backend}")
     if args.max_restarts and not args.checkpoint_every:
         raise BadInput("--max-restarts needs --checkpoint-every: a restart resumes from the newest checkpoint")
+    check_node_options(args.nnodes, args.node_rank, args.master_addr, args.master_port)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out}: exists and is not a directory")
@@ -67,29 +91,35 @@ def scaling_of(args) -> str:
     return args.scaling or ("strong" if args.epochs else "weak")
 
 
+def world_size(args) -> int:
+    return args.nnodes * args.devices
+
+
 def build_config(args, run_id: str, plan) -> RunConfig:
     defaults = DEFAULTS[args.workload]
     scaling = scaling_of(args)
     batch_size = args.batch_size or defaults.per_device_batch
-    per_device = per_device_batch_for(scaling, batch_size, args.devices, args.grad_accum)
+    world = world_size(args)
+    per_device = per_device_batch_for(scaling, batch_size, world, args.grad_accum)
     data_dir = resolve_data_dir(args.data_dir)
     data = resolve_data_mode(args.data, args.workload, data_dir)
     spec = model_spec(args.workload, args.model_size)
     # Loading the train split here validates the files before any worker starts, and gives
     # the epoch length that --epochs needs.
     train = TrainBatches(load_split(args.workload, TRAIN_SPLIT, data, data_dir, spec, args.seed),
-                         spec, args.seed, per_device, args.devices, 0, args.grad_accum)
+                         spec, args.seed, per_device, world, 0, args.grad_accum)
     total = math.ceil(args.epochs * train.steps_per_epoch) if args.epochs else (args.steps or defaults.default_steps)
     warmup = defaults.default_warmup_steps if args.warmup_steps is None else args.warmup_steps
     if warmup >= total:
         raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
-    key = f"{args.backend}-{args.workload}-n{args.devices}-seed{args.seed}"
+    key = f"{args.backend}-{args.workload}-n{world}-seed{args.seed}"
     if args.max_restarts and not args.resume:
         key = run_id  # a restarted worker must resume this run's checkpoints, never an earlier run's
-    ckpt_dir = args.checkpoint_dir or (str(Path(args.out) / "checkpoints" / key)
+    # A stable key lets a rerun --resume; within a sweep the sweep id keeps two sweeps sharing --out apart.
+    ckpt_dir = args.checkpoint_dir or (str(Path(args.out) / "checkpoints" / args.sweep_id / key)
                                        if args.checkpoint_every or args.resume else "")
     return RunConfig(
-        run_id=run_id, backend=args.backend, workload=args.workload, devices=args.devices,
+        run_id=run_id, backend=args.backend, workload=args.workload, devices=world,
         device_kind=plan.kind, threads_per_device=plan.threads_per_device, scaling=scaling,
         batch_size=batch_size, per_device_batch=per_device, grad_accum=args.grad_accum, data=data,
         data_dir=str(data_dir), seed=args.seed, total_steps=total, warmup_steps=warmup, out=args.out,
@@ -98,7 +128,8 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, max_restarts=args.max_restarts, timeout_s=args.timeout,
         collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
-        backend_options=backend_options(args),
+        backend_options=backend_options(args), nnodes=args.nnodes, node_rank=args.node_rank,
+        master_addr=args.master_addr or "", master_port=args.master_port or 0,
     )
 
 
@@ -111,7 +142,8 @@ def backend_options(args) -> dict:
 
 def _finish(record: dict, out: str, status: str, error: str | None, t0: float) -> Path:
     record.update(status=status, error=error, duration_s=round(time.monotonic() - t0, 3))
-    return write_record(record, Path(out))
+    folder = RUN_RECORDS if record.get("node_rank", 0) == 0 else NODE_RECORDS
+    return write_record(record, Path(out), folder)
 
 
 def _exit_on_sigterm(signum, frame):
@@ -124,9 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     args = build_parser().parse_args(argv)
     t0, started = time.monotonic(), utc_now()
-    run_id = args.run_id or new_run_id(args.backend, args.workload, args.devices)
-    record = skeleton(run_id, args.backend, args.workload, args.devices, started, scaling=scaling_of(args),
-                      seed=args.seed, sweep_id=args.sweep_id, data=args.data)
+    world = world_size(args)
+    run_id = args.run_id or new_run_id(args.backend, args.workload, world)
+    record = skeleton(run_id, args.backend, args.workload, world, started, scaling=scaling_of(args),
+                      seed=args.seed, sweep_id=args.sweep_id, data=args.data,
+                      **describe_nodes(args.nnodes, args.node_rank, args.devices, args.master_addr,
+                                       args.master_port))
     try:
         check_options(args)
         backend = load_backend(args.backend)
@@ -135,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = backend.plan_devices(args.devices, args.device_kind, args.threads_per_device or 1)
         cfg = build_config(args, run_id, plan)
         record.update(describe_config(cfg, plan, backend))
+        if cfg.multi_node and not backend.spans_hosts(cfg):
+            raise BadInput(f"--nnodes {cfg.nnodes}: {backend.strategy_name(cfg)} runs on one host; several hosts "
+                           "need torch_ddp, tf_mirrored --tf-mode multi_worker or mindspore_auto")
         backend.check(cfg, plan)
     except BadInput as exc:
         print(f"bench.run: error: {exc}", file=sys.stderr)
@@ -146,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(args.out) / "logs" / run_id
     workdir.mkdir(parents=True, exist_ok=True)
-    print(f"{run_id}: {backend.strategy} on {plan.description}, {cfg.data} data, "
+    print(f"{run_id}: {backend.strategy_name(cfg)} on {plan.description}, {cfg.data} data, "
           f"{cfg.total_steps} steps of global batch {cfg.global_batch}; progress in {workdir}", file=sys.stderr)
     try:
         outcome = backend.run(cfg, plan, workdir)
         record.update(measured_fields(cfg, outcome, record["flops_per_sample"]))
+        if outcome.get("hosts"):
+            record["nodes"]["hosts"] = outcome["hosts"]
     except Unsupported as exc:  # found out only by trying, e.g. DataParallel over a repeated GPU
         path = _finish(record, args.out, "unsupported", str(exc), t0)
         print(f"unsupported: {exc} (record {path})", file=sys.stderr)

@@ -48,6 +48,20 @@ class RunConfig:
     collective_timeout_s: float = 300.0
     sweep_id: str = ""
     backend_options: dict = field(default_factory=dict)
+    # Several hosts: `devices` above is the world size, nnodes x devices per node. Node 0 hosts the
+    # rendezvous at master_addr:master_port; one node runs on loopback with a port picked free.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = ""
+    master_port: int = 0
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.devices // self.nnodes
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nnodes > 1
 
     @property
     def global_batch(self) -> int:

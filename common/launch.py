@@ -1,12 +1,14 @@
 """Starting launcher processes (torchrun, msrun, TF workers) so that none outlives its run."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ipaddress
 import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +19,9 @@ from common.hostinfo import REPO_ROOT
 TERM_GRACE_S = 10.0
 # A single-host run talks to itself only: every rendezvous, store and collective listens here.
 LOOPBACK = "127.0.0.1"
+# Ports handed out by free_port, one file per port naming the process that holds it (see _lease).
+PORT_LEASE_DIR = Path(tempfile.gettempdir()) / "parbench-ports"
+_my_leases: list[Path] = []
 
 
 class RunFailed(Exception):
@@ -33,10 +38,66 @@ def is_loopback(host: str) -> bool:
 
 
 def free_port(host: str = LOOPBACK) -> int:
-    """A port free right now on `host`, chosen by the kernel (never a fixed number)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free right now on `host`, chosen by the kernel (never a fixed number), and leased to
+    this process until it exits: the launcher binds it seconds later, and in between a second
+    parbench run on this machine (two sweeps at once) must not be handed the same port."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if _lease(port):
+            return port
+    raise RunFailed("no free port: 100 picks in a row were leased to other parbench runs")
+
+
+def _lease(port: int) -> bool:
+    """Claim `port` for this process with an exclusively created file; a lease whose holder is dead
+    is taken over. False when a live process holds it."""
+    PORT_LEASE_DIR.mkdir(mode=0o1777, parents=True, exist_ok=True)
+    path = PORT_LEASE_DIR / str(port)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            if _holder_alive(path):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(str(os.getpid()))
+        if not _my_leases:
+            atexit.register(_release_leases)
+        _my_leases.append(path)
+        return True
+    return False
+
+
+def _holder_alive(path: Path) -> bool:
+    try:
+        text = path.read_text()
+        if not text:  # being written right now by its creator, unless it died doing so
+            return time.time() - path.stat().st_mtime < 10
+        pid = int(text)
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _release_leases() -> None:
+    for path in _my_leases:
+        with contextlib.suppress(OSError):
+            if path.read_text() == str(os.getpid()):
+                path.unlink()
+
 
 
 def child_env(extra: dict[str, str]) -> dict[str, str]:

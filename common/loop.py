@@ -16,6 +16,7 @@ import numpy as np
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
 from common.data.datasets import SplitData
+from common.nodes import hosts_table, rank_host
 from common.spec import DEFAULTS, learning_rate
 from common.timing import aggregate_ranks
 
@@ -110,7 +111,7 @@ def _merge_digests(ranks: list[dict]) -> dict[str, list[str]]:
 
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
              clock=time.perf_counter) -> dict | None:
-    """Train, evaluate and gather; returns the aggregated outcome on rank 0, None elsewhere."""
+    """Train, evaluate and gather; returns the aggregated outcome on every rank."""
     ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     start = 0
     if cfg.resume and ckpt_dir is not None:
@@ -165,10 +166,10 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
                         "loss": final["loss"]})
     mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
             "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(), "sample_digests": digests.hex(),
-            "backend_metrics": trainer.backend_metrics()}
+            "backend_metrics": trainer.backend_metrics(),
+            "host": rank_host(cfg.nnodes, cfg.node_rank, cfg.master_addr)}
+    # Every rank gets the aggregate: with several hosts, each node's first process writes it locally.
     ranks = trainer.all_gather(mine)
-    if trainer.rank != 0:
-        return None
 
     global_loss = np.sum([r["losses"] for r in ranks], axis=0).tolist()
     curve = [[start + i + 1, loss] for i, loss in enumerate(global_loss)]
@@ -189,4 +190,5 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         "peak_memory_per_rank": [r["peak_memory_bytes"] for r in ranks],
         "backend_metrics": ranks[0]["backend_metrics"] or None,
         "train_wall_s": clock() - began,
+        "hosts": hosts_table([r["host"] for r in ranks]),
     }

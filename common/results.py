@@ -1,6 +1,7 @@
 """The result record of CONVENTIONS §4: its fields, atomic writing, and the sweep summary."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -11,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 SCHEMA_VERSION = 1
+RUN_RECORDS = "runs"              # one record per run: what summaries and reports read
+NODE_RECORDS = "node-records"     # the same record as seen by node R > 0 of a several-host run
 STATUSES = ("ok", "failed", "unsupported")
 
 REQUIRED_FIELDS = (
@@ -82,11 +85,11 @@ def write_json_atomic(path: Path, payload: dict) -> Path:
     return path
 
 
-def write_record(record: dict, out_dir: Path) -> Path:
+def write_record(record: dict, out_dir: Path, folder: str = RUN_RECORDS) -> Path:
     problems = validate_record(record)
     if problems:
         raise ValueError(f"refusing to write a malformed record: {'; '.join(problems)}")
-    return write_json_atomic(Path(out_dir) / "runs" / f"{record['run_id']}.json", record)
+    return write_json_atomic(Path(out_dir) / folder / f"{record['run_id']}.json", record)
 
 
 def load_records(out_dir: Path) -> list[dict]:
@@ -138,15 +141,22 @@ def summary_frame(records: list[dict]) -> pd.DataFrame:
 
 
 def write_summary(out_dir: Path, records: list[dict] | None = None) -> Path:
-    frame = summary_frame(load_records(out_dir) if records is None else records)
+    """summary.csv from every record in out_dir (or `records`). Two sweeps sharing out_dir take turns
+    under a lock, so the last to write has read every record written before it: without it, a sweep
+    that read the records just before the other one's last record landed could overwrite the
+    complete table with its older one."""
     path = Path(out_dir) / "summary.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".summary.", suffix=".csv.tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        frame.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with open(path.parent / ".summary.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        frame = summary_frame(load_records(out_dir) if records is None else records)
+        fd, tmp = tempfile.mkstemp(prefix=".summary.", suffix=".csv.tmp", dir=path.parent)
+        os.close(fd)
+        try:
+            frame.to_csv(tmp, index=False)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path

@@ -138,6 +138,16 @@ def caps_conv_isa(cfg: RunConfig, plan: DevicePlan) -> bool:
     return plan.kind == "cpu" and cfg.workload == "cnn" and "ONEDNN_MAX_CPU_ISA" not in os.environ
 
 
+def msrun_nodes(cfg: RunConfig) -> list[str]:
+    """msrun's cluster arguments: the scheduler on loopback at a free port for one node; on node 0
+    (the host of --master-addr) for several, with --node_rank so that ranks are numbered node by node."""
+    if not cfg.multi_node:
+        return [f"--worker_num={cfg.devices}", f"--local_worker_num={cfg.devices}",
+                f"--master_addr={LOOPBACK}", f"--master_port={cfg.master_port or free_port()}"]
+    return [f"--worker_num={cfg.devices}", f"--local_worker_num={cfg.devices_per_node}",
+            f"--master_addr={cfg.master_addr}", f"--master_port={cfg.master_port}", f"--node_rank={cfg.node_rank}"]
+
+
 class MindSporeAuto(Backend):
     name = "mindspore_auto"
     framework = "mindspore"
@@ -152,6 +162,9 @@ class MindSporeAuto(Backend):
     @staticmethod
     def layout(cfg: RunConfig) -> ParallelConfig:
         return parallel_config_from(cfg.backend_options, cfg.devices)
+
+    def spans_hosts(self, cfg: RunConfig) -> bool:
+        return True
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         pcfg = self.layout(cfg)
@@ -169,9 +182,7 @@ class MindSporeAuto(Backend):
         config_path, result_path = workdir / "config.json", workdir / "result.json"
         log_dir, pid_dir = workdir / "msrun", workdir / "worker-pids"
         cfg.save(config_path)
-        cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run",
-               f"--worker_num={cfg.devices}", f"--local_worker_num={cfg.devices}",
-               f"--master_addr={LOOPBACK}", f"--master_port={free_port()}", f"--log_dir={log_dir}",
+        cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", *msrun_nodes(cfg), f"--log_dir={log_dir}",
                "--join=True", f"--cluster_time_out={int(cfg.collective_timeout_s)}",
                str(WORKER_SCRIPT), str(config_path), str(result_path)]
         timeout = str(int(cfg.collective_timeout_s))

@@ -92,7 +92,7 @@ def main(config_path: str, result_path: str) -> None:
     compile_s = trainer.compile(train.get(0), first_eval)
 
     outcome = run_loop(trainer, cfg, DatasetBatches(train, cfg.total_steps), eval_data)
-    if rank == 0:
+    if rank % cfg.devices_per_node == 0:  # msrun numbers ranks node by node; each node's first keeps it
         outcome["backend_metrics"] = {**compile_s, "parallel": pcfg.as_dict(), "processes": processes,
                                       "trainable_params": param_count(loss_net)}
         write_json_atomic(Path(result_path), outcome)

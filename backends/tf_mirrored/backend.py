@@ -17,6 +17,7 @@ from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised, run_supervised_group
+from common.nodes import address_towards, exchange
 
 WORKER = "backends.tf_mirrored.worker"
 
@@ -48,6 +49,9 @@ class TFMirrored(Backend):
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         return tf_device_plan(count, kind, threads_per_device)
 
+    def spans_hosts(self, cfg: RunConfig) -> bool:
+        return mode_of(cfg) == "multi_worker"
+
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         # TensorFlow 2.21 no longer pulls TensorBoard in; find out before training, not after.
         if cfg.backend_options.get("tensorboard_dir") and importlib.util.find_spec("tensorboard") is None:
@@ -67,25 +71,42 @@ class TFMirrored(Backend):
         else:
             self._run_workers(cmd, cfg, workdir, {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device))})
             if not result_path.is_file():
-                raise RunFailed(f"workers exited without a result: {log_tail(workdir / 'worker-0.log')}")
+                first_log = workdir / f"worker-{cfg.node_rank * cfg.devices_per_node}.log"
+                raise RunFailed(f"workers exited without a result: {log_tail(first_log)}")
         return json.loads(result_path.read_text())
 
     @staticmethod
-    def _run_workers(cmd: list[str], cfg: RunConfig, workdir: Path, env: dict[str, str]) -> None:
-        """One process per device; the cluster's ports are picked free at launch on loopback."""
-        cluster = {"worker": [f"{LOOPBACK}:{free_port()}" for _ in range(cfg.devices)]}
+    def _cluster(cfg: RunConfig) -> list[str]:
+        """Every worker's address:port, node by node. Ports are picked free at launch; with several
+        hosts each node picks its own and the nodes swap them through node 0 before any worker starts."""
+        if not cfg.multi_node:
+            return [f"{LOOPBACK}:{free_port()}" for _ in range(cfg.devices)]
+        local = address_towards(cfg.master_addr)
+        mine = {"address": local, "ports": [free_port(local) for _ in range(cfg.devices_per_node)]}
+        try:
+            nodes = exchange(cfg.master_addr, cfg.master_port, cfg.node_rank, cfg.nnodes, mine,
+                             cfg.collective_timeout_s)
+        except (TimeoutError, OSError, ValueError) as exc:
+            raise RunFailed(f"TF_CONFIG exchange failed: {exc}") from None
+        return [f"{node['address']}:{port}" for node in nodes for port in node["ports"]]
+
+    @classmethod
+    def _run_workers(cls, cmd: list[str], cfg: RunConfig, workdir: Path, env: dict[str, str]) -> None:
+        """One process per device; this node's workers are indices node_rank x per-node onwards."""
+        cluster = {"worker": cls._cluster(cfg)}
+        first = cfg.node_rank * cfg.devices_per_node
         commands = []
-        for index in range(cfg.devices):
+        for index in range(first, first + cfg.devices_per_node):
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
             commands.append((cmd, child_env({**env, "TF_CONFIG": tf_config}), workdir / f"worker-{index}.log"))
         ended = run_supervised_group(commands, cfg.timeout_s)
-        first = ended.first_failed
-        if first is not None:
-            code = ended.codes[first]
+        failed = ended.first_failed
+        if failed is not None:
+            code, worker = ended.codes[failed], first + failed
             signal_note = f" (signal {-code})" if code < 0 else ""
             # The worker index is the rank: TF_CONFIG's task index orders the replicas.
-            raise RunFailed(f"worker {first} (rank {first}) exited with code {code}{signal_note} first "
-                            f"(all: {ended.codes}): {log_tail(workdir / f'worker-{first}.log')}")
+            raise RunFailed(f"worker {worker} (rank {worker}) exited with code {code}{signal_note} first "
+                            f"(this node's: {ended.codes}): {log_tail(workdir / f'worker-{worker}.log')}")
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         mode = mode_of(cfg)
@@ -96,7 +117,8 @@ class TFMirrored(Backend):
             notes = [f"mode mirrored: one process, {STRATEGY_NAMES[mode]} over {cfg.devices} logical device(s), "
                      f"cross-device all-reduce {all_reduce}, {threads}"]
         else:
-            notes = [f"mode multi_worker: {cfg.devices} process(es) on {LOOPBACK}, {STRATEGY_NAMES[mode]}, "
+            where = f"on {cfg.nnodes} hosts" if cfg.multi_node else f"on {LOOPBACK}"
+            notes = [f"mode multi_worker: {cfg.devices} process(es) {where}, {STRATEGY_NAMES[mode]}, "
                      f"cross-process all-reduce {all_reduce} over gRPC, "
                      f"intra-op threads {plan.threads_per_device} per process",
                      "TensorFlow's gRPC servers listen on all interfaces (0.0.0.0) whatever address TF_CONFIG "

@@ -73,7 +73,7 @@ def main(config_path: str, result_path: str) -> None:
         outcome = run_loop(trainer, cfg, feed, eval_data)
     finally:
         feed.close()
-    if rank != 0:
+    if rank % (world // cfg.nnodes):  # every worker holds the aggregate; each node's first one keeps it
         return
     outcome["backend_metrics"] = {
         "tf_mode": mode, "replicas_in_sync": strategy.num_replicas_in_sync,

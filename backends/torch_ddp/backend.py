@@ -13,6 +13,7 @@ from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised
+from common.nodes import address_towards, interface_of
 
 
 def torch_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
@@ -40,12 +41,68 @@ def first_failure(log: Path) -> str:
     return f", rank {rank[1]} exited with code {code[1]}{signal_note} first"
 
 
+# A port picked free can still be taken by a process outside parbench before torchrun binds it:
+# torchrun then fails at once (is_host is explicit) and the run is started again on another port.
+PORT_ATTEMPTS = 3
+
+
+def rendezvous(cfg: RunConfig) -> tuple[list[str], dict[str, str]]:
+    """torchrun's c10d rendezvous arguments and gloo's interface: loopback and a free port for one
+    node; node 0's address for several, each node advertising the address it reaches node 0 from.
+    is_host is explicit so that a port clash fails at once instead of joining another run's store."""
+    if cfg.multi_node:
+        local = address_towards(cfg.master_addr)
+        endpoint, run_key, iface = f"{cfg.master_addr}:{cfg.master_port}", "parbench", interface_of(local)
+        extra = [f"--local-addr={local}"]
+    else:
+        endpoint, run_key, iface = f"{LOOPBACK}:{cfg.master_port or free_port()}", cfg.run_id, "lo"
+        extra = [f"--local-addr={LOOPBACK}"]
+    args = [f"--nnodes={cfg.nnodes}", f"--nproc-per-node={cfg.devices_per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_key}", *extra,
+            f"--rdzv-conf=join_timeout={int(cfg.collective_timeout_s)},is_host={int(cfg.node_rank == 0)}"]
+    # gloo otherwise picks the interface of the host name, which may be neither loopback nor the
+    # one that reaches the other nodes
+    return args, {"GLOO_SOCKET_IFNAME": iface}
+
+
+def _says_port_taken(text: str) -> bool:
+    # torchrun's own store says EADDRINUSE; the loopback-only store of backends/torch_ddp/torchrun.py the OS's words
+    return "EADDRINUSE" in text or "Address already in use" in text
+
+
+def port_taken(log: Path, offset: int) -> bool:
+    """Whether torchrun's output after `offset` says the rendezvous port was in use."""
+    try:
+        with open(log, "rb") as fh:
+            fh.seek(offset)
+            return _says_port_taken(fh.read().decode(errors="replace"))
+    except OSError:
+        return False
+
+
+def rendezvous_failure(log: Path, cfg: RunConfig) -> str:
+    """A plain reason when the nodes never met (torchrun's own message is a long traceback)."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    if _says_port_taken(text):
+        return ", the rendezvous port was taken by another process (EADDRINUSE)"
+    if "RendezvousTimeoutError" in text:
+        return (f", rendezvous timed out: {cfg.nnodes} node(s) did not all join within "
+                f"{cfg.collective_timeout_s:g} s (--collective-timeout)")
+    return ""
+
+
 class TorchDDP(TorchBackend):
     name = "torch_ddp"
     strategy = "DistributedDataParallel"
 
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         return torch_device_plan(count, kind, threads_per_device)
+
+    def spans_hosts(self, cfg: RunConfig) -> bool:
+        return True
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         if cfg.sync_bn and plan.kind == "cpu" and cfg.devices > 1:
@@ -54,19 +111,23 @@ class TorchDDP(TorchBackend):
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
         cfg.save(config_path)
-        port = free_port()
-        cmd = [sys.executable, "-m", "backends.torch_ddp.torchrun",  # torchrun, its stores on loopback
-               "--nnodes=1", f"--nproc-per-node={cfg.devices}", f"--max-restarts={cfg.max_restarts}",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint={LOOPBACK}:{port}", f"--local-addr={LOOPBACK}",
-               f"--rdzv-conf=join_timeout={int(cfg.collective_timeout_s)}",
-               "-m", "backends.torch_ddp.worker", str(config_path), str(result_path)]
-        env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)),
-               # gloo otherwise picks the interface of the host name, which may not be loopback
-               "GLOO_SOCKET_IFNAME": "lo", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
         log = workdir / "torchrun.log"
-        rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
+        for _ in range(PORT_ATTEMPTS):
+            offset = log.stat().st_size if log.exists() else 0
+            rdzv_args, rdzv_env = rendezvous(cfg)
+            # torchrun, except that the stores it hosts on loopback listen on loopback only
+            cmd = [sys.executable, "-m", "backends.torch_ddp.torchrun", *rdzv_args,
+                   f"--max-restarts={cfg.max_restarts}",
+                   "-m", "backends.torch_ddp.worker", str(config_path), str(result_path)]
+            env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)), **rdzv_env,
+                   "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+            rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
+            # A port the user gave, or node 0's, is not ours to change.
+            if rc == 0 or cfg.multi_node or cfg.master_port or not port_taken(log, offset):
+                break
         if rc != 0 or not result_path.is_file():
-            raise RunFailed(f"torchrun exited with code {rc}{first_failure(log)}: {log_tail(log)}")
+            raise RunFailed(f"torchrun exited with code {rc}{rendezvous_failure(log, cfg)}{first_failure(log)}: "
+                            f"{log_tail(log)}")
         return json.loads(result_path.read_text())
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
@@ -74,5 +135,6 @@ class TorchDDP(TorchBackend):
         if cfg.workload == "cnn" and cfg.devices > 1 and not cfg.sync_bn:
             notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as DDP does by default")
         if plan.kind == "cpu":
-            notes.append("gloo all-reduce over loopback between CPU processes")
+            link = f"TCP between {cfg.nnodes} hosts" if cfg.multi_node else "loopback"
+            notes.append(f"gloo all-reduce over {link} between CPU processes")
         return notes

@@ -50,7 +50,7 @@ def main(config_path: str, result_path: str) -> None:
         model = DistributedDataParallel(core, device_ids=[local_rank] if cuda else None)
         trainer = TorchTrainer(model, core, cfg, device, rank, world, metrics=lambda: {"restarts": restarts})
         outcome = run_loop(trainer, cfg, train, eval_data)
-        if rank == 0:
+        if local_rank == 0:  # every rank holds the aggregate; each node's first process keeps it
             write_json_atomic(Path(result_path), outcome)
         # Gloo aborts a process whose peer tears down while it still holds work objects
         # ("terminate called without an active exception"): finish together, reducer first.

@@ -1,0 +1,110 @@
+"""Two "hosts" on one machine: two network namespaces joined by a veth pair, made and removed by the
+test itself. Each namespace has its own interfaces, addresses and ports, so a run across them
+crosses a real network link (no loopback shortcut), as a run across two machines would.
+
+Needs root and iproute2; `why_unavailable` says why not otherwise, for the skip message.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+# A /30 inside the namespaces only: they have no other routes, so it cannot clash with the host's.
+SUBNET_PREFIX = "10.231.{}"
+CHECK_TIMEOUT_S = 20
+
+
+def why_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "network namespaces need root (ip netns add)"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` is not installed"
+    return None
+
+
+@dataclass(frozen=True)
+class Host:
+    netns: str
+    address: str
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` run inside this host's namespace (ip netns exec execs it: the pid is argv's)."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
+
+def _ip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+
+
+def _must(*args: str) -> None:
+    done = _ip(*args)
+    if done.returncode:
+        raise OSError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+
+def _kill_namespace_processes(netns: str) -> None:
+    """Anything a test left running in its namespace (only the test starts processes there)."""
+    done = _ip("netns", "pids", netns)
+    for pid in (int(p) for p in done.stdout.split() if p.isdigit()):
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _check_link(a: Host, b: Host) -> None:
+    """A TCP connection from b to a listener in a, with Python (there is no ping here)."""
+    listen = (f"import socket; s = socket.create_server(('{a.address}', 0)); print(s.getsockname()[1], flush=True); "
+              f"s.settimeout({CHECK_TIMEOUT_S}); s.accept()")
+    server = subprocess.Popen(a.command([sys.executable, "-c", listen]), stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip()
+        client = subprocess.run(b.command([sys.executable, "-c",
+                                           f"import socket; socket.create_connection(('{a.address}', {port}), "
+                                           f"timeout={CHECK_TIMEOUT_S})"]),
+                                capture_output=True, text=True, timeout=CHECK_TIMEOUT_S + 10)
+        if client.returncode:
+            raise OSError(f"{b.address} cannot reach {a.address}:{port}: {client.stderr.strip()[-300:]}")
+    finally:
+        server.kill()
+        server.wait()
+
+
+@contextmanager
+def two_hosts() -> Iterator[tuple[Host, Host]]:
+    """Namespaces `pb<pid>a`/`pb<pid>b`, veth `pb<pid>x`/`pb<pid>y`, 10.231.N.1/30 and .2/30, lo up in
+    both. Everything is deleted on the way out, also when the test fails. Raises OSError when the
+    kernel refuses (the caller turns that into a skip with the reason)."""
+    tag = f"pb{os.getpid() % 10**8}"
+    names, links = (f"{tag}a", f"{tag}b"), (f"{tag}x", f"{tag}y")
+    subnet = SUBNET_PREFIX.format(os.getpid() % 250)
+    hosts = (Host(names[0], f"{subnet}.1"), Host(names[1], f"{subnet}.2"))
+    try:
+        for host in hosts:
+            _must("netns", "add", host.netns)
+        _must("link", "add", links[0], "type", "veth", "peer", "name", links[1])
+        for host, link in zip(hosts, links):
+            _must("link", "set", link, "netns", host.netns)
+            _must("-n", host.netns, "addr", "add", f"{host.address}/30", "dev", link)
+            _must("-n", host.netns, "link", "set", link, "up")
+            _must("-n", host.netns, "link", "set", "lo", "up")
+        deadline = time.monotonic() + CHECK_TIMEOUT_S
+        while True:  # the veth carrier may take a moment to come up
+            try:
+                _check_link(*hosts)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        yield hosts
+    finally:
+        for host in hosts:
+            _kill_namespace_processes(host.netns)
+            _ip("netns", "del", host.netns)  # takes its end of the veth pair, and so the pair, with it
+        _ip("link", "del", links[0])  # only there if setup failed before moving it
