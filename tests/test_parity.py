@@ -110,7 +110,7 @@ def test_bench_parity_holds_on_synthetic_data(tmp_path, data_dir):
             "torch_dp", "torch_ddp", "tf_mirrored", "mindspore_auto"}
         assert checks[(workload, "torch_ddp: 2 devices = 1 device x 2 micro-batches")]["status"] == "pass"
         assert checks[(workload, "tf_mirrored: 2 devices = 1 device x 2 micro-batches")]["status"] == "pass"
+        assert checks[(workload, "mindspore_auto: 2 devices = 1 device x 2 micro-batches")]["status"] == "pass"
         # DataParallel needs CUDA for 2 devices: reported as skipped with the reason, never as passed.
         dp = checks[(workload, "torch_dp: 2 devices = 1 device x 2 micro-batches")]
         assert dp["status"] == "skip" and "CUDA" in dp["detail"]
-    assert checks[("mlm", "mindspore_auto: 2 devices = 1 device x 2 micro-batches")]["status"] == "pass"
