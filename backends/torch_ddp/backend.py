@@ -65,17 +65,12 @@ def rendezvous(cfg: RunConfig) -> tuple[list[str], dict[str, str]]:
     return args, {"GLOO_SOCKET_IFNAME": iface}
 
 
-def _says_port_taken(text: str) -> bool:
-    # torchrun's own store says EADDRINUSE; the loopback-only store of backends/torch_ddp/torchrun.py the OS's words
-    return "EADDRINUSE" in text or "Address already in use" in text
-
-
 def port_taken(log: Path, offset: int) -> bool:
     """Whether torchrun's output after `offset` says the rendezvous port was in use."""
     try:
         with open(log, "rb") as fh:
             fh.seek(offset)
-            return _says_port_taken(fh.read().decode(errors="replace"))
+            return b"EADDRINUSE" in fh.read()
     except OSError:
         return False
 
@@ -86,7 +81,7 @@ def rendezvous_failure(log: Path, cfg: RunConfig) -> str:
         text = log.read_text(errors="replace")
     except OSError:
         return ""
-    if _says_port_taken(text):
+    if "EADDRINUSE" in text:
         return ", the rendezvous port was taken by another process (EADDRINUSE)"
     if "RendezvousTimeoutError" in text:
         return (f", rendezvous timed out: {cfg.nnodes} node(s) did not all join within "

@@ -11,6 +11,7 @@ address (a multi-host run) is created exactly as torchrun would.
 """
 from __future__ import annotations
 
+import errno
 import socket
 import sys
 
@@ -34,7 +35,9 @@ def loopback_tcp_store(host_name: str, port: int, *args, **kwargs):
         except OSError as exc:
             sock.close()
             # The exception types torchrun's store set-up expects from a port it cannot take.
-            raise RuntimeError(f"cannot listen on {LOOPBACK}:{port}: {exc}") from exc
+            # EADDRINUSE by name, as torchrun's own store says it: the backend retries on another port.
+            reason = "EADDRINUSE" if exc.errno == errno.EADDRINUSE else str(exc)
+            raise RuntimeError(f"cannot listen on {LOOPBACK}:{port}: {reason}") from exc
         port = sock.getsockname()[1]
         kwargs["master_listen_fd"] = sock.detach()  # TCPStore owns the descriptor from here
     return _TCPStore(host_name, port, *args, **kwargs)
