@@ -20,6 +20,15 @@ from common.loop import run_loop
 from common.results import write_json_atomic
 
 
+def attempt_store(rank: int, world: int, attempt: int, timeout: timedelta) -> dist.Store:
+    """torchrun's store, under a prefix of its own per restart: a restarted group otherwise can read the
+    gloo addresses its dead predecessors left there and fail with "Connection refused" (seen in CI)."""
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=rank == 0 and not agent_hosts_it, timeout=timeout)
+    return dist.PrefixStore(f"parbench/attempt{attempt}", store)
+
+
 def main(config_path: str, result_path: str) -> None:
     cfg = RunConfig.load(Path(config_path))
     # torchrun --max-restarts: a restarted worker group carries on from the newest valid checkpoint.
@@ -35,8 +44,9 @@ def main(config_path: str, result_path: str) -> None:
     else:
         torch.set_num_threads(cfg.threads_per_device)
     # Every collective below inherits this timeout: a dead peer ends the run, it does not hang it.
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.collective_timeout_s),
-                            device_id=device if cuda else None)
+    timeout = timedelta(seconds=cfg.collective_timeout_s)
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout, device_id=device if cuda else None,
+                            store=attempt_store(rank, world, restarts, timeout), rank=rank, world_size=world)
     model = None
     try:
         data_dir = Path(cfg.data_dir)
