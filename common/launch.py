@@ -99,7 +99,6 @@ def _release_leases() -> None:
                 path.unlink()
 
 
-
 def child_env(extra: dict[str, str]) -> dict[str, str]:
     """The parent's environment plus the repo on PYTHONPATH, so workers import common/ and backends/."""
     env = dict(os.environ)

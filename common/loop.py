@@ -110,7 +110,7 @@ def _merge_digests(ranks: list[dict]) -> dict[str, list[str]]:
 
 
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
-             clock=time.perf_counter) -> dict | None:
+             clock=time.perf_counter) -> dict:
     """Train, evaluate and gather; returns the aggregated outcome on every rank."""
     ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     start = 0
