@@ -4,8 +4,10 @@ Proves that the backends run the same experiment. Every backend trains the same 
 through `bench.run` (the path every benchmark takes, records and all): on 1 device with 2
 accumulated micro-batches and on 2 devices, the same global batch. The checks (parity_checks.py)
 compare parameter counts, analytical FLOPs, the digests of the sample ids each device trained on,
-the loss at step 0 and over the first steps, and each backend's 2-device run against its 1-device
-run. Prints a table, writes DIR/parity.json, exits 0 only if every check holds; the last line is
+the loss at step 0, the loss curve against the reference's (the first backend that ran), and each
+backend's 2-device run against its 1-device run. How far curves may drift apart is measured, not
+assumed: the reference runs twice more from slightly perturbed initial weights (parity_checks.py
+says why and how much). Prints a table, writes DIR/parity.json, exits 0 only if every check holds; the last line is
 the summary.
 """
 from __future__ import annotations
@@ -43,23 +45,26 @@ def build_parser() -> OneLineParser:
     return p
 
 
-def run_command(args, backend: str, workload: str, devices: int, run_id: str) -> list[str]:
-    """bench.run at `devices` devices; the global batch is 2b either way (1 device: 2 micro-batches)."""
+def run_command(args, backend: str, workload: str, devices: int, run_id: str, probe: int = 0) -> list[str]:
+    """bench.run at `devices` devices; the global batch is 2b either way (1 device: 2 micro-batches).
+    `probe` k > 0: initial weights perturbed by PROBE_PERTURBATION, draw k."""
     cmd = [sys.executable, "-m", "bench.run", "--backend", backend, "--workload", workload,
            "--devices", str(devices), "--run-id", run_id, "--out", args.out, "--data", args.data,
            "--steps", str(args.steps), "--warmup-steps", "0", "--skip-eval", "--scaling", "weak",
            "--batch-size", str(args.batch_size), "--grad-accum", str(3 - devices), "--seed", str(args.seed),
            "--threads-per-device", "1", "--device-kind", "cpu", "--model-size", "tiny",
            "--timeout", str(args.timeout)]
+    if probe:
+        cmd += ["--init-perturbation", str(pc.PROBE_PERTURBATION), "--init-perturbation-seed", str(probe)]
     return cmd + (["--data-dir", args.data_dir] if args.data_dir else [])
 
 
-def run_one(args, backend: str, workload: str, devices: int, stamp: str) -> dict:
+def run_one(args, backend: str, workload: str, devices: int, stamp: str, probe: int = 0) -> dict:
     """The run's record; a stand-in `failed` record when bench.run left none (it died, or timed out)."""
-    run_id = f"parity-{stamp}-{backend}-{workload}-n{devices}"
+    run_id = f"parity-{stamp}-{backend}-{workload}-n{devices}" + (f"-probe{probe}" if probe else "")
     log = Path(args.out) / "logs" / f"{run_id}.log"
     try:
-        rc = run_supervised(run_command(args, backend, workload, devices, run_id), child_env({}), log,
+        rc = run_supervised(run_command(args, backend, workload, devices, run_id, probe), child_env({}), log,
                             args.timeout + HARNESS_MARGIN_S)
     except RunFailed as exc:
         rc, why = None, str(exc)
@@ -99,18 +104,32 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"{workload} {backend} N={devices} ...")
                 into[backend] = run_one(args, backend, workload, devices, stamp)
                 console.print(f"  {into[backend]['status']} ({into[backend].get('duration_s') or 0:.0f} s)")
+        # The first backend that ran is the reference; its perturbed runs measure the tolerance.
+        reference = next((b for b, r in one.items() if r.get("status") == "ok"), None)
+        probes = []
+        for k in pc.PROBE_SEEDS if reference else ():
+            console.print(f"{workload} {reference} N=1, initial weights perturbed (draw {k}) ...")
+            probes.append(run_one(args, reference, workload, 1, stamp, probe=k))
+            console.print(f"  {probes[-1]['status']} ({probes[-1].get('duration_s') or 0:.0f} s)")
+        ok_probes = [pc.curve_of(p) for p in probes if p.get("status") == "ok"]
+        envelope = (pc.sensitivity(pc.curve_of(one[reference]), ok_probes)
+                    if reference and ok_probes and len(ok_probes) == len(probes) else None)
         spec = model_spec(workload, "tiny")
         checks += pc.run_status_checks(workload, one)
-        checks += pc.cross_backend_checks(workload, spec.param_count(), training_flops_per_sample(spec), one, two)
-        checks += pc.data_parallel_checks(workload, one, two)
+        checks.append(pc.probe_check(workload, reference, probes))
+        checks += pc.cross_backend_checks(workload, spec.param_count(), training_flops_per_sample(spec), one, two,
+                                          reference, envelope)
+        checks += pc.data_parallel_checks(workload, one, two, envelope)
         runs[workload] = {str(n): {b: r.get("run_id") for b, r in group.items()} for n, group in ((1, one), (2, two))}
+        runs[workload]["probes"] = [p.get("run_id") for p in probes]
     print_table(checks)
     line = pc.summary_line(checks)
     write_json_atomic(Path(args.out) / "parity.json", {
         "summary": line, "data": args.data, "steps": args.steps, "per_device_batch": args.batch_size,
         "global_batch": 2 * args.batch_size, "seed": args.seed,
-        "tolerances": {"step0_rtol": pc.STEP0_RTOL, "early_steps": pc.EARLY_STEPS, "early_rtol": pc.EARLY_RTOL,
-                       "curve_rtol": pc.CURVE_RTOL},
+        "tolerances": {"step0_rtol": pc.STEP0_RTOL, "rounding_rtol": pc.ROUNDING_RTOL,
+                       "probe_perturbation": pc.PROBE_PERTURBATION, "probe_seeds": list(pc.PROBE_SEEDS),
+                       "sensitivity_factor": pc.SENSITIVITY_FACTOR},
         "runs": runs, "checks": [c.as_dict() for c in checks]})
     print(f"report {Path(args.out) / 'parity.json'}, records in {Path(args.out) / 'runs'}")
     print(line)

@@ -60,8 +60,23 @@ def build_parser() -> OneLineParser:
     n.add_argument("--master-addr", help="node 0's IPv4 address, the same on every node (needed with --nnodes > 1)")
     n.add_argument("--master-port", type=port_number, help="node 0's rendezvous port, the same on every node "
                    "(needed with --nnodes > 1; one node: this loopback port if given, else a free one)")
+    s = p.add_argument_group("sensitivity probe (bench.parity)")
+    s.add_argument("--init-perturbation", type=relative_size, default=0.0, metavar="REL",
+                   help="scale every initial trainable weight by (1 + REL x N(0, 1)), e.g. 1e-6; default 0")
+    s.add_argument("--init-perturbation-seed", type=positive_int, default=1, metavar="K",
+                   help="which draw of that noise (default 1)")
     return p
 
+
+def relative_size(text: str) -> float:
+    """A relative perturbation: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
 
 
 def check_options(args) -> None:
@@ -130,6 +145,7 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
         backend_options=backend_options(args), nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr or "", master_port=args.master_port or 0,
+        init_perturbation=args.init_perturbation, init_perturbation_seed=args.init_perturbation_seed,
     )
 
 

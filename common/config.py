@@ -48,6 +48,9 @@ class RunConfig:
     collective_timeout_s: float = 300.0
     sweep_id: str = ""
     backend_options: dict = field(default_factory=dict)
+    # bench.parity's sensitivity probe: initial weights scaled by (1 + init_perturbation x N(0, 1)).
+    init_perturbation: float = 0.0
+    init_perturbation_seed: int = 1
     # Several hosts: `devices` above is the world size, nnodes x devices per node. Node 0 hosts the
     # rendezvous at master_addr:master_port; one node runs on loopback with a port picked free.
     nnodes: int = 1

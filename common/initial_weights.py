@@ -15,16 +15,26 @@ Distributions: the CNN follows torch's default Conv/Linear init, U(+-1/sqrt(fan_
 and bias; BERT follows keras-hub/BERT, truncated normal (std 0.02, cut at 2 std) for kernels and
 embeddings, zero biases. Each tensor has its own generator, seeded by (seed, crc32(name)), so a
 tensor's values do not depend on which other tensors exist or in which order they are drawn.
+
+A run may ask for its trainable tensors to be perturbed, each value scaled by (1 + rel x N(0, 1))
+from a generator of its own: bench.parity uses that to measure how far float32-sized differences
+carry a backend's loss curve, the yardstick for how far two frameworks' curves may lie apart.
 """
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.spec import BertSpec, CnnSpec
 
+if TYPE_CHECKING:
+    from common.config import RunConfig
+
+# Keeps the perturbation's generators apart from the ones that draw the weights.
+PERTURBATION_STREAM = 0x5E45
 # Names of tensors that are state, not trainable parameters.
 NON_TRAINABLE_SUFFIXES = (".moving_mean", ".moving_var")
 
@@ -104,9 +114,23 @@ def _draw(t: Tensor, seed: int) -> np.ndarray:
     return values.astype(np.float32)
 
 
-def initial_weights(spec: CnnSpec | BertSpec, seed: int) -> dict[str, np.ndarray]:
-    """Canonical name -> float32 array, for the model of `spec` and the run's seed."""
-    return {t.name: _draw(t, seed) for t in layout(spec)}
+def _perturbed(t: Tensor, values: np.ndarray, seed: int, relative: float, perturbation_seed: int) -> np.ndarray:
+    if not relative or not t.trainable:
+        return values
+    rng = np.random.default_rng([seed, zlib.crc32(t.name.encode()), PERTURBATION_STREAM, perturbation_seed])
+    return (values * (1.0 + relative * rng.standard_normal(values.shape))).astype(np.float32)
+
+
+def initial_weights(spec: CnnSpec | BertSpec, seed: int, perturbation: float = 0.0,
+                    perturbation_seed: int = 1) -> dict[str, np.ndarray]:
+    """Canonical name -> float32 array, for the model of `spec` and the run's seed; trainable tensors
+    scaled by (1 + perturbation x N(0, 1)) when `perturbation` is not 0."""
+    return {t.name: _perturbed(t, _draw(t, seed), seed, perturbation, perturbation_seed) for t in layout(spec)}
+
+
+def run_initial_weights(cfg: RunConfig) -> dict[str, np.ndarray]:
+    """The initial weights a run starts from: its seed, and its perturbation if it asked for one."""
+    return initial_weights(cfg.spec, cfg.seed, cfg.init_perturbation, cfg.init_perturbation_seed)
 
 
 def trainable_count(spec: CnnSpec | BertSpec) -> int:

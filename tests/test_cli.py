@@ -38,6 +38,8 @@ BAD_INPUT = {
     "run: global batch beyond the dataset": ("bench.run", [*BASE, "--batch-size", "100000", "--data", "synthetic",
                                                            "--out", OUT]),
     "run: zero timeout": ("bench.run", [*BASE, "--timeout", "0", "--out", OUT]),
+    "run: perturbation of 100%": ("bench.run", [*BASE, "--init-perturbation", "1", "--out", OUT]),
+    "run: perturbation not a number": ("bench.run", [*BASE, "--init-perturbation", "tiny", "--out", OUT]),
     "run: resume without checkpoints": ("bench.run", [*BASE, "--resume", "--out", OUT]),
     "run: unknown model size": ("bench.run", [*BASE, "--model-size", "huge", "--out", OUT]),
     "run: unknown flag": ("bench.run", [*BASE, "--frobnicate", "--out", OUT]),

@@ -15,6 +15,7 @@ import pytest
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
 from backends.mindspore_auto.strategies import bert_strategies, cnn_strategies, stage_plan
 from common.errors import BadInput
+from common.initial_weights import initial_weights
 from common.results import validate_record
 from common.spec import BERT_SIZES, CNN
 from tests.conftest import run_cli
@@ -151,17 +152,17 @@ def _sharded_primitives(net) -> dict[str, tuple]:
 
 @pytest.mark.parametrize("workload, spec", [("cnn", CNN), ("mlm", TINY)])
 def test_param_counts_match_the_spec(workload, spec):
-    net = ms_models.build_loss_net(workload, spec, ParallelConfig(), seed=0)
+    net = ms_models.build_loss_net(workload, spec, ParallelConfig(), initial_weights(spec, 0))
     assert ms_models.param_count(net) == spec.param_count()
 
 
 def test_data_parallel_sets_no_strategies():
-    assert _sharded_primitives(ms_models.build_loss_net("mlm", TINY, ParallelConfig(), seed=0)) == {}
+    assert _sharded_primitives(ms_models.build_loss_net("mlm", TINY, ParallelConfig(), initial_weights(TINY, 0))) == {}
 
 
 @pytest.mark.parametrize("cfg", [layout(dp=2, mp=2), layout(mp=2, pp=2, k=2, vocab_emb_dp=False)])
 def test_every_operator_receives_its_strategy(cfg):
-    net = ms_models.build_loss_net("mlm", TINY, cfg, seed=0)
+    net = ms_models.build_loss_net("mlm", TINY, cfg, initial_weights(TINY, 0))
     table = bert_strategies(cfg)
     got = _sharded_primitives(net)
 
@@ -187,7 +188,7 @@ def test_every_operator_receives_its_strategy(cfg):
 
 def test_pipeline_placement_reaches_the_cells():
     cfg = layout(mp=2, pp=2, k=2, recompute=True)
-    net = ms_models.build_loss_net("mlm", TINY, cfg, seed=0)
+    net = ms_models.build_loss_net("mlm", TINY, cfg, initial_weights(TINY, 0))
     model = net.model
     assert [model.embedding.pipeline_stage, model.layers[0].pipeline_stage, model.layers[1].pipeline_stage,
             model.head.pipeline_stage, net.loss.pipeline_stage] == [0, 0, 1, 1, 1]

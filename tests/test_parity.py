@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 
+from bench import parity_checks as pc
 from bench.parity_checks import cross_backend_checks, data_parallel_checks
 from common.data.batches import TrainBatches
 from common.data.datasets import SplitData
@@ -38,11 +39,23 @@ def test_initial_weights_depend_on_the_seed_only():
     assert token.std() == pytest.approx(0.88 * TINY.init_stddev, rel=0.02)  # a normal cut at 2 std
 
 
+def test_a_perturbation_moves_trainable_tensors_by_its_relative_size_only():
+    base = initial_weights(CNN, 0)
+    one, again, other = (initial_weights(CNN, 0, 1e-3, k) for k in (1, 1, 2))
+    assert all(np.array_equal(one[k], again[k]) for k in one)
+    ratio = one["fc0.weight"] / base["fc0.weight"] - 1
+    assert abs(ratio.mean()) < 1e-5 and ratio.std() == pytest.approx(1e-3, rel=0.01)
+    assert not np.array_equal(one["fc0.weight"], other["fc0.weight"])
+    # BatchNorm's running statistics are state, not weights: never perturbed.
+    assert np.array_equal(one["bn0.moving_var"], base["bn0.moving_var"])
+    assert all(np.array_equal(initial_weights(CNN, 0, 0.0, 5)[k], base[k]) for k in base)
+
+
 def test_torch_loader_takes_every_tensor_and_rejects_gaps():
     torch_weights = pytest.importorskip("backends.torch_common.weights")
     from backends.torch_common.models import build_model
     weights = initial_weights(TINY, 0)
-    model = torch_weights.initialised_model("mlm", TINY, 0)
+    model = torch_weights.initialised_model("mlm", TINY, weights)
     np.testing.assert_array_equal(model.layers[1].key.weight.detach().numpy(), weights["layers.1.attention.key.weight"])
     with pytest.raises(RuntimeError, match="unassigned"):
         torch_weights.load_initial_weights(build_model("mlm", TINY), {k: v for k, v in weights.items()
@@ -87,10 +100,36 @@ def test_checks_catch_a_backend_that_differs():
     assert {c.status for c in cross_backend_checks("cnn", 100, 6, same, {})} == {"pass", "skip"}
     off = {"a": _record([2.0, 1.5]), "b": _record([2.001, 1.5], params=99, digest="e")}
     failed = {c.name for c in cross_backend_checks("cnn", 100, 6, off, {}) if c.status == "fail"}
-    assert failed == {"parameter count", "sample ids per device, N=1", "loss at step 0", "loss over the first 2 steps"}
+    assert failed == {"parameter count", "sample ids per device, N=1", "loss at step 0", "loss over 2 steps"}
     unsupported = {"status": "unsupported", "error": "no CUDA"}
     dp = data_parallel_checks("cnn", same, {"a": _record([2.0, 1.5]), "b": unsupported})
     assert [c.status for c in dp] == ["pass", "skip"] and "no CUDA" in dp[1].detail
+
+
+def test_curve_tolerance_is_the_references_own_sensitivity():
+    reference = [2.0, 1.8, 1.6, 1.4]
+    # Probes that stay at rounding keep the tolerance at ROUNDING_RTOL: a steady 4e-5 drift fails.
+    calm = pc.sensitivity(reference, [[2.0, 1.8 * (1 + 2e-6), 1.6, 1.4], [2.0, 1.8, 1.6 * (1 - 3e-6), 1.4]])
+    assert calm == [0.0, pytest.approx(2e-6), pytest.approx(3e-6), pytest.approx(3e-6)]
+    assert pc.tolerances(calm) == [pc.ROUNDING_RTOL] * 4
+    drift = {"ref": _record(reference), "b": _record([2.0, 1.8 * (1 + 4e-5), 1.6 * (1 + 4e-5), 1.4])}
+    curve = [c for c in cross_backend_checks("cnn", 100, 6, drift, {}, "ref", calm) if c.name == "loss over 4 steps"]
+    assert curve[0].status == "fail" and "b 4.0e-05 at step 1" in curve[0].detail
+    # A probe that flipped at step 2 widens the tolerance from step 2 on, to twice its deviation, not before.
+    flipped = pc.sensitivity(reference, [[2.0, 1.8, 1.6 * 1.01, 1.4 * 0.99]])
+    assert pc.tolerances(flipped) == [pc.ROUNDING_RTOL, pc.ROUNDING_RTOL, pytest.approx(0.02), pytest.approx(0.02)]
+    late = {"ref": _record(reference), "b": _record([2.0, 1.8, 1.6 * 1.015, 1.4 * 1.019])}
+    early = {"ref": _record(reference), "b": _record([2.0, 1.8 * 1.001, 1.6, 1.4])}
+    status = {name: [c.status for c in cross_backend_checks("cnn", 100, 6, runs, {}, "ref", flipped)
+                     if c.name == "loss over 4 steps"][0] for name, runs in (("late", late), ("early", early))}
+    assert status == {"late": "pass", "early": "fail"}
+
+
+def test_a_probe_that_did_not_run_fails_parity():
+    assert pc.probe_check("cnn", "ref", [{"status": "ok", "loss": {"curve": [[1, 2.0]]}}]).status == "pass"
+    broken = pc.probe_check("cnn", "ref", [{"run_id": "p1", "status": "failed", "error": "boom"}])
+    assert broken.status == "fail" and "boom" in broken.detail
+    assert pc.probe_check("cnn", None, []).status == "skip"
 
 
 # 14 bench.run processes (4 backends x 2 workloads x N = 1, 2): ~6 min on an idle 2-core machine,
@@ -105,6 +144,8 @@ def test_bench_parity_holds_on_synthetic_data(tmp_path, data_dir):
     checks = {(c["workload"], c["name"]): c for c in report["checks"]}
     for workload in ("cnn", "mlm"):
         assert checks[(workload, "loss at step 0")]["status"] == "pass"
+        assert checks[(workload, "reference's own sensitivity")]["status"] == "pass"
+        assert checks[(workload, "loss over 6 steps")]["values"]["reference"] == "torch_dp"
         assert checks[(workload, "sample ids per device, N=2")]["status"] == "pass"
         assert set(checks[(workload, "loss at step 0")]["values"]["losses"]) == {
             "torch_dp", "torch_ddp", "tf_mirrored", "mindspore_auto"}

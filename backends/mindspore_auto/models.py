@@ -17,7 +17,6 @@ from mindspore import dtype as mstype
 from backends.mindspore_auto.parallel_config import ParallelConfig
 from backends.mindspore_auto.strategies import layer_placement, operator_strategies, stage_plan
 from backends.mindspore_auto.weights import load_initial_weights
-from common.initial_weights import initial_weights
 from common.spec import BertSpec, CnnSpec
 
 MASK_BIAS = -1e9  # added to the scores of padded keys: exp() of it is exactly 0 in float32
@@ -328,8 +327,9 @@ def _place(model, loss: nn.Cell, workload: str, spec, cfg: ParallelConfig) -> No
             model.embedding.token_table.add_pipeline_stage(cfg.pipeline_stage - 1)
 
 
-def build_loss_net(workload: str, spec: CnnSpec | BertSpec, cfg: ParallelConfig, seed: int) -> nn.Cell:
-    """The model wrapped in its loss, sharded and placed for `cfg`."""
+def build_loss_net(workload: str, spec: CnnSpec | BertSpec, cfg: ParallelConfig,
+                   weights: dict[str, np.ndarray]) -> nn.Cell:
+    """The model, holding `weights` (common.initial_weights), wrapped in its loss, sharded and placed for `cfg`."""
     shard = Sharder(operator_strategies(workload, cfg, spec), apply=cfg.mode != "data")
     if workload == "cnn":
         model = SimpleCNN(spec, shard)
@@ -337,7 +337,7 @@ def build_loss_net(workload: str, spec: CnnSpec | BertSpec, cfg: ParallelConfig,
     else:
         model = BertMLM(spec, shard)
         loss = MlmLoss(model, spec, shard)
-    load_initial_weights(model, spec, initial_weights(spec, seed))
+    load_initial_weights(model, spec, weights)
     _place(model, loss, workload, spec, cfg)
     return loss
 

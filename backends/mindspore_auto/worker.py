@@ -19,6 +19,7 @@ from backends.mindspore_auto.trainer import MindSporeTrainer
 from common.config import RunConfig
 from common.data.batches import TrainBatches, eval_batches
 from common.data.datasets import TRAIN_SPLIT, load_split
+from common.initial_weights import run_initial_weights
 from common.loop import EVAL_BATCH, run_loop
 from common.results import write_json_atomic
 
@@ -83,7 +84,7 @@ def main(config_path: str, result_path: str) -> None:
     data_dir = Path(cfg.data_dir)
     split = load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed)
     eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
-    loss_net = build_loss_net(cfg.workload, cfg.spec, pcfg, cfg.seed)
+    loss_net = build_loss_net(cfg.workload, cfg.spec, pcfg, run_initial_weights(cfg))
     trainer = MindSporeTrainer(loss_net, cfg, pcfg, rank, processes)
     # DATA_PARALLEL: this rank's shard of each micro-batch; otherwise all of it, on every process.
     per_rank = cfg.per_device_batch if pcfg.mode == "data" else cfg.global_batch // cfg.grad_accum

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import keras
 import numpy as np
 
-from common.initial_weights import check_complete, check_shape, initial_weights
+from common.initial_weights import check_complete, check_shape
 from common.spec import BertSpec, CnnSpec
 
 Convert = Callable[[np.ndarray], np.ndarray]
@@ -96,6 +96,3 @@ def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: 
         assigned.add(canon)
     check_complete(assigned, weights, "keras", unmapped)
 
-
-def load_seeded(model: keras.Model, spec: CnnSpec | BertSpec, seed: int) -> None:
-    load_initial_weights(model, spec, initial_weights(spec, seed))

@@ -18,10 +18,11 @@ from backends.tf_mirrored.devices import configure_devices, physical_gpus
 from backends.tf_mirrored.models import build_model, trainable_param_count
 from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy, mode_of
 from backends.tf_mirrored.trainer import KerasTrainer
-from backends.tf_mirrored.weights import load_seeded
+from backends.tf_mirrored.weights import load_initial_weights
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split
+from common.initial_weights import run_initial_weights
 from common.loop import run_loop
 from common.results import write_json_atomic
 
@@ -66,7 +67,7 @@ def main(config_path: str, result_path: str) -> None:
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
         model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
-        load_seeded(model, cfg.spec, cfg.seed)
+        load_initial_weights(model, cfg.spec, run_initial_weights(cfg))
     trainer = KerasTrainer(strategy, model, cfg, cfg.device_kind, rank, world)
     feed = ReplicaBatches(train, strategy, local, cfg.total_steps)
     try:

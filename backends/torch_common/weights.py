@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from backends.torch_common.models import BertMLM, SimpleCNN, build_model
-from common.initial_weights import check_complete, check_shape, initial_weights
+from common.initial_weights import check_complete, check_shape
 from common.spec import BertSpec, CnnSpec
 
 # BatchNorm's batch counter is bookkeeping, not state a forward or an update reads (momentum is fixed).
@@ -62,8 +62,8 @@ def load_initial_weights(model: nn.Module, weights: dict[str, np.ndarray]) -> No
     check_complete(assigned, weights, "torch", unmapped)
 
 
-def initialised_model(workload: str, spec: CnnSpec | BertSpec, seed: int) -> nn.Module:
-    """The workload's model with the shared initial weights of `seed`."""
+def initialised_model(workload: str, spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> nn.Module:
+    """The workload's model holding `weights` (common.initial_weights)."""
     model = build_model(workload, spec)
-    load_initial_weights(model, initial_weights(spec, seed))
+    load_initial_weights(model, weights)
     return model

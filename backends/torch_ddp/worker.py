@@ -16,6 +16,7 @@ from backends.torch_common.weights import initialised_model
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split
+from common.initial_weights import run_initial_weights
 from common.loop import run_loop
 from common.results import write_json_atomic
 
@@ -54,7 +55,7 @@ def main(config_path: str, result_path: str) -> None:
                              cfg.spec, cfg.seed, cfg.per_device_batch, world, rank, cfg.grad_accum)
         eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
         torch.manual_seed(cfg.seed)
-        core = initialised_model(cfg.workload, cfg.spec, cfg.seed).to(device)
+        core = initialised_model(cfg.workload, cfg.spec, run_initial_weights(cfg)).to(device)
         if cfg.sync_bn:
             core = torch.nn.SyncBatchNorm.convert_sync_batchnorm(core)
         model = DistributedDataParallel(core, device_ids=[local_rank] if cuda else None)

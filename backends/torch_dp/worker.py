@@ -13,6 +13,7 @@ from backends.torch_dp.timed import TimedDataParallel
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split
+from common.initial_weights import run_initial_weights
 from common.loop import run_loop
 from common.results import write_json_atomic
 
@@ -55,7 +56,7 @@ def main(config_path: str, result_path: str) -> int:
                          cfg.devices)
     eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
     torch.manual_seed(cfg.seed)
-    core = initialised_model(cfg.workload, cfg.spec, cfg.seed).to(device)
+    core = initialised_model(cfg.workload, cfg.spec, run_initial_weights(cfg)).to(device)
     model = TimedDataParallel(core, device_ids=device_ids, output_device=device_ids[0] if cuda else None)
 
     def metrics() -> dict:
