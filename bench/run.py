@@ -128,6 +128,8 @@ def build_config(args, run_id: str, plan) -> RunConfig:
     if warmup >= total:
         raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
     key = f"{args.backend}-{args.workload}-n{world}-seed{args.seed}"
+    if args.init_perturbation:  # other initial weights: never resume an unperturbed run's checkpoints
+        key += f"-perturbed{args.init_perturbation:g}x{args.init_perturbation_seed}"
     if args.max_restarts and not args.resume:
         key = run_id  # a restarted worker must resume this run's checkpoints, never an earlier run's
     # A stable key lets a rerun --resume; within a sweep the sweep id keeps two sweeps sharing --out apart.

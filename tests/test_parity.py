@@ -132,8 +132,9 @@ def test_a_probe_that_did_not_run_fails_parity():
     assert pc.probe_check("cnn", None, []).status == "skip"
 
 
-# 14 bench.run processes (4 backends x 2 workloads x N = 1, 2): ~6 min on an idle 2-core machine,
-# ~20 min on one shared four ways; the limit is for the second.
+# 22 bench.run processes (4 backends x 2 workloads x N = 1, 2, and 3 perturbed runs of the reference
+# per workload): ~7 min on an idle 2-core machine, ~20 min on one shared four ways; the limit is for
+# the second.
 @pytest.mark.timeout(1800)
 def test_bench_parity_holds_on_synthetic_data(tmp_path, data_dir):
     out = tmp_path / "parity"
@@ -145,6 +146,10 @@ def test_bench_parity_holds_on_synthetic_data(tmp_path, data_dir):
     for workload in ("cnn", "mlm"):
         assert checks[(workload, "loss at step 0")]["status"] == "pass"
         assert checks[(workload, "reference's own sensitivity")]["status"] == "pass"
+        probes = [json.loads((out / "runs" / f"{run_id}.json").read_text())
+                  for run_id in report["runs"][workload]["probes"]]
+        assert [(p["backend"], p["config"]["init_perturbation"], p["config"]["init_perturbation_seed"])
+                for p in probes] == [("torch_dp", pc.PROBE_PERTURBATION, k) for k in pc.PROBE_SEEDS]
         assert checks[(workload, "loss over 6 steps")]["values"]["reference"] == "torch_dp"
         assert checks[(workload, "sample ids per device, N=2")]["status"] == "pass"
         assert set(checks[(workload, "loss at step 0")]["values"]["losses"]) == {

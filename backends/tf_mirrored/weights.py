@@ -95,4 +95,3 @@ def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: 
         variable.assign(value)
         assigned.add(canon)
     check_complete(assigned, weights, "keras", unmapped)
-
