@@ -24,25 +24,27 @@ STEP0_RTOL = 1e-4
 # curve (and each 2-device curve from its 1-device one) may deviate from the reference's by
 # SENSITIVITY_FACTOR times that, and never less than ROUNDING_RTOL.
 #
-# Why this, measured on the CNN (real MNIST, per-device batch 4, 20 steps; notes in README):
+# Why, measured on the CNN (per-device batch 4, 20 steps; README has the figures):
 # - Kernels: on the same weights and inputs the frameworks' forward passes differ by about 1e-7
 #   relative per conv, but Keras' BatchNormalization is 1.8e-5 off a float64 reference on outputs
 #   of scale 6 (3e-6 relative; torch's: 5e-7). PROBE_PERTURBATION is that size.
-# - Discrete flips: a pre-activation within that error of zero (BN outputs ~ N(0, 1), ~1e5 of them
-#   per micro-batch) lands on the other side of a ReLU in one framework and not in the other; its
-#   gradient goes elsewhere and AdamW's normalised update moves whole elements by ~lr. TF vs torch
-#   from torch's exact parameters at step 3: losses equal to 6e-8, but one BN output is -3.6e-6 in
-#   torch and +1.2e-7 in TF, and conv3's gradient differs by 8% in that channel; the free-running
-#   curves jump apart at step 4 (4e-6 -> 4e-3). The larger a framework's kernel error, the sooner
-#   such a flip comes (torch against itself with a 1e-7 perturbation: step 8).
-# - Torch against itself, initial weights perturbed by 3e-6 (4 draws): 2e-4 to 4e-3 by step 4 and
-#   1.2e-2 to 3.4e-2 over 20 steps; TF vs torch: up to 1e-2, MindSpore vs torch: 2e-4. On synthetic
-#   data and for the MLM (no ReLU flips: GELU, LayerNorm) the probes stay near rounding, and so
-#   does the tolerance: there it still catches a 4e-5 drift like Keras' epsilon placement.
+# - Discrete flips: a pre-activation within that error of zero lands on the other side of a ReLU
+#   in one run and not in another; its gradient goes elsewhere and AdamW's normalised update moves
+#   whole elements by ~lr. Real MNIST, TF given torch's exact parameters before step 3: losses
+#   equal to 6e-8, but one BN output is -3.6e-6 in torch and +1.2e-7 in TF, conv3's gradient
+#   differs by 8% in that channel, and the free-running curves jump from 4e-6 to 4e-3 at step 4.
+# - The flipped curves fall on a few branches, and the backends land on the probes' branches:
+#   6 of 8 torch probes at 3e-6 on real MNIST jump at step 3-4 to the very 4e-3 TF shows at step
+#   4; on synthetic data 4 of 8 jump at step 6 to MindSpore's 3e-4 (two match it for 20 steps). Which
+#   probes flip is chance, so there are six of them: over every 6 of the 8 measured, the factor TF
+#   and MindSpore needed was at most 1.06 (with 3 probes, up to 97); SENSITIVITY_FACTOR is 2.
+# - Where nothing flips (the MLM: GELU and LayerNorm, no ReLU) the probes stay at rounding
+#   (<= 7e-7) and so does the tolerance, which still catches a 4e-5 drift like Keras' epsilon
+#   placement (backends/tf_mirrored/optimizer.py).
 ROUNDING_RTOL = 1e-5       # before any flip, the backends agree to float32 rounding (measured <= 5.6e-6)
 PROBE_PERTURBATION = 3e-6
-PROBE_SEEDS = (1, 2, 3)
-SENSITIVITY_FACTOR = 2.0   # the probes sample a random process: by step 4, 2e-4 in one draw, 4e-3 in others
+PROBE_SEEDS = (1, 2, 3, 4, 5, 6)
+SENSITIVITY_FACTOR = 2.0
 
 
 @dataclass
@@ -167,7 +169,7 @@ def cross_backend_checks(workload: str, spec_params: int, spec_flops: int, one: 
     worst = {b: _worst(_deviation(c[:steps], curves[reference][:steps]), tolerance)
              for b, c in curves.items() if b != reference}
     failed = [b for b, (_, _, within) in worst.items() if not within or len(curves[b]) != len(curves[reference])]
-    detail = "; ".join(f"{b} {d:.1e} at step {s} (tolerance there {tolerance[s]:.0e})"
+    detail = "; ".join(f"{b} {d:.1e} at step {s} (tolerance there {tolerance[s]:.1e})"
                        for b, (s, d, _) in worst.items())
     checks.append(Check(workload, f"loss over {steps} steps", "fail" if failed else "pass",
                         f"largest deviation from {reference}: {detail}",
@@ -196,7 +198,7 @@ def data_parallel_checks(workload: str, one: dict[str, dict], two: dict[str, dic
             tolerance = _tolerance(envelope, len(rel))
             step, worst, within = _worst(rel, tolerance)
             status = "pass" if within and len(c1) == len(c2) else "fail"
-            detail = f"largest relative difference {worst:.1e} at step {step} (tolerance there {tolerance[step]:.0e})"
+            detail = f"largest relative difference {worst:.1e} at step {step} (tolerance there {tolerance[step]:.1e})"
             if len(c1) != len(c2):
                 detail += f"; {len(c2)} steps at N=2, {len(c1)} at N=1"
             checks.append(Check(workload, name, status, detail, {"one": c1, "two": c2, "relative": rel}))
