@@ -6,9 +6,9 @@ accumulated micro-batches and on 2 devices, the same global batch. The checks (p
 compare parameter counts, analytical FLOPs, the digests of the sample ids each device trained on,
 the loss at step 0, the loss curve against the reference's (the first backend that ran), and each
 backend's 2-device run against its 1-device run. How far curves may drift apart is measured, not
-assumed: the reference runs twice more from slightly perturbed initial weights (parity_checks.py
-says why and how much). Prints a table, writes DIR/parity.json, exits 0 only if every check holds; the last line is
-the summary.
+assumed: the reference runs six more times from slightly perturbed initial weights
+(parity_checks.py says why and how much). Prints a table, writes DIR/parity.json, exits 0 only if
+every check holds; the last line is the summary.
 """
 from __future__ import annotations
 
