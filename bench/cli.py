@@ -40,6 +40,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def relative_size(text: str) -> float:
+    """A relative perturbation: a number in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
+
+
 positive_int = _int_at_least(1)
 non_negative_int = _int_at_least(0)
 

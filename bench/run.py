@@ -28,6 +28,7 @@ from bench.cli import (
     non_negative_int,
     port_number,
     positive_int,
+    relative_size,
     workload_names,
 )
 from common.config import RunConfig, per_device_batch_for
@@ -67,16 +68,6 @@ def build_parser() -> OneLineParser:
                    help="which draw of that noise (default 1)")
     return p
 
-
-def relative_size(text: str) -> float:
-    """A relative perturbation: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
 
 
 def check_options(args) -> None:

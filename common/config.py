@@ -63,6 +63,11 @@ class RunConfig:
         return self.devices // self.nnodes
 
     @property
+    def first_rank_on_node(self) -> int:
+        """Ranks are numbered node by node: this node's are first_rank_on_node onwards."""
+        return self.node_rank * self.devices_per_node
+
+    @property
     def multi_node(self) -> bool:
         return self.nnodes > 1
 

@@ -71,7 +71,7 @@ class TFMirrored(Backend):
         else:
             self._run_workers(cmd, cfg, workdir, {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device))})
             if not result_path.is_file():
-                first_log = workdir / f"worker-{cfg.node_rank * cfg.devices_per_node}.log"
+                first_log = workdir / f"worker-{cfg.first_rank_on_node}.log"
                 raise RunFailed(f"workers exited without a result: {log_tail(first_log)}")
         return json.loads(result_path.read_text())
 
@@ -94,7 +94,7 @@ class TFMirrored(Backend):
     def _run_workers(cls, cmd: list[str], cfg: RunConfig, workdir: Path, env: dict[str, str]) -> None:
         """One process per device; this node's workers are indices node_rank x per-node onwards."""
         cluster = {"worker": cls._cluster(cfg)}
-        first = cfg.node_rank * cfg.devices_per_node
+        first = cfg.first_rank_on_node
         commands = []
         for index in range(first, first + cfg.devices_per_node):
             tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})

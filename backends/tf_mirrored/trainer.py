@@ -55,7 +55,7 @@ class KerasTrainer:
         o = cfg.optim
         with strategy.scope():
             self.optimizer = TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay,
-                                                    beta_1=o.beta1, beta_2=o.beta2, epsilon=o.eps)
+                                        beta_1=o.beta1, beta_2=o.beta2, epsilon=o.eps)
             self.optimizer.build(model.trainable_variables)
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer)
         self._step = tf.function(self._distributed_step)

@@ -53,12 +53,11 @@ def rendezvous(cfg: RunConfig) -> tuple[list[str], dict[str, str]]:
     if cfg.multi_node:
         local = address_towards(cfg.master_addr)
         endpoint, run_key, iface = f"{cfg.master_addr}:{cfg.master_port}", "parbench", interface_of(local)
-        extra = [f"--local-addr={local}"]
     else:
+        local = LOOPBACK
         endpoint, run_key, iface = f"{LOOPBACK}:{cfg.master_port or free_port()}", cfg.run_id, "lo"
-        extra = [f"--local-addr={LOOPBACK}"]
     args = [f"--nnodes={cfg.nnodes}", f"--nproc-per-node={cfg.devices_per_node}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_key}", *extra,
+            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_key}", f"--local-addr={local}",
             f"--rdzv-conf=join_timeout={int(cfg.collective_timeout_s)},is_host={int(cfg.node_rank == 0)}"]
     # gloo otherwise picks the interface of the host name, which may be neither loopback nor the
     # one that reaches the other nodes
