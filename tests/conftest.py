@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.data.files import DATA_DIR_ENV, FILES
+from common.data.files import DATA_DIR_ENV, FILES, resolve_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ def data_dir() -> Path:
     raw = os.environ.get(DATA_DIR_ENV)
     if not raw:
         pytest.fail(f"set {DATA_DIR_ENV} to a directory with the real data (CI uses ../shared/data)")
-    path = Path(raw)
+    path = resolve_data_dir()
     missing = [f.relpath for f in FILES if not (path / f.relpath).is_file()]
     if missing:
         pytest.fail(f"{DATA_DIR_ENV}={path} lacks {', '.join(missing)}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
-import os
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from common.data import download as dl
-from common.data.files import DATA_DIR_ENV, FILES, DataFile, files_of
+from common.data.files import FILES, DataFile, files_of
 from common.errors import DataError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,11 +61,9 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    raw = os.environ.get(DATA_DIR_ENV)
-    if not raw or not Path(raw).is_dir():
-        pytest.fail(f"set {DATA_DIR_ENV} to the shared data dir (../shared/data); got {raw!r}")
-    return Path(raw)
+def shared_data(data_dir: Path) -> Path:
+    """The verified copies the downloads are served from: conftest's data dir, checked and absolute."""
+    return data_dir
 
 
 @pytest.fixture
