@@ -19,6 +19,7 @@ class Entry:
 BACKENDS = {
     "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch"),
+    "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch"),
     "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf"),
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore"),
 }

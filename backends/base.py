@@ -6,6 +6,8 @@ from pathlib import Path
 
 from common.config import RunConfig
 from common.devices import DevicePlan
+from common.errors import Unsupported
+from common.layout import refuse_layout
 
 
 class Backend:
@@ -35,6 +37,28 @@ class Backend:
         """Train and return common.loop's outcome; raise common.launch.RunFailed when it fails."""
         raise NotImplementedError
 
+    def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        """Train with the framework's own minimal idiom instead of common.loop (backends/<name>/bare.py) and
+        return common.calibration.bare_result; for bench.calibrate."""
+        raise Unsupported(f"{self.name} has no bare loop to calibrate against")
+
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         """Differences from the spec that cannot be removed, for the record."""
         return []
+
+    def measured_notes(self, record: dict) -> list[str]:
+        """Notes that only the run's own measurements can write (e.g. where its step time went)."""
+        return []
+
+
+def refuse_mindspore_mode(cfg: RunConfig, backend: str) -> None:
+    """--parallel-mode picks one of MindSpore's parallel modes; no other backend has them."""
+    mode = cfg.backend_options.get("parallel_mode", "data")
+    if mode != "data":
+        raise Unsupported(f"--parallel-mode {mode}: a MindSpore parallel mode (mindspore_auto), not {backend}'s")
+
+
+def refuse_non_data_parallel(cfg: RunConfig, backend: str) -> None:
+    """A data-parallel-only backend refuses every layout flag beyond the default, by name."""
+    refuse_mindspore_mode(cfg, backend)
+    refuse_layout(cfg.layout, backend)

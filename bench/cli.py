@@ -5,7 +5,8 @@ import argparse
 import sys
 
 from backends import BACKENDS
-from common.config import PRECISIONS, SCALING_MODES
+from common.config import COMPILE_MODES, PRECISIONS, SCALING_MODES
+from common.layout import SCHEDULES
 from common.spec import BERT_SIZES, WORKLOADS
 
 
@@ -74,8 +75,9 @@ def name_list(choices):
 
 
 def int_list(text: str) -> list[int]:
+    # An empty entry ("1,,2") is refused, not skipped: it may be a count the user meant to type.
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        values = [int(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 1:
@@ -100,7 +102,11 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=non_negative_int, default=0)
     g.add_argument("--out", default="results", help="results directory (default results/)")
     g.add_argument("--model-size", choices=tuple(BERT_SIZES), default="tiny", help="BERT size for mlm")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32", help="amp: bfloat16 autocast")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="amp: bfloat16 autocast; fp16: float16 with dynamic loss scaling (GPUs without bf16)")
+    g.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+                   help="compiled execution: torch.compile (MODE: " + ", ".join(COMPILE_MODES) + "), XLA "
+                        "jit_compile for tf_mirrored, MindSpore's jit level; compile time is recorded apart")
     g.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     g.add_argument("--sync-bn", action="store_true", help="synchronise BatchNorm statistics across devices")
     g.add_argument("--eval-every", type=non_negative_int, default=0, help="evaluate every K steps")
@@ -122,24 +128,32 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tf-mode", choices=("mirrored", "multi_worker"),
                    help="tf_mirrored: one process over N logical devices (default), or one process per device")
     g.add_argument("--tf-tensorboard", metavar="DIR", help="tf_mirrored: write a TensorBoard log of the run to DIR")
+    g.add_argument("--breakdown-steps", type=non_negative_int, default=0,
+                   help="after training and evaluation, K probe steps timing forward+backward, gradient "
+                        "communication, optimizer and data apart (backend_metrics.breakdown); default 0: none")
     g.add_argument("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)")
     g.add_argument("--collective-timeout", type=positive_float, default=300.0,
                    help="limit for any rendezvous or collective (s)")
-    m = p.add_argument_group("parallel layout (mindspore_auto; other backends ignore these)")
+    m = p.add_argument_group("parallel layout (torch_3d, mindspore_auto; data-parallel backends refuse all but "
+                             "the defaults); data parallel = devices / (model parallel x pipeline stages), "
+                             "--batch-size is per data-parallel replica and micro-batch")
     m.add_argument("--parallel-mode", choices=("data", "semi_auto", "auto"), default="data",
-                   help="MindSpore DATA_PARALLEL, SEMI_AUTO_PARALLEL or AUTO_PARALLEL")
+                   help="mindspore_auto only: MindSpore DATA_PARALLEL, SEMI_AUTO_PARALLEL or AUTO_PARALLEL")
     m.add_argument("--model-parallel", type=positive_int, default=1, help="devices each layer is split over")
     m.add_argument("--pipeline-stages", type=positive_int, default=1, help="pipeline stages the layers are cut into")
     m.add_argument("--micro-batches", type=positive_int, default=1, help="micro-batches per pipeline step")
-    m.add_argument("--optimizer-shard", action="store_true", help="shard optimizer state over data-parallel devices")
+    m.add_argument("--pipeline-schedule", choices=SCHEDULES, default="gpipe",
+                   help="pipeline schedule: all forwards then all backwards (gpipe), or one forward one backward")
+    m.add_argument("--optimizer-shard", action="store_true",
+                   help="shard parameters, gradients and optimizer state over data-parallel devices (FSDP/ZeRO)")
     m.add_argument("--recompute", action="store_true", help="recompute layer activations in the backward pass")
     m.add_argument("--vocab-emb-dp", action=argparse.BooleanOptionalAction, default=True,
                    help="replicate the embedding table (default) or split its vocabulary over model-parallel devices")
 
 
 # The run options that reach a backend through RunConfig.backend_options.
-BACKEND_OPTIONS = ("parallel_mode", "model_parallel", "pipeline_stages", "micro_batches", "optimizer_shard",
-                   "recompute", "vocab_emb_dp")
+BACKEND_OPTIONS = ("parallel_mode", "model_parallel", "pipeline_stages", "micro_batches", "pipeline_schedule",
+                   "optimizer_shard", "recompute", "vocab_emb_dp")
 
 
 def backend_names() -> tuple[str, ...]:

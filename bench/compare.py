@@ -1,18 +1,25 @@
 """python -m bench.compare --gpus 1,2,4 [--backends a,b] [--workloads cnn,mlm] [run options]
+python -m bench.compare --layouts dp2,tp2,pp2-mb4-1f1b [--backends torch_3d] [--workloads mlm] [run options]
 
 A sweep: every (workload, backend, device count) as its own `bench.run` subprocess, all with the
 same threads per device. Every run leaves a record whatever its status; the sweep goes on, prints
 a table and writes summary.csv. Exit 0 when the sweep itself completed.
+
+With --layouts (names: bench/layouts.py) the sweep runs each layout at the devices it implies, all at
+one global batch (--scaling strong: --batch-size is the global batch), plus the 1-device run of that
+global batch for each micro-batch count among them (pp<N>-mb<K> <-> 1 device --grad-accum K).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,9 +27,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from bench import run as bench_run
 from bench.cli import OneLineParser, add_run_options, backend_names, int_list, name_list, workload_names
+from bench.layouts import LayoutName, layout_list, reference_accumulations
+from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame
 from common.devices import default_threads_per_device
-from common.launch import TERM_GRACE_S, child_env, log_tail
+from common.errors import BadInput, Cancelled
+from common.launch import TERM_GRACE_S, cancel_on_signals, child_env, log_tail
 from common.record import skeleton
 from common.results import load_records, new_run_id, summary_frame, utc_now, write_record, write_summary
 
@@ -32,22 +43,35 @@ _FORWARD = [(a.dest, a.option_strings[0],
             for a in (lambda p: (add_run_options(p), p._actions)[1])(argparse.ArgumentParser())
             if a.option_strings and a.dest != "help"]
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of --timeout
+# The run options a --layouts entry sets (and bench.compare then refuses on its own command line).
+LAYOUT_OPTIONS = ("model_parallel", "pipeline_stages", "micro_batches", "pipeline_schedule", "optimizer_shard",
+                  "recompute", "vocab_emb_dp")
+LAYOUT_BACKEND = "torch_3d"
 
 
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog="bench.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--gpus", "--devices", dest="devices", type=int_list, default=[1, 2],
-                   help="device counts to sweep, e.g. 1,2,4 (CUDA when present, else virtual CPU devices)")
-    p.add_argument("--backends", type=name_list(backend_names()), default=list(backend_names()))
+    p.add_argument("--gpus", "--devices", dest="devices", type=int_list,
+                   help="device counts to sweep, e.g. 1,2,4 (default 1,2; CUDA when present, else virtual CPU "
+                        "devices)")
+    p.add_argument("--layouts", type=layout_list,
+                   help="parallel layouts to sweep instead of device counts, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2 "
+                        "(README: Layouts); each at the devices it implies, one global batch for all")
+    p.add_argument("--backends", type=name_list(backend_names()),
+                   help=f"default: every backend; with --layouts, {LAYOUT_BACKEND}")
     p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
     add_run_options(p)
     return p
 
 
-def run_command(args, backend: str, workload: str, devices: int, run_id: str, sweep_id: str) -> list[str]:
+def run_command(args, backend: str, workload: str, devices: int, run_id: str, sweep_id: str,
+                layout: LayoutName | None = None, grad_accum: int = 1) -> list[str]:
+    """bench.run with the sweep's options; for a layout, its own layout flags and --grad-accum instead."""
     cmd = [sys.executable, "-m", "bench.run", "--backend", backend, "--workload", workload,
            "--devices", str(devices), "--run-id", run_id, "--sweep-id", sweep_id]
     for dest, flag, kind in _FORWARD:
+        if layout and dest in LAYOUT_OPTIONS + ("grad_accum",):
+            continue
         value = getattr(args, dest)
         if kind == "flag":
             cmd += [flag] if value else []
@@ -55,44 +79,101 @@ def run_command(args, backend: str, workload: str, devices: int, run_id: str, sw
             cmd += [flag if value else f"--no-{flag[2:]}"]
         elif value is not None:
             cmd += [flag, str(value)]
+    if layout:
+        cmd += ["--grad-accum", str(grad_accum), *layout.run_flags()]
     return cmd
 
 
-def record_harness_failure(args, backend, workload, devices, run_id, sweep_id, status, error) -> None:
+def bad_input(args, plan, sweep_id: str) -> dict[int, str]:
+    """bench.run's own checks (those that need no framework) for every planned run, in this process:
+    why each run that bench.run would refuse is bad input, by its index in the plan."""
+    parser = bench_run.build_parser()
+    bad = {}
+    for i, (workload, backend, devices, layout, grad_accum) in enumerate(plan):
+        cmd = run_command(args, backend, workload, devices, "check", sweep_id, layout, grad_accum)
+        try:
+            bench_run.check_run(parser.parse_args(cmd[3:]))
+        except BadInput as exc:
+            bad[i] = str(exc)
+    return bad
+
+
+def record_harness_failure(args, backend, workload, devices, run_id, sweep_id, status, error, layout=None,
+                           grad_accum: int = 1) -> None:
     """bench.run ended without a record (bad input for this N, or it died): the sweep writes one."""
     record = skeleton(run_id, backend, workload, devices, utc_now(), sweep_id=sweep_id,
                       scaling=args.scaling, seed=args.seed, data=args.data)
+    if layout:  # so that the report still names the layout that did not run
+        record.update(layout=asdict(layout), config={"grad_accum": grad_accum})
     record.update(status=status, error=error, duration_s=0.0)
     write_record(record, Path(args.out))
 
 
-def run_one(args, backend, workload, devices, sweep_id, log_dir: Path) -> str:
+def stop_run(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Signal bench.run, which stops its own workers and launcher (they sit in process groups of their
+    own); SIGKILL its group only if it has not done so in time."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(sig)
+    try:
+        proc.wait(timeout=TERM_GRACE_S + 10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+class SweepCancelled(Exception):
+    def __init__(self, cancelled: Cancelled, run_id: str, record_written: bool):
+        super().__init__(run_id)
+        self.cancelled, self.run_id, self.record_written = cancelled, run_id, record_written
+
+
+def run_one(args, backend, workload, devices, sweep_id, log_dir: Path, layout: LayoutName | None = None,
+            grad_accum: int = 1, invalid: str | None = None) -> str:
     run_id = new_run_id(backend, workload, devices)
+    if invalid:  # bad input for this run only (the sweep refused input bad for every run)
+        what = f"layout {layout.name}" if layout else f"{devices} device(s)"
+        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "invalid",
+                               f"invalid for {what}: {invalid}", layout, grad_accum)
+        return run_id
     log = log_dir / f"{run_id}.log"
+    record = Path(args.out) / "runs" / f"{run_id}.json"
+    rc = launch(args, run_command(args, backend, workload, devices, run_id, sweep_id, layout, grad_accum), log,
+                run_id, record)
+    if record.is_file():
+        return run_id
+    if rc == 2:  # refused by a backend's own check, e.g. a layout that does not divide the model
+        why = log_tail(log, 1).removeprefix("bench.run: error: ")
+        what = f"layout {layout.name}" if layout else f"{devices} device(s)"
+        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "invalid",
+                               f"invalid for {what}: {why}", layout, grad_accum)
+    else:
+        why = "harness timed out" if rc is None else f"bench.run exited {rc} without a record"
+        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "failed",
+                               f"{why}: {log_tail(log)}", layout, grad_accum)
+    return run_id
+
+
+def launch(args, cmd: list[str], log: Path, run_id: str, result: Path) -> int | None:
+    """Run one bench.run to its end, output to `log`; its exit code, None when it timed out. A signal to
+    the sweep stops it and raises SweepCancelled, saying whether it wrote `result` as the signal came."""
     with open(log, "wb") as fh:
-        proc = subprocess.Popen(run_command(args, backend, workload, devices, run_id, sweep_id),
-                                env=child_env({}), stdout=fh, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=child_env({}), stdout=fh, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         try:
             rc = proc.wait(timeout=args.timeout + HARNESS_MARGIN_S)
         except subprocess.TimeoutExpired:
-            proc.terminate()  # bench.run then stops its own workers
-            try:
-                proc.wait(timeout=TERM_GRACE_S + 10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            stop_run(proc)
             rc = None
-    if (Path(args.out) / "runs" / f"{run_id}.json").is_file():
-        return run_id
-    if rc == 2:
-        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "unsupported",
-                               f"invalid for {devices} device(s): {log_tail(log, 1)}")
-    else:
-        why = "harness timed out" if rc is None else f"bench.run exited {rc} without a record"
-        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "failed",
-                               f"{why}: {log_tail(log)}")
-    return run_id
+        except Cancelled as exc:
+            # bench.run is in a session of its own (a terminal's Ctrl-C reaches only the sweep), so the
+            # sweep passes the signal on; bench.run writes no record for a run it did not finish.
+            stop_run(proc, exc.signum)
+            written = result.is_file()
+            if not written:
+                log.unlink(missing_ok=True)
+            raise SweepCancelled(exc, run_id, written) from None
+    return rc
 
 
 def _fmt(value, pattern: str) -> str:
@@ -111,42 +192,118 @@ def _devices_cell(row) -> str:
 
 def print_table(console: Console, frame) -> None:
     table = Table(title="parbench sweep")
-    for col in ("workload", "backend", "devices", "status", "samples/s", "efficiency", "step p50 (s)",
+    for col in ("workload", "backend", "devices", "data", "status", "samples/s", "efficiency", "MFU", "step p50 (s)",
                 "data wait", "eval", "note"):
-        left = col in ("workload", "backend", "devices", "status", "note")
+        left = col in ("workload", "backend", "devices", "data", "status", "note")
         table.add_column(col, justify="left" if left else "right")
     for row in frame.itertuples():
-        table.add_row(row.workload, row.backend, _devices_cell(row), row.status, _fmt(row.samples_per_s, "{:.1f}"),
-                      _fmt(row.scaling_efficiency, "{:.2f}"), _fmt(row.step_time_p50, "{:.4f}"),
+        # "synthetic" beside an eval of 1.0000, which would otherwise read as the dataset's accuracy
+        table.add_row(row.workload, row.backend, _devices_cell(row), str(row.data or "?"), row.status,
+                      _fmt(row.samples_per_s, "{:.1f}"), _fmt(row.scaling_efficiency, "{:.2f}"),
+                      _fmt(row.mfu, "{:.1%}"), _fmt(row.step_time_p50, "{:.4f}"),
                       _fmt(row.data_wait_fraction, "{:.1%}"), _fmt(row.eval_value, "{:.4f}"),
-                      (row.error or "")[:80] if row.status != "ok" else "")
+                      (row.error or "") if row.status != "ok" else "")
     console.print(table)
 
 
+def print_layout_table(console: Console, records: list[dict]) -> None:
+    table = Table(title="parbench layouts (one global batch)")
+    for col in ("workload", "backend", "layout", "N", "status", "samples/s", "efficiency vs 1 device", "note"):
+        table.add_column(col, justify="right" if col in ("N", "samples/s", "efficiency vs 1 device") else "left")
+    by_id = {r["run_id"]: r for r in records}
+    for row in layout_frame(records).itertuples():
+        table.add_row(row.workload, row.backend, row.layout, str(row.devices), row.status,
+                      _fmt(row.samples_per_s, "{:.1f}"), _fmt(row.efficiency, "{:.2f}"),
+                      (by_id[row.run_id].get("error") or "") if row.status != "ok" else "")
+    console.print(table)
+
+
+def check_layout_options(parser: OneLineParser, args) -> None:
+    """--layouts fixes the devices, the layout flags and the scaling mode: refuse what would contradict it."""
+    defaults = build_parser().parse_args([])
+    given = [dest for dest in LAYOUT_OPTIONS if getattr(args, dest, None) != getattr(defaults, dest, None)]
+    if given:
+        parser.error(f"--layouts sets the layout of every run; drop --{given[0].replace('_', '-')}")
+    if args.devices:
+        parser.error("--layouts sets the device count of every run (dp x tp x pp); drop --gpus/--devices")
+    if args.scaling == "weak":
+        parser.error("--layouts compares layouts at one global batch (strong scaling); drop --scaling weak")
+
+
+def sweep_plan(args) -> list[tuple[str, str, int, LayoutName | None, int]]:
+    """(workload, backend, devices, layout, grad_accum) per run: device counts, or the layouts, each after
+    the 1-device runs it is measured against (one per micro-batch count: pp<N>-mb<K> <-> --grad-accum K)."""
+    if not args.layouts:
+        return [(w, b, n, None, args.grad_accum) for w in args.workloads for b in args.backends for n in args.devices]
+    runs = [(LayoutName(), args.grad_accum * k) for k in reference_accumulations(args.layouts)]
+    runs += [(lay, args.grad_accum) for lay in args.layouts]
+    return [(w, b, lay.devices, lay, accum) for w in args.workloads for b in args.backends for lay, accum in runs]
+
+
+def cancelled(exc: Cancelled | SweepCancelled, out: Path, run_ids: list[str], planned: int, console) -> int:
+    """One line: what was cancelled, what was kept. A run the signal cut short has no record (bench.run
+    writes none, and its logs go); the records of runs that finished stay, with a summary of them."""
+    cut, kept = "no run was in progress", list(run_ids)
+    if isinstance(exc, SweepCancelled):
+        if exc.record_written:  # it finished as the signal came
+            kept.append(exc.run_id)
+        else:
+            cut = f"run {exc.run_id} stopped with its workers, no record written"
+        exc = exc.cancelled
+    if kept:
+        write_summary(out)
+    console.print(f"bench.compare: cancelled by {exc.name}: {cut}; {planned - len(kept)} of {planned} runs not "
+                  f"done; kept {len(kept)} record(s) of finished runs in {out / 'runs'}", soft_wrap=True)
+    return exc.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    cancel_on_signals()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.layouts:
+        check_layout_options(parser, args)
+        args.scaling = "strong"
+        if args.backends is None and LAYOUT_BACKEND not in backend_names():
+            parser.error(f"--layouts runs {LAYOUT_BACKEND} by default, which this checkout lacks; give --backends")
+        args.backends = args.backends or [LAYOUT_BACKEND]
+    args.devices = args.devices or [1, 2]
+    args.backends = args.backends or list(backend_names())
+    plan = sweep_plan(args)
     if args.threads_per_device is None:
-        args.threads_per_device = default_threads_per_device(max(args.devices))
-    sweep_id = datetime.now(timezone.utc).strftime("sweep-%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
+        args.threads_per_device = default_threads_per_device(max(run[2] for run in plan))
+    prefix = LAYOUT_SWEEP_PREFIX if args.layouts else "sweep-"
+    sweep_id = datetime.now(timezone.utc).strftime(f"{prefix}%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
+    invalid = bad_input(args, plan, sweep_id)
+    if len(invalid) == len(plan):  # bad for every run: refused before anything is written
+        parser.error("; ".join(dict.fromkeys(invalid.values())))
     out = Path(args.out)
     log_dir = out / "logs" / sweep_id
     log_dir.mkdir(parents=True, exist_ok=True)
-    plan = [(w, b, n) for w in args.workloads for b in args.backends for n in args.devices]
     console = Console(stderr=True)
     console.print(f"{sweep_id}: {len(plan)} runs, {args.threads_per_device} thread(s) per virtual CPU device")
     run_ids = []
     started = time.monotonic()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
-        task = progress.add_task("sweep", total=len(plan))
-        for workload, backend, devices in plan:
-            progress.update(task, description=f"{backend} {workload} N={devices}")
-            run_ids.append(run_one(args, backend, workload, devices, sweep_id, log_dir))
-            progress.advance(task)
-    write_summary(out)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=console) as progress:
+            task = progress.add_task("sweep", total=len(plan))
+            for i, (workload, backend, devices, layout, grad_accum) in enumerate(plan):
+                what = f"{layout.name} (N={devices}, accumulating {grad_accum})" if layout else f"N={devices}"
+                progress.update(task, description=f"{backend} {workload} {what}")
+                run_ids.append(run_one(args, backend, workload, devices, sweep_id, log_dir, layout, grad_accum,
+                                       invalid.get(i)))
+                progress.advance(task)
+        write_summary(out)
+    except (Cancelled, SweepCancelled) as exc:
+        return cancelled(exc, out, run_ids, len(plan), console)
     mine = [r for r in load_records(out) if r["run_id"] in set(run_ids)]
     # Off a terminal rich assumes 80 columns, which would cut backend names in logs.
-    print_table(Console(width=None if sys.stdout.isatty() else 160), summary_frame(mine))
+    table_console = Console(width=None if sys.stdout.isatty() else 160)
+    if args.layouts:
+        print_layout_table(table_console, mine)
+    else:
+        print_table(table_console, summary_frame(mine))
     console.print(f"{len(plan)} runs in {time.monotonic() - started:.0f} s; records in {out / 'runs'}, "
                   f"summary {out / 'summary.csv'}")
     return 0

@@ -9,6 +9,12 @@ backend's 2-device run against its 1-device run. How far curves may drift apart 
 assumed: the reference runs six more times from slightly perturbed initial weights
 (parity_checks.py says why and how much). Prints a table, writes DIR/parity.json, exits 0 only if
 every check holds; the last line is the summary.
+
+With --layouts (names: bench/layouts.py; backends default torch_3d) it checks layouts instead: each
+layout trains the global batch 2b, against the same backend on 1 device with that global batch as
+the same number of accumulated micro-batches (pp<N>-mb<K> <-> --grad-accum K); the perturbed runs
+are that 1-device run's. A layout must leave step 0's loss, the curve and the final parameters as
+they were.
 """
 from __future__ import annotations
 
@@ -23,11 +29,13 @@ from rich.table import Table
 
 from bench import parity_checks as pc
 from bench.cli import OneLineParser, backend_names, name_list, positive_float, positive_int, workload_names
+from bench.layouts import LayoutName, layout_list, reference_accumulations
 from common.launch import RunFailed, child_env, run_supervised
 from common.results import write_json_atomic
 from common.spec import model_spec, training_flops_per_sample
 
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of its --timeout
+LAYOUT_BACKEND = "torch_3d"
 
 
 def build_parser() -> OneLineParser:
@@ -35,37 +43,54 @@ def build_parser() -> OneLineParser:
     p.add_argument("--data", choices=("real", "synthetic"), default="synthetic")
     p.add_argument("--data-dir", help="data directory (default $PARBENCH_DATA_DIR or ~/.cache/parbench)")
     p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
-    p.add_argument("--backends", type=name_list(backend_names()), default=list(backend_names()))
+    p.add_argument("--backends", type=name_list(backend_names()),
+                   help=f"default: every data-parallel backend ({LAYOUT_BACKEND}'s data parallel is the dp2 of "
+                        f"--layouts); with --layouts, {LAYOUT_BACKEND}")
+    p.add_argument("--layouts", type=layout_list,
+                   help="check these layouts against 1 device instead, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2")
     p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps compared (default 20)")
     p.add_argument("--batch-size", type=positive_int, default=4,
-                   help="per-device batch b; the global batch is 2b (default 4)")
+                   help="per-device batch b; the global batch is 2b (default 4), with --layouts too")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device-kind", choices=("cpu", "cuda", "auto"), default="cpu",
+                   help="cpu (default: the same on every machine), or cuda: on the GPUs, with virtual devices "
+                        "(processes or replicas sharing a GPU) where a backend offers them")
+    p.add_argument("--compile", action="store_true",
+                   help="every run compiled (bench.run --compile: torch.compile, XLA, MindSpore jit level O1)")
     p.add_argument("--timeout", type=positive_float, default=900.0, help="wall-clock limit per run (s)")
     p.add_argument("--out", default="results/parity", help="records, logs and parity.json (default results/parity)")
     return p
 
 
-def run_command(args, backend: str, workload: str, devices: int, run_id: str, probe: int = 0) -> list[str]:
-    """bench.run at `devices` devices; the global batch is 2b either way (1 device: 2 micro-batches).
+def run_command(args, backend: str, workload: str, devices: int, run_id: str, probe: int = 0,
+                layout: LayoutName | None = None, grad_accum: int = 1) -> list[str]:
+    """bench.run at `devices` devices; the global batch is 2b either way (1 device: 2 micro-batches; a
+    layout: its own flags, the 1-device reference `grad_accum` micro-batches).
     `probe` k > 0: initial weights perturbed by PROBE_PERTURBATION, draw k."""
+    batch = (["--scaling", "weak", "--batch-size", str(args.batch_size), "--grad-accum", str(3 - devices)]
+             if layout is None else ["--scaling", "strong", "--batch-size", str(2 * args.batch_size),
+                                     "--grad-accum", str(grad_accum), *layout.run_flags()])
     cmd = [sys.executable, "-m", "bench.run", "--backend", backend, "--workload", workload,
            "--devices", str(devices), "--run-id", run_id, "--out", args.out, "--data", args.data,
-           "--steps", str(args.steps), "--warmup-steps", "0", "--skip-eval", "--scaling", "weak",
-           "--batch-size", str(args.batch_size), "--grad-accum", str(3 - devices), "--seed", str(args.seed),
-           "--threads-per-device", "1", "--device-kind", "cpu", "--model-size", "tiny",
+           "--steps", str(args.steps), "--warmup-steps", "0", "--skip-eval", *batch, "--seed", str(args.seed),
+           "--threads-per-device", "1", "--device-kind", args.device_kind, "--model-size", "tiny",
            "--timeout", str(args.timeout)]
+    if args.compile:
+        cmd.append("--compile")
     if probe:
         cmd += ["--init-perturbation", str(pc.PROBE_PERTURBATION), "--init-perturbation-seed", str(probe)]
     return cmd + (["--data-dir", args.data_dir] if args.data_dir else [])
 
 
-def run_one(args, backend: str, workload: str, devices: int, stamp: str, probe: int = 0) -> dict:
+def run_one(args, backend: str, workload: str, devices: int, stamp: str, probe: int = 0,
+            layout: LayoutName | None = None, grad_accum: int = 1) -> dict:
     """The run's record; a stand-in `failed` record when bench.run left none (it died, or timed out)."""
-    run_id = f"parity-{stamp}-{backend}-{workload}-n{devices}" + (f"-probe{probe}" if probe else "")
+    what = f"n{devices}" if layout is None else layout.name if devices > 1 else f"n1-accum{grad_accum}"
+    run_id = f"parity-{stamp}-{backend}-{workload}-{what}" + (f"-probe{probe}" if probe else "")
     log = Path(args.out) / "logs" / f"{run_id}.log"
     try:
-        rc = run_supervised(run_command(args, backend, workload, devices, run_id, probe), child_env({}), log,
-                            args.timeout + HARNESS_MARGIN_S)
+        rc = run_supervised(run_command(args, backend, workload, devices, run_id, probe, layout, grad_accum),
+                            child_env({}), log, args.timeout + HARNESS_MARGIN_S)
     except RunFailed as exc:
         rc, why = None, str(exc)
     path = Path(args.out) / "runs" / f"{run_id}.json"
@@ -91,13 +116,67 @@ def _exit_on_sigterm(signum, frame):
     sys.exit(128 + signum)
 
 
+def _probes(args, backend: str, workload: str, stamp: str, console: Console, grad_accum: int | None = None
+            ) -> list[dict]:
+    """The reference run again from perturbed initial weights, once per PROBE_SEEDS."""
+    probes = []
+    for k in pc.PROBE_SEEDS:
+        console.print(f"{workload} {backend} N=1, initial weights perturbed (draw {k}) ...")
+        layout = LayoutName() if grad_accum else None
+        probes.append(run_one(args, backend, workload, 1, stamp, probe=k, layout=layout, grad_accum=grad_accum or 1))
+        console.print(f"  {probes[-1]['status']} ({probes[-1].get('duration_s') or 0:.0f} s)")
+    return probes
+
+
+def _envelope(reference: dict | None, probes: list[dict]) -> list[float] | None:
+    ok_probes = [pc.curve_of(p) for p in probes if p.get("status") == "ok"]
+    return (pc.sensitivity(pc.curve_of(reference), ok_probes)
+            if reference and ok_probes and len(ok_probes) == len(probes) else None)
+
+
+def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[list[pc.Check], dict]:
+    """Per backend, every layout against its 1-device run of the same global batch and micro-batches."""
+    checks, runs = [], {}
+    for backend in args.backends:
+        references = {}
+        for k in reference_accumulations(args.layouts):
+            console.print(f"{workload} {backend} 1 device, {k} micro-batch(es) ...")
+            references[k] = run_one(args, backend, workload, 1, stamp, layout=LayoutName(), grad_accum=k)
+            console.print(f"  {references[k]['status']} ({references[k].get('duration_s') or 0:.0f} s)")
+        first = references[min(references)]
+        probes = _probes(args, backend, workload, stamp, console, min(references)) if first.get("status") == "ok" \
+            else []
+        checks.append(pc.probe_check(workload, backend if probes else None, probes))
+        envelope = _envelope(first, probes)
+        done = {}
+        for layout in args.layouts:
+            console.print(f"{workload} {backend} {layout.name} ({layout.devices} devices) ...")
+            done[layout.name] = run_one(args, backend, workload, layout.devices, stamp, layout=layout)
+            console.print(f"  {done[layout.name]['status']} ({done[layout.name].get('duration_s') or 0:.0f} s)")
+            checks += pc.layout_checks(workload, f"{backend} {layout.name}", references[layout.accumulation],
+                                       done[layout.name], envelope)
+        runs[backend] = {"references": {str(k): r.get("run_id") for k, r in references.items()},
+                         "layouts": {n: r.get("run_id") for n, r in done.items()},
+                         "probes": [p.get("run_id") for p in probes]}
+    return checks, runs
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.layouts and args.backends is None and LAYOUT_BACKEND not in backend_names():
+        parser.error(f"--layouts checks {LAYOUT_BACKEND} by default, which this checkout lacks; give --backends")
+    args.backends = args.backends or ([LAYOUT_BACKEND] if args.layouts
+                                      else [b for b in backend_names() if b != LAYOUT_BACKEND])
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     console = Console(stderr=True)
     checks, runs = [], {}
     for workload in args.workloads:
+        if args.layouts:
+            workload_checks, runs[workload] = layout_parity(args, workload, stamp, console)
+            checks += workload_checks
+            continue
         one, two = {}, {}
         for backend in args.backends:
             for devices, into in ((1, one), (2, two)):
@@ -106,14 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"  {into[backend]['status']} ({into[backend].get('duration_s') or 0:.0f} s)")
         # The first backend that ran is the reference; its perturbed runs measure the tolerance.
         reference = next((b for b, r in one.items() if r.get("status") == "ok"), None)
-        probes = []
-        for k in pc.PROBE_SEEDS if reference else ():
-            console.print(f"{workload} {reference} N=1, initial weights perturbed (draw {k}) ...")
-            probes.append(run_one(args, reference, workload, 1, stamp, probe=k))
-            console.print(f"  {probes[-1]['status']} ({probes[-1].get('duration_s') or 0:.0f} s)")
-        ok_probes = [pc.curve_of(p) for p in probes if p.get("status") == "ok"]
-        envelope = (pc.sensitivity(pc.curve_of(one[reference]), ok_probes)
-                    if reference and ok_probes and len(ok_probes) == len(probes) else None)
+        probes = _probes(args, reference, workload, stamp, console) if reference else []
+        envelope = _envelope(one.get(reference), probes)
         spec = model_spec(workload, "tiny")
         checks += pc.run_status_checks(workload, one)
         checks.append(pc.probe_check(workload, reference, probes))
@@ -126,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     line = pc.summary_line(checks)
     write_json_atomic(Path(args.out) / "parity.json", {
         "summary": line, "data": args.data, "steps": args.steps, "per_device_batch": args.batch_size,
+        "layouts": [lay.name for lay in args.layouts or []],
         "global_batch": 2 * args.batch_size, "seed": args.seed,
         "tolerances": {"step0_rtol": pc.STEP0_RTOL, "rounding_rtol": pc.ROUNDING_RTOL,
                        "probe_perturbation": pc.PROBE_PERTURBATION, "probe_seeds": list(pc.PROBE_SEEDS),

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from common.final_params import FIELD as FINAL_PARAMS
+from common.final_params import compared as weight_compared
+from common.final_params import deviation as weight_deviation
+
 # Step 0 is a forward pass from identical weights on identical inputs: only the order of float32
 # sums inside each framework's kernels differs (measured: <= 5.3e-7 relative, both workloads).
 STEP0_RTOL = 1e-4
@@ -220,3 +224,67 @@ def summary_line(checks: list[Check]) -> str:
     counts = {s: sum(c.status == s for c in checks) for s in ("pass", "fail", "skip")}
     verdict = "PARITY HOLDS" if counts["fail"] == 0 and counts["pass"] else "PARITY FAILS"
     return f"bench.parity: {verdict}: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped"
+
+
+# ----------------------------------------------------------------------------- layouts
+
+# Where a run exposes its final parameters, in `backend_metrics` (the channel a backend fills): per parameter
+# name, the norm, sum and size of the whole (unsharded) weight (common.final_params). A layout must end where
+# its 1-device run ends.
+
+
+def final_params(record: dict) -> dict | None:
+    return (record.get("backend_metrics") or {}).get(FINAL_PARAMS)
+
+
+def _final_params_check(workload: str, name: str, reference: dict, run: dict, tolerance: float) -> Check:
+    title = f"{name}: final parameters = 1 device"
+    ref, got = final_params(reference), final_params(run)
+    if not ref or not got:
+        lacking = [w for w, r in (("the layout run", got), ("the 1-device run", ref)) if not r]
+        return Check(workload, title, "skip", f"{' and '.join(lacking)} carr{'y' if len(lacking) > 1 else 'ies'} no "
+                                              f"`backend_metrics.{FINAL_PARAMS}` (per-parameter norm and sum "
+                                              "of the unsharded weights): nothing to compare")
+    if set(ref) != set(got):
+        only = sorted(set(ref) ^ set(got))
+        return Check(workload, title, "fail", f"different parameters: {', '.join(only[:4])}")
+    moved = [p for p in ref if weight_compared(ref[p])]
+    worst_name, worst = max(((p, weight_deviation(ref[p], got[p])) for p in moved), key=lambda item: item[1])
+    status = "pass" if worst <= tolerance else "fail"
+    unmoved = f"; {len(ref) - len(moved)} weight(s) that only rounding moves not compared" if len(moved) < len(ref) \
+        else ""
+    return Check(workload, title, status, f"largest relative difference {worst:.1e} ({worst_name}; tolerance "
+                                          f"{tolerance:.1e}, the loss curve's at its last step){unmoved}",
+                 {"parameter": worst_name, "relative": worst, "tolerance": tolerance})
+
+
+def layout_checks(workload: str, name: str, reference: dict, run: dict,
+                  envelope: list[float] | None = None) -> list[Check]:
+    """One layout against the 1-device run of the same global batch and micro-batches: the loss at step 0
+    within STEP0_RTOL, the curve within the per-step tolerance, the final parameters within its last value.
+    An unsupported layout is a skip with its reason; a failed one, or a failed reference, a failure."""
+    title = f"{name}: runs"
+    if reference.get("status") != "ok":
+        return [Check(workload, title, "fail" if reference.get("status") == "failed" else "skip",
+                      f"1-device run {reference.get('status')}: {reference.get('error')}")]
+    if run.get("status") != "ok":
+        return [Check(workload, title, "fail" if run.get("status") == "failed" else "skip",
+                      f"{run.get('status')}: {run.get('error')}")]
+    c1, cn = curve_of(reference), curve_of(run)
+    if not c1 or not cn:
+        return [Check(workload, title, "fail", "no loss curve in " + ("the layout run" if c1 else "the 1-device run"))]
+    rel0 = _deviation(cn[:1], c1[:1])[0]
+    checks = [Check(workload, f"{name}: loss at step 0 = 1 device", "pass" if rel0 <= STEP0_RTOL else "fail",
+                    f"relative difference {rel0:.1e} (tolerance {STEP0_RTOL:.0e})",
+                    {"layout": cn[:1], "one": c1[:1]})]
+    steps = min(len(c1), len(cn))
+    tolerance = _tolerance(envelope, steps)
+    step, worst, within = _worst(_deviation(cn[:steps], c1[:steps]), tolerance)
+    detail = f"largest relative difference {worst:.1e} at step {step} (tolerance there {tolerance[step]:.1e})"
+    if len(c1) != len(cn):
+        detail += f"; {len(cn)} steps in the layout run, {len(c1)} at 1 device"
+    checks.append(Check(workload, f"{name}: loss over {steps} steps = 1 device",
+                        "pass" if within and len(c1) == len(cn) else "fail", detail,
+                        {"one": c1, "layout": cn, "tolerance_per_step": tolerance}))
+    checks.append(_final_params_check(workload, name, reference, run, tolerance[-1]))
+    return checks

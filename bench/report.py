@@ -7,9 +7,7 @@ after filtering, a bad date) is one line on stderr and exit 2, with nothing writ
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from bench.cli import OneLineParser, backend_names, name_list, workload_names
 from bench.reporting.compose import PLOTS_DIR, build_report
 from bench.reporting.document import Image, to_markdown
 from bench.reporting.html import to_html
-from common.results import load_records, validate_record
+from common.results import load_records, validate_record, write_atomic
 
 
 def iso_datetime(text: str) -> datetime:
@@ -67,18 +65,6 @@ def describe_filters(args) -> str:
     return "; ".join(parts)
 
 
-def write_atomic(path: Path, payload: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(results: Path, blocks) -> list[Path]:
     """Figures first, so that report.md and report.html never point at a figure not yet there; figures of an
     earlier report that this one does not draw are removed, so plots/ holds exactly this report's."""
@@ -98,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     results = Path(args.results)
+    if results.exists() and not results.is_dir():
+        parser.error(f"--results {results}: is a file, not a results directory (the folder holding runs/)")
     if not results.is_dir():
         parser.error(f"no results directory {results}")
     loaded = load_records(results)

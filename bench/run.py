@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
+import shutil
 import sys
 import time
 import traceback
@@ -31,15 +31,17 @@ from bench.cli import (
     relative_size,
     workload_names,
 )
+from common.calibration import BARE_RESULTS, check_bare
 from common.config import RunConfig, per_device_batch_for
 from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split, resolve_data_mode
 from common.data.files import resolve_data_dir
-from common.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_UNSUPPORTED, BadInput, Unsupported
-from common.launch import RunFailed
+from common.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_UNSUPPORTED, BadInput, Cancelled, Unsupported
+from common.launch import RunFailed, cancel_on_signals
+from common.layout import Layout
 from common.nodes import check_node_options, describe_nodes
-from common.record import describe_config, measured_fields, skeleton
-from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_record
+from common.record import compile_notes, describe_config, measured_fields, skeleton, utilisation
+from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_json_atomic, write_record
 from common.spec import DEFAULTS, model_spec
 
 
@@ -53,6 +55,8 @@ def build_parser() -> OneLineParser:
     # Set by bench.compare, which must know the record's name before the run starts.
     p.add_argument("--sweep-id", default="", help=argparse.SUPPRESS)
     p.add_argument("--run-id", default="", help=argparse.SUPPRESS)
+    # Set by bench.calibrate: the framework's bare loop instead of the suite's, result in OUT/bare/RUN_ID.json.
+    p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     add_run_options(p)
     n = p.add_argument_group("several hosts (torch_ddp, tf_mirrored --tf-mode multi_worker, mindspore_auto)")
     n.add_argument("--nnodes", type=positive_int, default=1, help="hosts taking part; each runs bench.run")
@@ -93,6 +97,17 @@ def check_options(args) -> None:
         raise BadInput(f"--out {out}: not writable")
 
 
+def checked_layout(args) -> Layout:
+    """The parallel layout, validated once for every backend, before any backend is asked about it."""
+    layout = Layout.from_options(backend_options(args), world_size(args))
+    accumulation = args.grad_accum * layout.micro_batches
+    batch_size = args.batch_size or DEFAULTS[args.workload].per_device_batch
+    per_device = per_device_batch_for(scaling_of(args), batch_size, layout.dp, accumulation)
+    layout.validate(model_spec(args.workload, args.model_size), per_device * layout.dp * accumulation,
+                    args.grad_accum)
+    return layout
+
+
 def scaling_of(args) -> str:
     return args.scaling or ("strong" if args.epochs else "weak")
 
@@ -101,23 +116,41 @@ def world_size(args) -> int:
     return args.nnodes * args.devices
 
 
-def build_config(args, run_id: str, plan) -> RunConfig:
+def check_run(args) -> tuple[Layout, int, Path, str]:
+    """Every check of a run that needs no framework and no data loaded: bench.compare calls it for each
+    run it plans, before the sweep starts. Returns (layout, per-device batch, data dir, data mode)."""
+    check_options(args)
     defaults = DEFAULTS[args.workload]
-    scaling = scaling_of(args)
-    batch_size = args.batch_size or defaults.per_device_batch
-    world = world_size(args)
-    per_device = per_device_batch_for(scaling, batch_size, world, args.grad_accum)
+    layout = checked_layout(args)
+    per_device = per_device_batch_for(scaling_of(args), args.batch_size or defaults.per_device_batch,
+                                      layout.dp, args.grad_accum * layout.micro_batches)
     data_dir = resolve_data_dir(args.data_dir)
     data = resolve_data_mode(args.data, args.workload, data_dir)
+    if not args.epochs:
+        check_warmup(args, args.steps or defaults.default_steps)
+    return layout, per_device, data_dir, data
+
+
+def check_warmup(args, total: int) -> int:
+    warmup = DEFAULTS[args.workload].default_warmup_steps if args.warmup_steps is None else args.warmup_steps
+    if warmup >= total:
+        raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
+    return warmup
+
+
+def build_config(args, run_id: str, plan) -> RunConfig:
+    defaults = DEFAULTS[args.workload]
+    batch_size = args.batch_size or defaults.per_device_batch
+    world = world_size(args)
+    layout, per_device, data_dir, data = check_run(args)
+    accumulation = args.grad_accum * layout.micro_batches
     spec = model_spec(args.workload, args.model_size)
     # Loading the train split here validates the files before any worker starts, and gives
     # the epoch length that --epochs needs.
     train = TrainBatches(load_split(args.workload, TRAIN_SPLIT, data, data_dir, spec, args.seed),
-                         spec, args.seed, per_device, world, 0, args.grad_accum)
+                         spec, args.seed, per_device, layout.dp, 0, accumulation)
     total = math.ceil(args.epochs * train.steps_per_epoch) if args.epochs else (args.steps or defaults.default_steps)
-    warmup = defaults.default_warmup_steps if args.warmup_steps is None else args.warmup_steps
-    if warmup >= total:
-        raise BadInput(f"--warmup-steps {warmup} leaves none of the {total} steps to measure")
+    warmup = check_warmup(args, total)
     key = f"{args.backend}-{args.workload}-n{world}-seed{args.seed}"
     if args.init_perturbation:  # other initial weights: never resume an unperturbed run's checkpoints
         key += f"-perturbed{args.init_perturbation:g}x{args.init_perturbation_seed}"
@@ -128,10 +161,11 @@ def build_config(args, run_id: str, plan) -> RunConfig:
                                        if args.checkpoint_every or args.resume else "")
     return RunConfig(
         run_id=run_id, backend=args.backend, workload=args.workload, devices=world,
-        device_kind=plan.kind, threads_per_device=plan.threads_per_device, scaling=scaling,
+        device_kind=plan.kind, threads_per_device=plan.threads_per_device, scaling=scaling_of(args),
         batch_size=batch_size, per_device_batch=per_device, grad_accum=args.grad_accum, data=data,
         data_dir=str(data_dir), seed=args.seed, total_steps=total, warmup_steps=warmup, out=args.out,
-        model_size=args.model_size, precision=args.precision, sync_bn=args.sync_bn,
+        model_size=args.model_size, precision=args.precision, sync_bn=args.sync_bn, virtual=plan.virtual,
+        compile=args.compile or "",
         eval_every=args.eval_every, skip_eval=args.skip_eval, patience=args.patience,
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, max_restarts=args.max_restarts, timeout_s=args.timeout,
@@ -139,6 +173,7 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         backend_options=backend_options(args), nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr or "", master_port=args.master_port or 0,
         init_perturbation=args.init_perturbation, init_perturbation_seed=args.init_perturbation_seed,
+        breakdown_steps=args.breakdown_steps,
     )
 
 
@@ -155,24 +190,53 @@ def _finish(record: dict, out: str, status: str, error: str | None, t0: float) -
     return write_record(record, Path(out), folder)
 
 
-def _exit_on_sigterm(signum, frame):
-    # SystemExit unwinds through run_supervised, which takes the launcher's process group down
-    # with it: a bench.run stopped by a sweep's timeout leaves no workers behind.
-    sys.exit(128 + signum)
+def run_bare(backend, cfg: RunConfig, plan, workdir: Path) -> int:
+    """bench.calibrate's other half: the framework's own idiom on the same config; no run record."""
+    try:
+        check_bare(cfg)
+        result = backend.run_bare(cfg, plan, workdir)
+    except Unsupported as exc:
+        print(f"unsupported: {exc}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    except RunFailed as exc:
+        print(f"failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    path = write_json_atomic(Path(cfg.out) / BARE_RESULTS / f"{cfg.run_id}.json", result)
+    print(f"ok: bare {result['samples_per_s'] or 0:.1f} samples/s ({result['idiom']}), result {path}")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # Ctrl-C, a sweep's cancel or timeout, a scheduler's SIGTERM: Cancelled unwinds through
+    # run_supervised, which takes the launcher's process group down with it.
+    cancel_on_signals()
     args = build_parser().parse_args(argv)
+    run_id = args.run_id or new_run_id(args.backend, args.workload, world_size(args))
+    workdir = Path(args.out) / "logs" / run_id
+    try:
+        return run(args, run_id, workdir)
+    except Cancelled as exc:
+        written = [p for folder in (RUN_RECORDS, NODE_RECORDS)
+                   if (p := Path(args.out) / folder / f"{run_id}.json").is_file()]
+        if written:  # it had finished when the signal came
+            print(f"bench.run: {exc.name} after run {run_id} finished; its record {written[0]} is kept",
+                  file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+            print(f"bench.run: cancelled by {exc.name}: run {run_id} and its workers stopped; no record written, "
+                  f"its logs removed", file=sys.stderr)
+        return exc.exit_code
+
+
+def run(args, run_id: str, workdir: Path) -> int:
     t0, started = time.monotonic(), utc_now()
     world = world_size(args)
-    run_id = args.run_id or new_run_id(args.backend, args.workload, world)
     record = skeleton(run_id, args.backend, args.workload, world, started, scaling=scaling_of(args),
                       seed=args.seed, sweep_id=args.sweep_id, data=args.data,
                       **describe_nodes(args.nnodes, args.node_rank, args.devices, args.master_addr,
                                        args.master_port))
     try:
-        check_options(args)
+        check_run(args)  # before the framework loads: a bad-input line is not buried in its import warnings
         backend = load_backend(args.backend)
         record.update(strategy=backend.strategy, framework=backend.framework,
                       framework_version=backend.framework_version())
@@ -187,17 +251,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Unsupported as exc:
+        if args.bare:  # a calibration's bare half writes no run record; the suite's half records the refusal
+            print(f"unsupported: {exc}", file=sys.stderr)
+            return EXIT_UNSUPPORTED
         path = _finish(record, args.out, "unsupported", str(exc), t0)
         print(f"unsupported: {exc} (record {path})", file=sys.stderr)
         return EXIT_UNSUPPORTED
 
-    workdir = Path(args.out) / "logs" / run_id
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.bare:
+        return run_bare(backend, cfg, plan, workdir)
     print(f"{run_id}: {backend.strategy_name(cfg)} on {plan.description}, {cfg.data} data, "
           f"{cfg.total_steps} steps of global batch {cfg.global_batch}; progress in {workdir}", file=sys.stderr)
     try:
         outcome = backend.run(cfg, plan, workdir)
         record.update(measured_fields(cfg, outcome, record["flops_per_sample"]))
+        record.update(utilisation(cfg, plan, record))
+        record["notes"] += compile_notes(record)
+        record["notes"] += backend.measured_notes(record)
         if outcome.get("hosts"):
             record["nodes"]["hosts"] = outcome["hosts"]
     except Unsupported as exc:  # found out only by trying, e.g. DataParallel over a repeated GPU

@@ -10,10 +10,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from common.errors import BadInput
+from common.layout import Layout
 from common.spec import DEFAULTS, BertSpec, CnnSpec, OptimSpec, model_spec
 
 SCALING_MODES = ("weak", "strong")
-PRECISIONS = ("fp32", "amp")
+# torch.compile's modes; "default" is the only one other frameworks take (their compilers have no modes).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+PRECISIONS = ("fp32", "amp", "fp16")  # amp: bfloat16 autocast; fp16: float16 with loss scaling
 
 
 @dataclass
@@ -36,6 +39,8 @@ class RunConfig:
     out: str
     model_size: str = "tiny"
     precision: str = "fp32"
+    virtual: bool = False        # the plan's devices are slices (CPU cores, a shared GPU), not whole devices
+    compile: str = ""            # --compile: "" eager, else the framework's compile mode ("default", ...)
     sync_bn: bool = False
     eval_every: int = 0          # 0: only at the end
     skip_eval: bool = False      # not even at the end
@@ -51,6 +56,8 @@ class RunConfig:
     # bench.parity's sensitivity probe: initial weights scaled by (1 + init_perturbation x N(0, 1)).
     init_perturbation: float = 0.0
     init_perturbation_seed: int = 1
+    # Steps after the measured ones (and the evaluation) whose phases are timed apart (common.breakdown).
+    breakdown_steps: int = 0
     # Several hosts: `devices` above is the world size, nnodes x devices per node. Node 0 hosts the
     # rendezvous at master_addr:master_port; one node runs on loopback with a port picked free.
     nnodes: int = 1
@@ -72,8 +79,25 @@ class RunConfig:
         return self.nnodes > 1
 
     @property
+    def layout(self) -> Layout:
+        """The parallel layout: data parallel takes the devices that tensor and pipeline parallel leave."""
+        return Layout.from_options(self.backend_options, self.devices)
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per optimizer step: --grad-accum, or the pipeline's --micro-batches."""
+        return self.grad_accum * self.layout.micro_batches
+
+    @property
+    def feed_steps(self) -> int:
+        """Steps a backend's data feed serves: the run's, then the breakdown probe's (one untimed first)."""
+        return self.total_steps + (self.breakdown_steps + 1 if self.breakdown_steps else 0)
+
+    @property
     def global_batch(self) -> int:
-        return self.per_device_batch * self.devices * self.grad_accum
+        # per_device_batch is per data-parallel replica and micro-batch: the ranks that split
+        # one replica's model (tensor, pipeline) share its samples.
+        return self.per_device_batch * self.layout.dp * self.accumulation
 
     @property
     def spec(self) -> CnnSpec | BertSpec:
@@ -101,10 +125,11 @@ class RunConfig:
 
 
 def per_device_batch_for(scaling: str, batch_size: int, devices: int, grad_accum: int) -> int:
-    """Weak scaling keeps the per-device batch; strong scaling splits a fixed global batch."""
+    """Weak scaling keeps the per-device batch; strong scaling splits a fixed global batch.
+    `devices` are the data-parallel replicas, `grad_accum` every micro-batch of a step."""
     if scaling == "weak":
         return batch_size
     if batch_size % (devices * grad_accum):
         raise BadInput(f"--scaling strong: global batch {batch_size} is not divisible by "
-                       f"{devices} devices x {grad_accum} accumulation steps")
+                       f"{devices} data-parallel replicas x {grad_accum} micro-batches")
     return batch_size // (devices * grad_accum)

@@ -18,6 +18,14 @@ class DevicePlan:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def physical_devices(self) -> int:
+        """Accelerators the run occupies: virtual GPU devices share them (N processes or replicas on one GPU
+        share its one peak), so MFU divides by this, not by `count`."""
+        if self.kind != "cpu" and self.virtual and self.hardware:
+            return min(self.count, len(self.hardware))
+        return self.count
+
 
 def cpu_cores() -> int:
     """Cores this process may run on (cgroup/affinity aware, unlike os.cpu_count)."""
@@ -44,3 +52,11 @@ def cpu_plan(count: int, threads_per_device: int) -> DevicePlan:
 def cuda_plan(count: int, available: int, names: list[str]) -> DevicePlan:
     label = names[0] if names else "CUDA device"
     return DevicePlan("cuda", count, False, 0, False, f"{count} of {available} x {label}", tuple(names))
+
+
+def shared_cuda_plan(count: int, names: list[str], how: str) -> DevicePlan:
+    """`count` virtual devices over the GPUs present, round robin (device i on GPU i mod len(names)):
+    the counterpart of TensorFlow's logical GPUs. `how` says what one virtual device is."""
+    used = names[:count]
+    return DevicePlan("cuda", count, True, 0, False,
+                      f"{count} virtual devices on {len(used)} x {used[0]} ({how})", tuple(used))

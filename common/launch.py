@@ -8,12 +8,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.errors import Cancelled
 from common.hostinfo import REPO_ROOT
 
 TERM_GRACE_S = 10.0
@@ -99,10 +101,27 @@ def _release_leases() -> None:
                 path.unlink()
 
 
+def cancel_on_signals() -> None:
+    """SIGINT and SIGTERM raise Cancelled in the main thread, once: whatever runs unwinds and stops the
+    processes it started (run_supervised kills its group on any exit). A second signal during that
+    clean-up is ignored, so that it cannot cut the clean-up short and leave orphans."""
+    def cancel(signum, frame):
+        if not cancel.raised:
+            cancel.raised = True
+            raise Cancelled(signum)
+    cancel.raised = False
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, cancel)
+
+
 def child_env(extra: dict[str, str]) -> dict[str, str]:
-    """The parent's environment plus the repo on PYTHONPATH, so workers import common/ and backends/."""
+    """The parent's environment plus the repo on PYTHONPATH, so workers import common/ and backends/,
+    and this interpreter's folder first on PATH: msrun starts its workers as a bare `python` from PATH
+    (mindspore.parallel.cluster.process_entity._utils), which must be the interpreter of the run, not
+    whatever comes first when the suite was started as `/path/to/venv/bin/python -m bench...`."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
     env.update(extra)
     return env
 

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
+from common.breakdown import grad_comm_summary, link_gbps_from_probe, summarize_breakdown
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
 from common.data.datasets import SplitData
@@ -61,9 +62,18 @@ class Trainer(Protocol):
     def backend_metrics(self) -> dict:
         """What is specific to the strategy (phase times, compile time...), for the record."""
 
+    # Optional, for --breakdown-steps (a trainer without them gets no breakdown):
+    # probe_step(batch, lr) -> {"forward_backward_s", "grad_comm_s", "optimizer_s", "grad_comm_bytes"}, one
+    #   step with the device synchronised between its phases; probe_source: what timed them;
+    # link_probe(nbytes) -> (ranks, bytes sent, [seconds of each]): a plain all-reduce of about nbytes on the
+#   collective the gradients use, for the link's bandwidth.
+
 
 def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
-    batches = eval_batches(data, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH)
+    # Ranks that split one model (tensor, pipeline) evaluate the same shard: the data-parallel
+    # replica's; a trainer without a layout is one replica per rank.
+    shard = getattr(trainer, "data_rank", trainer.rank), getattr(trainer, "data_world", trainer.world)
+    batches = eval_batches(data, cfg.spec, cfg.seed, *shard, EVAL_BATCH)
     loss_sum, correct, count = trainer.all_reduce_sum(list(trainer.evaluate(batches)))
     return {"metric": DEFAULTS[cfg.workload].metric, "split": data.split, "value": correct / count,
             "loss": loss_sum / count, "count": int(round(count))}
@@ -107,6 +117,33 @@ def _merge_digests(ranks: list[dict]) -> dict[str, list[str]]:
     """Epoch -> one digest per device, ranks in order: device index = rank x local devices + local index."""
     epochs = sorted({e for r in ranks for e in r["sample_digests"]}, key=int)
     return {e: [d for r in ranks for d in r["sample_digests"].get(e, [])] for e in epochs}
+
+
+def _probe_steps(trainer: Trainer, cfg: RunConfig, train: TrainBatches, first: int, clock) -> list[dict]:
+    """cfg.breakdown_steps steps after everything measured (and evaluated), phases timed apart; the first
+    probe step, which may compile the probe's own graphs, is not kept."""
+    probes = []
+    for i in range(cfg.breakdown_steps + 1):
+        step = first + i
+        t0 = clock()
+        batch = train.get(step)
+        t1 = clock()
+        phases = trainer.probe_step(batch, learning_rate(min(step, cfg.total_steps - 1), cfg.total_steps, cfg.optim))
+        trainer.sync()
+        if i:
+            # instrument_s: time the probe spent only to measure (a phase run twice), not part of a step.
+            probes.append({**phases, "data_s": t1 - t0, "step_s": clock() - t0 - phases.get("instrument_s", 0.0)})
+    return probes
+
+
+def _breakdown(trainer: Trainer, probes: list[dict], measured_step_s: float | None) -> dict:
+    """backend_metrics.breakdown and .grad_comm from rank 0's probe steps."""
+    out = {"breakdown": summarize_breakdown(probes, measured_step_s, trainer.probe_source)}
+    nbytes = float(np.median([p.get("grad_comm_bytes") or 0 for p in probes]))
+    ranks, probe_bytes, times = trainer.link_probe(nbytes) if nbytes else (1, 0, [])
+    out["grad_comm"] = grad_comm_summary(nbytes, out["breakdown"]["grad_comm_s"], ranks,
+                                         link_gbps_from_probe(probe_bytes, times, ranks), trainer.probe_source)
+    return out
 
 
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
@@ -164,6 +201,9 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         final = _evaluate(trainer, cfg, eval_data)
         history.append({"step": done, "elapsed_s": clock() - began, "value": final["value"],
                         "loss": final["loss"]})
+    # After the measured window and the evaluation: the probe steps change neither.
+    probing = cfg.breakdown_steps and hasattr(trainer, "probe_step")
+    probes = _probe_steps(trainer, cfg, train, done, clock) if probing else []
     mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
             "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(), "sample_digests": digests.hex(),
             "backend_metrics": trainer.backend_metrics(),
@@ -174,7 +214,10 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     global_loss = np.sum([r["losses"] for r in ranks], axis=0).tolist()
     curve = [[start + i + 1, loss] for i, loss in enumerate(global_loss)]
     timing = aggregate_ranks(ranks)
+    # Every rank takes part in the link probe's collectives.
+    probed = _breakdown(trainer, probes, (timing["step_time_s"] or {}).get("p50")) if probes else {}
     return {
+        **probed,
         **timing,
         "start_step": start,
         "steps_done": done,

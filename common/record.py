@@ -6,6 +6,7 @@ from dataclasses import asdict
 from common.config import RunConfig
 from common.devices import DevicePlan
 from common.hostinfo import git_sha, host_info, package_versions
+from common.peak_flops import PRECISION_MATH, mfu
 from common.results import REQUIRED_FIELDS, SCHEMA_VERSION
 from common.spec import training_flops_per_sample
 
@@ -15,7 +16,7 @@ def skeleton(run_id: str, backend: str, workload: str, devices: int, started_at:
     record = dict.fromkeys(REQUIRED_FIELDS)
     record.update(schema_version=SCHEMA_VERSION, run_id=run_id, backend=backend, workload=workload,
                   devices=devices, started_at=started_at, host=host_info(), versions=package_versions(),
-                  git_sha=git_sha(), notes=[], config={})
+                  git_sha=git_sha(), notes=[], config={}, mfu=None)
     record.update(known)
     return record
 
@@ -26,10 +27,11 @@ def describe_config(cfg: RunConfig, plan: DevicePlan, backend) -> dict:
     return {
         "strategy": backend.strategy_name(cfg), "framework": backend.framework,
         "framework_version": backend.framework_version(), "device_kind": plan.kind, "virtual": plan.virtual,
-        "threads_per_device": plan.threads_per_device, "oversubscribed": plan.oversubscribed,
+        "threads_per_device": plan.threads_per_device, "physical_devices": plan.physical_devices,
+        "oversubscribed": plan.oversubscribed,
         "devices_description": plan.description, "scaling": cfg.scaling, "data": cfg.data,
         "per_device_batch": cfg.per_device_batch, "global_batch": cfg.global_batch,
-        "warmup_steps": cfg.warmup_steps, "params": spec.param_count(),
+        "warmup_steps": cfg.warmup_steps, "layout": cfg.layout.as_record(spec), "params": spec.param_count(),
         "flops_per_sample": training_flops_per_sample(spec), "seed": cfg.seed, "sweep_id": cfg.sweep_id,
         "config": {**asdict(cfg), "model": asdict(spec), "optimizer": asdict(cfg.optim)},
         "host": host_info(list(plan.hardware)),
@@ -54,6 +56,9 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
         train_wall_s=outcome.get("train_wall_s"), backend_metrics=outcome.get("backend_metrics"),
         sample_digests=outcome.get("sample_digests"),
     )
+    if outcome.get("breakdown"):  # the workers of some backends replace backend_metrics after the loop
+        fields["backend_metrics"] = {**(fields["backend_metrics"] or {}), "breakdown": outcome["breakdown"],
+                                     "grad_comm": outcome.get("grad_comm")}
     counted = (outcome.get("backend_metrics") or {}).get("trainable_params")
     if counted is not None:
         # The model as built is what trained; the spec's formula is what it should have been.
@@ -61,3 +66,25 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
         if counted != cfg.spec.param_count():
             fields["params_note"] = f"{counted} trainable parameters, the spec's formula gives {cfg.spec.param_count()}"
     return fields
+
+
+def utilisation(cfg: RunConfig, plan: DevicePlan, record: dict) -> dict:
+    """`mfu` (null where no peak is known) and `mfu_basis`: the device model, math mode and peak it rests on.
+    A backend whose float32 products run on tensor cores says so in backend_metrics.fp32_math ("tf32")."""
+    math = PRECISION_MATH[cfg.precision]
+    if math == "fp32":
+        math = (record.get("backend_metrics") or {}).get("fp32_math") or "fp32"
+    found = mfu(record.get("achieved_flops"), plan.kind, plan.hardware[0] if plan.hardware else None,
+                plan.physical_devices, math)
+    return {"mfu": found["mfu"], "mfu_basis": found["basis"]}
+
+
+def compile_notes(record: dict) -> list[str]:
+    """What a reader of the figures must know about compilation: compile time is kept out of throughput
+    only when every compile fell in the warm-up."""
+    metrics = record.get("backend_metrics") or {}
+    late = metrics.get("recompiled_in_measured_window")
+    if not late:
+        return []
+    return [f"steps {late} (counted from the first step of this run) compiled graphs inside the measured window: "
+            "their compile time is in the throughput and step times (raise --warmup-steps)"]

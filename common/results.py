@@ -14,7 +14,9 @@ import pandas as pd
 SCHEMA_VERSION = 1
 RUN_RECORDS = "runs"              # one record per run: what summaries and reports read
 NODE_RECORDS = "node-records"     # the same record as seen by node R > 0 of a several-host run
-STATUSES = ("ok", "failed", "unsupported")
+# invalid: a sweep's run that bench.run refuses as bad input at its device count (e.g. a global batch
+# that does not divide), recorded by bench.compare: a configuration error, not a machine limit.
+STATUSES = ("ok", "failed", "unsupported", "invalid")
 
 REQUIRED_FIELDS = (
     "schema_version", "run_id", "status", "error", "backend", "strategy", "framework",
@@ -30,7 +32,7 @@ STEP_TIME_KEYS = ("mean", "p50", "p90", "min", "max", "std")
 SUMMARY_COLUMNS = (
     "run_id", "sweep_id", "status", "backend", "strategy", "workload", "data", "devices", "device_kind",
     "virtual", "threads_per_device", "oversubscribed", "scaling", "per_device_batch", "global_batch",
-    "measured_steps", "samples_per_s", "tokens_per_s", "scaling_efficiency", "step_time_p50",
+    "measured_steps", "samples_per_s", "tokens_per_s", "scaling_efficiency", "mfu", "step_time_p50",
     "step_time_p90", "data_wait_fraction", "peak_memory_bytes", "eval_metric", "eval_value",
     "loss_last", "host", "started_at", "error",
 )
@@ -67,22 +69,26 @@ def validate_record(record: dict) -> list[str]:
     return problems
 
 
-def write_json_atomic(path: Path, payload: dict) -> Path:
-    """Write to a temp file in the same folder, fsync, then rename: readers never see half a file."""
+def write_atomic(path: Path, payload: bytes) -> Path:
+    """Write to a temp file in the same folder, fsync, then rename: readers never see half a file. Mode
+    0644 like any file the user writes (mkstemp makes 0600): records, summaries and reports are shared."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(payload, fh, indent=1, sort_keys=True, allow_nan=False)
-            fh.write("\n")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(payload)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; records are meant to be shared
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomic(path: Path, payload: dict) -> Path:
+    return write_atomic(path, (json.dumps(payload, indent=1, sort_keys=True, allow_nan=False) + "\n").encode())
 
 
 def write_record(record: dict, out_dir: Path, folder: str = RUN_RECORDS) -> Path:
@@ -113,7 +119,8 @@ def _row(r: dict) -> dict:
         "oversubscribed": r.get("oversubscribed"), "scaling": r.get("scaling"),
         "per_device_batch": r.get("per_device_batch"), "global_batch": r.get("global_batch"),
         "measured_steps": r.get("measured_steps"), "samples_per_s": r.get("samples_per_s"),
-        "tokens_per_s": r.get("tokens_per_s"), "step_time_p50": st.get("p50"), "step_time_p90": st.get("p90"),
+        "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"), "step_time_p50": st.get("p50"),
+        "step_time_p90": st.get("p90"),
         "data_wait_fraction": r.get("data_wait_fraction"), "peak_memory_bytes": r.get("peak_memory_bytes"),
         "eval_metric": ev.get("metric"), "eval_value": ev.get("value"),
         "loss_last": (r.get("loss") or {}).get("last"), "host": (r.get("host") or {}).get("name"),
@@ -150,13 +157,5 @@ def write_summary(out_dir: Path, records: list[dict] | None = None) -> Path:
     with open(path.parent / ".summary.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         frame = summary_frame(load_records(out_dir) if records is None else records)
-        fd, tmp = tempfile.mkstemp(prefix=".summary.", suffix=".csv.tmp", dir=path.parent)
-        os.close(fd)
-        try:
-            frame.to_csv(tmp, index=False)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(path, frame.to_csv(index=False).encode())
     return path

@@ -30,3 +30,16 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                           env=full_env, timeout=timeout)
+
+
+@pytest.fixture
+def foreign_python_path(tmp_path) -> str:
+    """A PATH whose first `python` is not this interpreter but a shim that fails: what a user has who
+    calls the venv's python by path without activating the venv."""
+    shim_dir = tmp_path / "foreign-bin"
+    shim_dir.mkdir()
+    for name in ("python", "python3"):
+        shim = shim_dir / name
+        shim.write_text("#!/bin/sh\necho 'the foreign python ran' >&2\nexit 1\n")
+        shim.chmod(0o755)
+    return os.pathsep.join([str(shim_dir), os.environ.get("PATH", "")])

@@ -10,6 +10,7 @@ from common.results import validate_record
 from tests.conftest import run_cli
 
 BASE = ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "1"]
+MLM2 = ["--backend", "torch_3d", "--workload", "mlm", "--model-size", "tiny", "--devices", "2"]
 OUT = "{out}"  # replaced by a fresh folder per case; nothing may appear in it
 
 # One table for every tool (issue #8): (tool, arguments). Each must exit 2 with exactly one line on
@@ -49,11 +50,36 @@ BAD_INPUT = {
     "run: max-restarts on a backend without": ("bench.run", ["--backend", "torch_dp", "--workload", "cnn",
                                                              "--devices", "1", "--max-restarts", "1",
                                                              "--checkpoint-every", "2", "--out", OUT]),
+    # The parallel layout is validated once, for every backend (common/layout.py).
+    "run: layout leaves no whole replica": ("bench.run", [*MLM2, "--model-parallel", "4", "--out", OUT]),
+    "run: heads not divisible": ("bench.run", [*MLM2[:-1], "3", "--model-parallel", "3", "--out", OUT]),
+    "run: layers cannot fill the stages": ("bench.run", [*MLM2[:-1], "4", "--pipeline-stages", "4",
+                                                         "--micro-batches", "4", "--out", OUT]),
+    "run: fewer micro-batches than stages": ("bench.run", [*MLM2, "--pipeline-stages", "2", "--out", OUT]),
+    "run: micro-batches without a pipeline": ("bench.run", [*MLM2, "--micro-batches", "2", "--out", OUT]),
+    "run: schedule without a pipeline": ("bench.run", [*MLM2, "--pipeline-schedule", "1f1b", "--out", OUT]),
+    "run: unknown schedule": ("bench.run", [*MLM2, "--pipeline-stages", "2", "--micro-batches", "2",
+                                            "--pipeline-schedule", "zb", "--out", OUT]),
+    "run: grad-accum in a pipeline": ("bench.run", [*MLM2, "--pipeline-stages", "2", "--micro-batches", "2",
+                                                    "--grad-accum", "2", "--out", OUT]),
+    "run: vocabulary not divisible": ("bench.run", [*MLM2[:-3], "mini", "--devices", "4", "--model-parallel", "4",
+                                                    "--no-vocab-emb-dp", "--out", OUT]),
+    "run: strong batch over replicas and micro-batches": ("bench.run", [*MLM2, "--pipeline-stages", "2",
+                                                                        "--micro-batches", "2", "--scaling",
+                                                                        "strong", "--batch-size", "5", "--out", OUT]),
     "compare: zero devices": ("bench.compare", ["--gpus", "0,1", "--out", OUT]),
     "compare: letters": ("bench.compare", ["--gpus", "a,b", "--out", OUT]),
+    "compare: an empty device count": ("bench.compare", ["--gpus", "1,,2", "--out", OUT]),
     "compare: unknown backend": ("bench.compare", ["--backends", "torch_ddp,caffe", "--out", OUT]),
     "compare: unknown workload": ("bench.compare", ["--workloads", "rnn", "--out", OUT]),
     "compare: bad timeout": ("bench.compare", ["--timeout", "soon", "--out", OUT]),
+    # Bad for every run of the sweep: refused before it starts, with bench.run's own checks (issue #16).
+    "compare: real data missing": ("bench.compare", ["--gpus", "1,2", "--data", "real", "--data-dir",
+                                                     "/nonexistent/parbench", "--out", OUT]),
+    "compare: warm-up swallows every run": ("bench.compare", ["--steps", "5", "--warmup-steps", "5", "--out", OUT]),
+    "compare: strong batch divides no N": ("bench.compare", ["--gpus", "2,4", "--scaling", "strong",
+                                                             "--batch-size", "3", "--out", OUT]),
+    "compare: patience without eval": ("bench.compare", ["--patience", "2", "--out", OUT]),
     "report: no results folder": ("bench.report", ["--results", "{out}/missing"]),
     "report: no records": ("bench.report", ["--results", OUT]),
     "report: bad date": ("bench.report", ["--results", OUT, "--since", "yesterday"]),
@@ -87,17 +113,62 @@ def test_the_bad_input_table_covers_every_tool():
     assert len(tools) >= 20 and set(tools) == {"bench.run", "bench.compare", "bench.report", "bench.data"}
 
 
-def test_out_that_is_a_file_is_bad_input(tmp_path):
+@pytest.mark.parametrize("tool, args", [("bench.run", BASE), ("bench.compare", ["--gpus", "1"])])
+def test_out_that_is_a_file_is_bad_input(tmp_path, tool, args):
     target = tmp_path / "file"
     target.write_text("x")
-    proc = run_cli("bench.run", *BASE, "--out", str(target))
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    proc = run_cli(tool, *args, "--out", str(target))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"{tool}: error: --out {target}: exists and is not a directory")
+    assert _files(tmp_path) == ["file"]
+
+
+def test_report_names_a_results_path_that_is_a_file(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    proc = run_cli("bench.report", "--results", str(target))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "is a file, not a results directory" in proc.stderr
+
+
+def test_a_sweep_records_a_run_invalid_at_one_device_count_as_invalid(tmp_path):
+    """A global batch of 3 divides over 1 device, not 2: the N=2 run is a configuration error, recorded
+    and reported as `invalid` (not `unsupported`, which says the machine cannot), and the sweep goes on."""
+    out = tmp_path / "out"
+    proc = run_cli("bench.compare", "--gpus", "1,2", "--backends", "torch_dp", "--workloads", "cnn", "--scaling",
+                   "strong", "--batch-size", "3", "--steps", "2", "--warmup-steps", "1", "--skip-eval", "--data",
+                   "synthetic", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    records = {r["devices"]: r for r in (json.loads(p.read_text()) for p in (out / "runs").glob("*.json"))}
+    assert records[1]["status"] == "ok"
+    invalid = records[2]
+    assert invalid["status"] == "invalid" and validate_record(invalid) == []
+    assert invalid["error"] == ("invalid for 2 device(s): --scaling strong: global batch 3 is not divisible by "
+                                "2 data-parallel replicas x 1 micro-batches")
+    assert run_cli("bench.report", "--results", str(out)).returncode == 0
+    report = (out / "report.md").read_text()
+    assert "| invalid |" in report and "1 ok, 0 failed, 0 unsupported, 1 invalid" in report
 
 
 UNSUPPORTED = {
     "cuda on a machine without": ([*BASE, "--device-kind", "cuda"], "CUDA devices requested"),
     "SyncBatchNorm on CPU ranks": (["--backend", "torch_ddp", "--workload", "cnn", "--devices", "2", "--sync-bn"],
                                    "SyncBatchNorm"),
+    # A data-parallel backend refuses a layout flag by name, and says which backend runs it.
+    "torch_ddp and a tensor-parallel layout": (["--backend", "torch_ddp", "--workload", "mlm", "--devices", "2",
+                                                "--model-parallel", "2"], "--model-parallel 2: torch_ddp"),
+    "torch_dp and recompute": (["--backend", "torch_dp", "--workload", "cnn", "--devices", "1",
+                                          "--recompute"], "--recompute: torch_dp"),
+    "tf_mirrored and a pipeline": (["--backend", "tf_mirrored", "--workload", "mlm", "--devices", "2",
+                                    "--pipeline-stages", "2", "--micro-batches", "2"],
+                                   "--pipeline-stages 2: tf_mirrored"),
+    "torch_ddp and a MindSpore mode": ([*BASE, "--parallel-mode", "semi_auto"], "--parallel-mode semi_auto"),
+    "torch_3d and a tensor-parallel CNN": (["--backend", "torch_3d", "--workload", "cnn", "--devices", "2",
+                                            "--model-parallel", "2"], "--model-parallel"),
+    "a torch.compile mode for XLA": (["--backend", "tf_mirrored", "--workload", "cnn", "--devices", "1",
+                                      "--compile", "max-autotune"], "XLA (jit_compile) has no modes"),
+    "fp16 on mindspore_auto": (["--backend", "mindspore_auto", "--workload", "cnn", "--devices", "1",
+                                "--precision", "fp16"], "fp32 only"),
 }
 
 

@@ -1,6 +1,7 @@
 """common.launch.run_supervised_group: one failing rank takes the others down; a timeout kills all."""
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +42,15 @@ def test_a_health_check_ends_a_launcher_that_would_wait(tmp_path: Path):
         run_supervised([sys.executable, "-c", "import time; time.sleep(60)"], child_env({}), tmp_path / "l.log",
                        timeout_s=30, health=lambda: "rank 1 died" if time.monotonic() - started > 1 else None)
     assert time.monotonic() - started < 20
+
+
+def test_children_run_this_interpreter_whatever_comes_first_on_path(foreign_python_path, monkeypatch):
+    """msrun starts workers as a bare `python`: it must be the interpreter of the run."""
+    monkeypatch.setenv("PATH", foreign_python_path)
+    proc = subprocess.run(["python", "-c", "import sys; print(sys.prefix)"], env=child_env({}),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == sys.prefix
 
 
 @pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("localhost", True), ("::1", True),

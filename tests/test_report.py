@@ -2,6 +2,7 @@
 and unsupported runs. Table cells and plotted points must be the records' own values."""
 from __future__ import annotations
 
+import os
 import re
 import struct
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.reporting.compose import build_report
+from bench.reporting.document import Image, to_markdown
 from common.record import skeleton
 from common.results import load_records, validate_record, write_record
 from tests.conftest import run_cli
@@ -236,7 +238,7 @@ def test_header_names_hardware_versions_and_data(written):
     assert "NVIDIA H100 80GB HBM3" in text
     assert "torch 2.4.1" in text
     assert re.search(r"\| cnn \| MNIST \| real \| 12 \|", text)
-    assert "from 24 run records" in text and "(19 ok, 1 failed, 4 unsupported)" in text
+    assert "from 24 run records" in text and "(19 ok, 1 failed, 4 unsupported, 0 invalid)" in text
 
 
 def test_outputs_are_written_and_html_is_self_contained(written):
@@ -256,6 +258,9 @@ def test_outputs_are_written_and_html_is_self_contained(written):
     assert '<tr class="failed">' in page and OOM in page
     assert '<tr class="unsupported">' in page and DP_ON_CPU in page
     assert not list(written.glob(".*.tmp")) and not list((written / "plots").glob(".*.tmp"))
+    # Reports are meant to be shared, like the records they are made from (they were 0600).
+    for path in [written / "report.md", written / "report.html", *pngs, *(written / "runs").glob("*.json")]:
+        assert path.stat().st_mode & 0o777 == 0o644, path
 
 
 def test_filters_select_runs_and_plots_hold_only_this_report(records, tmp_path):
@@ -289,3 +294,102 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args):
     assert proc.returncode == 2
     assert proc.stderr.startswith("bench.report: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert not (results / "report.md").exists() and not (results / "plots").exists()
+
+
+def test_every_row_says_which_data_it_used(records, tmp_path):
+    """Synthetic data must be visible wherever a row is: an eval of 1.0000 on synthetic data is not MNIST's."""
+    from rich.console import Console
+
+    from bench.compare import print_table
+    from common.results import summary_frame
+
+    mixed = [{**r, "data": "synthetic" if i % 2 else "real"} for i, r in enumerate(records)]
+    console = Console(record=True, width=400)
+    print_table(console, summary_frame(mixed))
+    rows = [ln for ln in console.export_text().splitlines() if " torch_d" in ln]
+    assert len(rows) == len(mixed)
+    assert sum("synthetic" in ln for ln in rows) == len(mixed) // 2
+    assert all(("synthetic" in ln) != (" real " in ln) for ln in rows)
+    # All synthetic: nothing varies, and the report's tables still name the data in every row.
+    results = tmp_path / "results"
+    for record in records:
+        write_record({**record, "data": "synthetic"}, results)
+    assert run_cli("bench.report", "--results", str(results)).returncode == 0
+    tables = _md_tables((results / "report.md").read_text())
+    cells = [row.get("data") for rows in tables.values() for row in rows]
+    assert cells == ["synthetic"] * len(records)
+
+
+def _two_core_sweep() -> list[dict]:
+    """Three backends with the same loss curves (as they should be) at 1, 2 and 4 virtual CPU devices on
+    a 2-core host, so N=4 is oversubscribed, and a fourth backend whose every run failed."""
+    host = HOSTS["host-a"]
+    records = []
+    for b, backend in enumerate(("torch_ddp", "torch_dp", "tf_mirrored", "mindspore_auto")):
+        for n in (1, 2, 4):
+            run_id = f"20261123T10{b}{n}00Z-{backend}-cnn-n{n}-{b:03x}{n:03x}"
+            record = skeleton(run_id, backend, "cnn", n, f"2026-11-23T10:0{b}:0{n}+00:00", sweep_id="sweep-2core",
+                              data="real", scaling="weak", strategy=backend, framework="x", framework_version="1",
+                              warmup_steps=5, seed=0, host={**host["host"], "cores": 2}, device_kind="cpu",
+                              virtual=True, threads_per_device=1)
+            if backend == "mindspore_auto":
+                record.update(status="failed", error="msrun exited with code 1", duration_s=3.0)
+            else:
+                record.update(_ok_fields("host-a", "torch_ddp", "cnn", n, 0), oversubscribed=n > 2)
+            records.append(record)
+    return records
+
+
+def test_figures_do_not_mislead(tmp_path):
+    blocks, plots = build_report(_two_core_sweep(), str(tmp_path))
+    by_kind = {p.slug.removeprefix("cnn-"): p for p in plots["cnn"]}
+    for plot in by_kind.values():  # the backend whose runs all failed is named in every figure
+        assert plot.absent == ["mindspore_auto (3 failed)"], plot.slug
+        assert "not drawn, no ok run: mindspore_auto (3 failed)" in plot.figure.get_suptitle()
+    for kind in ("throughput", "efficiency"):  # a ring around each oversubscribed point, and a legend entry
+        [ax] = by_kind[kind].figure.axes
+        rings = [line for line in ax.get_lines() if line.get_label() == "_oversubscribed"]
+        assert len(rings) == 3 and all(list(line.get_xdata()) == [4] for line in rings), kind
+        legend = [t.get_text() for t in by_kind[kind].figure.legends[0].get_texts()]
+        assert "oversubscribed: devices x threads > cores" in legend
+    for ax in by_kind["loss"].figure.axes:  # identical curves: each drawn narrower on top of the one before
+        widths = [line.get_linewidth() for line in ax.get_lines()]
+        assert len(widths) == 3 and widths == sorted(widths, reverse=True) and len(set(widths)) == 3
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    for ax in by_kind["time-to-accuracy"].figure.axes:  # not cut: both axes from zero, accuracy up to 1
+        assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1 and ax.get_xlim()[0] == 0
+    captions = [b.caption for b in blocks if isinstance(b, Image)]
+    assert captions and all("Not drawn, no ok run: mindspore_auto (3 failed)." in c for c in captions)
+    if os.environ.get("PARBENCH_KEEP_FIGURES"):  # to look at them
+        for plot in plots["cnn"]:
+            Path(os.environ["PARBENCH_KEEP_FIGURES"], f"{plot.slug}.png").write_bytes(plot.png())
+
+
+def test_one_gpu_run_shares_a_panel_with_the_virtual_runs_it_anchors():
+    """One GPU: both backends' whole-GPU N=1 and virtual N=2/4 (processes or replicas sharing it) on one axis,
+    the virtual points hollow, the MFU in the table."""
+    host = {**HOSTS["host-b"]["host"], "gpus": ["NVIDIA H100 80GB HBM3"]}
+    records = []
+    for backend in STRATEGIES:
+        for n in (1, 2, 4):
+            index = len(records)
+            record = skeleton(f"20261123T10{index:02d}00Z-{backend}-cnn-n{n}-{index:06x}", backend, "cnn", n,
+                              f"2026-11-23T10:{index:02d}:00+00:00", sweep_id="sweep-one-gpu", data="real",
+                              scaling="weak", strategy=STRATEGIES[backend], framework="torch",
+                              framework_version="2.4.1", warmup_steps=5, seed=0, host=host, versions={},
+                              device_kind="cuda", virtual=n > 1, threads_per_device=None,
+                              devices_description=f"{n} on one GPU")
+            record.update(_ok_fields("host-b", backend, "cnn", n, index), mfu=0.01 * (index + 1))
+            records.append(record)
+    blocks, plots = build_report(records, "results")
+    throughput = _plot((blocks, plots), "cnn", "throughput")
+    [ax] = throughput.figure.axes
+    assert "hollow markers: virtual devices" in ax.get_title()
+    drawn = {line.get_label(): list(zip(line.get_xdata(), line.get_ydata())) for line in ax.get_lines()}
+    for backend in STRATEGIES:
+        [label] = [k for k in throughput.data if k.startswith(backend)]
+        assert [n for n, _ in drawn[label]] == [1, 2, 4]  # the anchor and its virtual runs on one line
+        assert [n for n, _ in drawn[f"_virtual: {label}"]] == [2, 4]
+    [row] = [row for row in _md_tables(to_markdown(blocks))["cnn"] if row["N"] == "4" and row["backend"] == "torch_dp"]
+    assert row["MFU"] == "6.0%"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -16,6 +17,7 @@ from common.results import (
     write_summary,
 )
 from common.timing import aggregate_ranks, summarize
+from tests.conftest import REPO
 
 
 def ok_record(run_id, devices, sps, backend="torch_ddp", sweep="s1", host="h1", started="2026-01-01T00:00:00"):
@@ -85,3 +87,16 @@ def test_aggregate_takes_the_slowest_rank():
     assert agg["step_times_s"] == [1.0, 3.0]
     assert agg["data_wait_fraction"] == pytest.approx((0.1 + 0.0) / 2)
     assert summarize([]) is None
+
+
+@pytest.mark.parametrize("path", ["results/.summary.lock", "results/summary.csv", "results/runs/r.json",
+                                  "results/logs/sweep/r.log", "results/report.md", "results/plots/cnn-loss.png"])
+def test_what_runs_and_reports_write_under_results_is_git_ignored(path):
+    """A clone stays clean after its first sweep and report (the summary's lock file was not ignored)."""
+    proc = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, f"{path} is not git-ignored {proc.stderr}"
+
+
+def test_the_test_session_names_its_slowest_tests(pytestconfig):
+    """The suite must stay under 30 minutes on 2 cores: every run lists its 15 slowest tests."""
+    assert pytestconfig.option.durations == 15

@@ -22,7 +22,7 @@ import keras  # noqa: E402
 from backends.tf_mirrored.data import ReplicaBatches  # noqa: E402
 from backends.tf_mirrored.models import build_model, trainable_param_count  # noqa: E402
 from backends.tf_mirrored.strategy import build_strategy  # noqa: E402
-from backends.tf_mirrored.trainer import KerasTrainer  # noqa: E402
+from backends.tf_mirrored.trainer import KerasTrainer, agree_on_overflow  # noqa: E402
 from common.config import RunConfig  # noqa: E402
 from common.data.batches import TrainBatches  # noqa: E402
 from common.data.datasets import TRAIN_SPLIT, load_split  # noqa: E402
@@ -63,9 +63,10 @@ def test_replica_r_gets_rank_r_slice(data_dir: Path, workload: str, grad_accum: 
         feed.close()
 
 
-def _train(workload: str, data, devices: list[str], grad_accum: int, weights, steps: int = 2):
+def _train(workload: str, data, devices: list[str], grad_accum: int, weights, steps: int = 2, compile: str = "",
+           trained: list | None = None, precision: str = "fp32"):
     """`steps` optimizer steps of a global batch of 8 on len(devices) replicas; returns the
-    trainable weights before and after, and the losses."""
+    trainable weights before and after, and the losses (and appends the trainer to `trained`)."""
     replicas = len(devices)
     per_device = 8 // (replicas * grad_accum)
     strategy = build_strategy("mirrored", devices, "RING", 60)
@@ -73,7 +74,11 @@ def _train(workload: str, data, devices: list[str], grad_accum: int, weights, st
         model = build_model(workload, model_spec(workload))
     model.set_weights(weights)
     before = [w.numpy() for w in model.trainable_weights]
-    trainer = KerasTrainer(strategy, model, _config(workload, replicas, per_device, grad_accum), "cpu")
+    cfg = _config(workload, replicas, per_device, grad_accum)
+    cfg.compile, cfg.warmup_steps, cfg.precision = compile, 1, precision
+    trainer = KerasTrainer(strategy, model, cfg, "cpu")
+    if trained is not None:
+        trained.append(trainer)
     feed = _feed(data, workload, strategy, replicas, per_device, grad_accum)
     try:
         losses = [trainer.train_step(feed.get(step), 1e-3) for step in range(steps)]
@@ -106,6 +111,52 @@ def test_two_replicas_equal_one_replica(data_dir: Path, workload: str):
     assert np.quantile(moved, 0.5) > 1e-4  # the steps did move the weights
     assert np.quantile(diffs, 0.999) < 1e-6, np.quantile(diffs, [0.5, 0.99, 0.999, 1.0])
     assert diffs.max() < 2 * 1e-3 * 2
+
+
+def _mlm_variant_and_plain(data_dir: Path, policy: str = "float32", **variant):
+    """Two steps on two replicas under `variant` (_train's options) and plainly: (losses, plain losses, trainer)."""
+    spec = model_spec("mlm")
+    data = load_split("mlm", TRAIN_SPLIT, "real", data_dir, spec, 0)
+    keras.utils.set_random_seed(0)
+    initial = build_model("mlm", spec).get_weights()
+    trained = []
+    keras.config.set_dtype_policy(policy)
+    try:
+        _, _, losses = _train("mlm", data, DEVICES, 1, initial, trained=trained, **variant)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    _, _, plain = _train("mlm", data, DEVICES, 1, initial)
+    return losses, plain, trained[0]
+
+
+def test_xla_compiled_step_equals_the_plain_step_and_compiles_once(data_dir: Path):
+    """--compile: the same 2-replica steps through XLA (jit_compile=True); compiled once, in the warm-up."""
+    losses_xla, losses_plain, trainer = _mlm_variant_and_plain(data_dir, compile="default")
+    np.testing.assert_allclose(losses_xla, losses_plain, rtol=1e-4)  # XLA fuses and reorders float32 sums
+    metrics = trainer.backend_metrics()
+    assert [c["step"] for c in metrics["compile_steps"]] == [0] and metrics["recompiled_in_measured_window"] == []
+    assert metrics["compile_s"] > 0 and trainer._gradients._jit_compile
+
+
+def test_one_replicas_overflow_skips_the_step_on_every_replica():
+    strategy = build_strategy("mirrored", DEVICES, "RING", 60)
+
+    def replica_grads():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return agree_on_overflow([tf.where(replica == 1, float("inf"), 1.0) * tf.ones(3)])
+
+    for replica_grads_out in strategy.experimental_local_results(strategy.run(replica_grads)):
+        assert not np.isfinite(replica_grads_out[0].numpy()).any()
+    clean = strategy.run(lambda: agree_on_overflow([tf.ones(3)]))
+    assert all((g[0].numpy() == 1).all() for g in strategy.experimental_local_results(clean))
+
+
+def test_fp16_with_loss_scaling_follows_fp32(data_dir: Path):
+    """mixed_float16 + LossScaleOptimizer on two replicas: the fp32 losses within float16's precision."""
+    losses_fp16, losses_fp32, trainer = _mlm_variant_and_plain(data_dir, "mixed_float16", precision="fp16")
+    np.testing.assert_allclose(losses_fp16, losses_fp32, rtol=1e-2)
+    metrics = trainer.backend_metrics()
+    assert metrics["loss_scale_skipped_steps"] == 0 and metrics["loss_scale_final"] == 2.0**15
 
 
 @pytest.mark.parametrize("workload", ["cnn", "mlm"])

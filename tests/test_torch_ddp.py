@@ -11,10 +11,12 @@ import torch
 
 from backends.torch_common.models import build_model
 from backends.torch_common.trainer import CHECKPOINT_EXT, TorchTrainer
+from backends.torch_ddp.backend import plan_over, process_group_backend
 from common.checkpoints import valid_checkpoints
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import SplitData, load_split
+from common.errors import Unsupported
 from common.loop import FAULT_AFTER_STEP_ENV, FAULT_MARKER_ENV, FAULT_RANK_ENV, run_loop
 from common.results import validate_record
 from common.spec import CNN
@@ -209,3 +211,20 @@ def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):
     status = {pid: Path(f"/proc/{pid}/status") for pid in workers}
     alive = [pid for pid, p in status.items() if p.exists() and "zombie" not in p.read_text().lower()]
     assert alive == [], f"left running: {alive}"
+
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def test_more_ranks_than_gpus_share_them_over_gloo_and_cpu_stays_cpu():
+    # Planned for GPUs this machine does not have: plan_over takes the GPUs present as a list.
+    one_gpu = plan_over(4, "auto", 1, [H100])
+    assert (one_gpu.kind, one_gpu.virtual, one_gpu.physical_devices, one_gpu.hardware) == ("cuda", True, 1, (H100,))
+    assert process_group_backend(one_gpu.kind, one_gpu.virtual) == "gloo"
+    whole = plan_over(2, "cuda", 1, [H100, H100])
+    assert (whole.virtual, whole.physical_devices) == (False, 2)
+    assert process_group_backend(whole.kind, whole.virtual) == "nccl"
+    assert plan_over(2, "cpu", 1, [H100]).kind == "cpu"
+    assert plan_over(2, "auto", 1, []).kind == "cpu"
+    with pytest.raises(Unsupported, match="none present"):
+        plan_over(1, "cuda", 1, [])

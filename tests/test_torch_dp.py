@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from backends.torch_common.models import build_model
 from backends.torch_common.trainer import TorchTrainer
-from backends.torch_dp.timed import TimedDataParallel
+from backends.torch_dp.backend import data_parallel_plan
+from backends.torch_dp.timed import per_step_means
+from backends.torch_dp.worker import wrap
 from common.config import RunConfig
 from common.data.batches import TrainBatches
 from common.data.datasets import load_split
+from common.errors import Unsupported
 from common.results import validate_record
 from common.spec import BERT_SIZES, CNN
 from tests.conftest import run_cli
@@ -22,30 +26,32 @@ def _cfg(workload: str) -> RunConfig:
                      data="real", data_dir="", seed=0, total_steps=10, warmup_steps=0, out="")
 
 
-def test_data_parallel_step_at_one_device_equals_plain_step(data_dir):
-    for workload, spec in (("cnn", CNN), ("mlm", BERT_SIZES["tiny"])):
-        cfg = _cfg(workload)
-        batches = TrainBatches(load_split(workload, "train", "real", data_dir, spec, 0), spec, 0, 8, 1, 0)
-        params = []
-        for wrap in (False, True):
-            torch.manual_seed(0)
-            core = build_model(workload, spec)
-            model = TimedDataParallel(core) if wrap else core
-            trainer = TorchTrainer(model, core, cfg, torch.device("cpu"))
-            losses = [trainer.train_step(batches.get(s), 1e-3) for s in range(2)]
-            params.append((losses, [p.detach().clone() for p in core.parameters()]))
-        (l_plain, p_plain), (l_dp, p_dp) = params
-        assert l_plain == l_dp
-        assert all(torch.equal(a, b) for a, b in zip(p_plain, p_dp))
+H100 = "NVIDIA H100 80GB HBM3"
 
 
-def test_phase_means_skip_warmup_and_average_per_step():
-    model = TimedDataParallel(torch.nn.Linear(2, 2))
-    model.phase_log = [{"scatter": 9.0, "parallel_apply": 9.0}] + [
-        {"scatter": 0.1, "replicate": 0.2, "parallel_apply": 0.3, "gather": 0.4}] * 4
-    means = model.phase_means(skip=1, forwards_per_step=2)  # 4 measured forwards = 2 steps
-    assert means == {"scatter": 0.2, "replicate": 0.4, "parallel_apply": 0.6, "gather": 0.8}
-    assert model.phase_means(skip=5, forwards_per_step=1) is None
+def test_cpu_asked_for_stays_on_the_cpu_on_a_machine_with_gpus():
+    # nn.DataParallel moves to CUDA whenever CUDA exists: on CPU the worker runs the module unwrapped.
+    plan = data_parallel_plan(1, "cpu", 1, [H100])
+    assert (plan.kind, plan.hardware) == ("cpu", ())
+    core = build_model("cnn", CNN)
+    model, device_ids = wrap(core, _cfg("cnn"))
+    assert model is core and device_ids == []
+    with pytest.raises(Unsupported, match="--device-kind cpu asked for CPU"):
+        data_parallel_plan(2, "cpu", 1, [H100])
+
+
+def test_more_replicas_than_gpus_are_virtual_replicas_round_robin():
+    plan = data_parallel_plan(4, "auto", 1, [H100, H100])
+    assert (plan.kind, plan.virtual, plan.physical_devices) == ("cuda", True, 2)
+    assert "device_ids=[0, 1, 0, 1]" in plan.description
+    assert data_parallel_plan(2, "auto", 1, [H100, H100]).virtual is False
+
+
+def test_phase_means_average_per_step_and_leave_out_absent_phases():
+    four = {"scatter": 0.1, "replicate": 0.2, "parallel_apply": 0.3, "gather": 0.4}
+    assert per_step_means([four] * 4, forwards_per_step=2) == {  # 4 forwards = 2 steps
+        "scatter": 0.2, "replicate": 0.4, "parallel_apply": 0.6, "gather": 0.8}
+    assert per_step_means([{"scatter": 0.1, "parallel_apply": 0.3}] * 2, 1) == {"scatter": 0.1, "parallel_apply": 0.3}
 
 
 def test_record_at_one_device_on_real_mnist(tmp_path, data_dir):
@@ -58,7 +64,7 @@ def test_record_at_one_device_on_real_mnist(tmp_path, data_dir):
     assert validate_record(r) == [] and r["status"] == "ok"
     assert (r["strategy"], r["devices"], r["global_batch"], r["measured_steps"]) == ("DataParallel", 1, 64, 4)
     assert r["eval"]["count"] == 10000 and r["params"] == 2_328_298
-    assert any("calls the module directly" in n for n in r["notes"])
+    assert any("runs unwrapped" in n for n in r["notes"])
 
 
 def test_more_devices_than_cuda_is_unsupported_with_a_record(tmp_path):
@@ -68,7 +74,7 @@ def test_more_devices_than_cuda_is_unsupported_with_a_record(tmp_path):
     assert proc.returncode == 3, proc.stderr
     [path] = (out / "runs").glob("*.json")
     r = json.loads(path.read_text())
-    assert r["status"] == "unsupported" and "needs 2 CUDA devices" in r["error"]
+    assert r["status"] == "unsupported" and "needs CUDA devices" in r["error"]
     assert r["strategy"] == "DataParallel" and r["framework"] == "torch"
     assert validate_record(r) == []
 
@@ -82,3 +88,37 @@ def test_sweep_with_both_torch_backends_has_every_row(tmp_path, data_dir):
             for r in (json.loads(p.read_text()) for p in (out / "runs").glob("*.json"))}
     assert rows == {("torch_dp", 1): "ok", ("torch_dp", 2): "unsupported",
                     ("torch_ddp", 1): "ok", ("torch_ddp", 2): "ok"}
+
+
+def _train_tiny_bert(data_dir, steps: int, **cfg_fields) -> tuple[list[float], TorchTrainer]:
+    """`steps` steps of the tiny BERT, batch 8, on the CPU, the module unwrapped (as torch_dp's worker there)."""
+    cfg = _cfg("mlm")
+    for name, value in cfg_fields.items():
+        setattr(cfg, name, value)
+    spec = BERT_SIZES["tiny"]
+    batches = TrainBatches(load_split("mlm", "train", "real", data_dir, spec, 0), spec, 0, 8, 1, 0)
+    torch.manual_seed(0)
+    core = build_model("mlm", spec)
+    model = torch.compile(core) if cfg.compile else core
+    trainer = TorchTrainer(model, core, cfg, torch.device("cpu"))
+    return [trainer.train_step(batches.get(s), 1e-3) for s in range(steps)], trainer
+
+
+def test_compiled_step_equals_the_eager_step_and_compiles_in_the_warmup(data_dir):
+    compiled, trainer = _train_tiny_bert(data_dir, 3, compile="default", warmup_steps=1)
+    eager, _ = _train_tiny_bert(data_dir, 3)
+    assert compiled == pytest.approx(eager, rel=1e-5)  # inductor fuses and reorders float32 sums
+    metrics = trainer.backend_metrics()
+    assert [c["step"] for c in metrics["compile_steps"]] == [0] and metrics["recompiled_in_measured_window"] == []
+    assert metrics["compile_s"] > 0 and metrics["compile_mode"] == "default"
+
+
+def test_fp16_with_a_grad_scaler_follows_fp32(data_dir):
+    """The first loss within float16's precision of fp32's; GradScaler's first scale (2^16) may overflow,
+    and every overflow is a skipped step that halved the scale."""
+    half, trainer = _train_tiny_bert(data_dir, 3, precision="fp16")
+    full, _ = _train_tiny_bert(data_dir, 1)
+    assert half[0] == pytest.approx(full[0], rel=1e-2)
+    metrics = trainer.backend_metrics()
+    assert metrics["loss_scale_final"] == 2.0**16 / 2 ** metrics["loss_scale_skipped_steps"]
+    assert metrics["loss_scale_skipped_steps"] < 3  # it found a scale that fits

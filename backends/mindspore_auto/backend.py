@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -14,12 +16,15 @@ import mindspore as ms
 from backends.base import Backend
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
 from backends.mindspore_auto.worker import FINISHED, PID_DIR_ENV
+from common.breakdown import communication_note
+from common.calibration import bare_result, refuse_bare_options
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
+BARE_SCRIPT = Path(__file__).with_name("bare.py")
 LOG_TAIL_CHARS = 4000
 MSRUN_LOG = "msrun.log"
 # On AVX-512 hosts the oneDNN 3.10 inside MindSpore 2.10 runs a plain-layout (NCHW) convolution as
@@ -31,7 +36,13 @@ CPU_CONV_ISA_CAP = "AVX2"
 
 
 def _accelerators(target: str) -> int:
-    return ms.hal.device_count(target) if ms.hal.is_available(target) else 0
+    # is_available logs "Backend GPU is not available" and the plugin's load error as WARNINGs: an
+    # expected answer to a probe, which would otherwise come before (and bury) a one-line bad-input error.
+    logging.disable(logging.WARNING)
+    try:
+        return ms.hal.device_count(target) if ms.hal.is_available(target) else 0
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 def mindspore_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
@@ -148,6 +159,15 @@ def msrun_nodes(cfg: RunConfig) -> list[str]:
             f"--master_addr={cfg.master_addr}", f"--master_port={cfg.master_port}", f"--node_rank={cfg.node_rank}"]
 
 
+def check_msrun_python(env: dict[str, str]) -> None:
+    """msrun starts each worker as a bare `python` found on PATH; child_env puts this interpreter's
+    folder first, which is enough only where that folder holds a `python` (a venv always does)."""
+    found = shutil.which("python", path=env.get("PATH"))
+    if found is None or Path(found).parent != Path(sys.executable).parent:
+        raise Unsupported(f"msrun starts its workers as `python` from PATH, which is {found or 'missing'}, not this "
+                          f"run's {sys.executable}: run from a virtual environment (its bin/ has `python`)")
+
+
 class MindSporeAuto(Backend):
     name = "mindspore_auto"
     framework = "mindspore"
@@ -174,17 +194,40 @@ class MindSporeAuto(Backend):
                               f"{pcfg.pipeline_stage}) requires Ascend or GPU: MindSpore runs only DATA_PARALLEL "
                               "on CPU")
         if cfg.precision != "fp32":
-            raise Unsupported(f"--precision {cfg.precision}: mindspore_auto trains in fp32 only")
+            # fp16 would take amp.auto_mixed_precision and amp.DynamicLossScaler in TrainStep, and models.py
+            # written for it: its float32 constants (the -1e9 attention mask bias is -inf in float16) are not.
+            raise Unsupported(f"--precision {cfg.precision}: mindspore_auto trains in fp32 only (its models hold "
+                              "float32 constants; no mixed precision or loss scaling is wired in)")
+        if cfg.compile not in ("", "default"):
+            raise Unsupported(f"--compile {cfg.compile} is a torch.compile mode; MindSpore's jit levels have no modes")
         if cfg.sync_bn:
             raise Unsupported("--sync-bn: mindspore_auto keeps BatchNorm statistics per rank")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
-        config_path, result_path = workdir / "config.json", workdir / "result.json"
+        result_path = workdir / "result.json"
+        self.msrun(cfg, plan, workdir, WORKER_SCRIPT, result_path)
+        if not result_path.is_file():
+            raise RunFailed(f"msrun exited without a result: {msrun_log_tails(workdir / 'msrun')}")
+        return json.loads(result_path.read_text())
+
+    def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        refuse_bare_options(cfg, self.name)
+        result_path = workdir / "bare.json"
+        self.msrun(cfg, plan, workdir, BARE_SCRIPT, result_path)
+        ranks = [json.loads(p.read_text()) for p in sorted(workdir.glob("bare.json.rank*.json"))]
+        if len(ranks) != cfg.devices:
+            raise RunFailed(f"{len(ranks)} of {cfg.devices} bare ranks left a result: "
+                            f"{msrun_log_tails(workdir / 'msrun')}")
+        return bare_result(ranks, cfg.global_batch, ranks[0]["idiom"])
+
+    def msrun(self, cfg: RunConfig, plan: DevicePlan, workdir: Path, script: Path, result_path: Path) -> None:
+        """Run `script CONFIG RESULT` under msrun, one process per device; RunFailed unless all went well."""
+        config_path = workdir / "config.json"
         log_dir, pid_dir = workdir / "msrun", workdir / "worker-pids"
         cfg.save(config_path)
         cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", *msrun_nodes(cfg), f"--log_dir={log_dir}",
                "--join=True", f"--cluster_time_out={int(cfg.collective_timeout_s)}",
-               str(WORKER_SCRIPT), str(config_path), str(result_path)]
+               str(script), str(config_path), str(result_path)]
         timeout = str(int(cfg.collective_timeout_s))
         env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)),
                "GLOG_v": "2",  # warnings and errors: INFO would bury a failure's cause in the logs
@@ -194,18 +237,19 @@ class MindSporeAuto(Backend):
         env[PID_DIR_ENV] = str(pid_dir)
         if caps_conv_isa(cfg, plan):
             env["ONEDNN_MAX_CPU_ISA"] = CPU_CONV_ISA_CAP
+        env = child_env(env)
+        check_msrun_python(env)
         try:
-            rc = run_supervised(cmd, child_env(env), workdir / MSRUN_LOG, cfg.timeout_s,
+            rc = run_supervised(cmd, env, workdir / MSRUN_LOG, cfg.timeout_s,
                                 health=lambda: dead_worker(pid_dir, workdir / MSRUN_LOG))
         except RunFailed as exc:
             raise RunFailed(f"{exc}; {msrun_log_tails(log_dir)}") from None
         finally:
             cause = dead_worker(pid_dir, workdir / MSRUN_LOG)  # before the leftovers are killed below
             kill_leftover_workers(pid_dir, config_path)
-        if rc != 0 or not result_path.is_file():
+        if rc != 0:
             because = f", {cause}" if cause else ""
             raise RunFailed(f"msrun exited with code {rc}{because}: {msrun_log_tails(log_dir)}")
-        return json.loads(result_path.read_text())
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         p = self.layout(cfg)
@@ -214,6 +258,10 @@ class MindSporeAuto(Backend):
                  f"{p.optimizer_shard}, recompute {p.recompute}, vocab_emb_dp {p.vocab_emb_dp})",
                  "graph compilation is timed apart (backend_metrics.compile_s, eval_compile_s) and excluded "
                  "from throughput",
+                 ("--compile: the train step is a compiled graph with or without the flag (GRAPH_MODE); the flag "
+                  "sets its jit level to O1 (common optimizations and automatic operator fusion, experimental) "
+                  "instead of MindSpore's default choice (backend_metrics.jit_level)" if cfg.compile else
+                  "the train step is a compiled graph (GRAPH_MODE) at MindSpore's default jit level"),
                  "cross-entropy is a log-sum-exp of primitives; a prediction counts as correct when the "
                  "label's logit equals the row maximum (ties count, where argmax would pick one)"]
         if p.mode != "data":
@@ -227,3 +275,8 @@ class MindSporeAuto(Backend):
             notes.append("MindSpore on CPU runs DATA_PARALLEL only; gradients all-reduced over mccl between "
                          "msrun processes")
         return notes
+
+    def measured_notes(self, record: dict) -> list[str]:
+        collective = {"cpu": "mccl", "cuda": "nccl"}.get(record.get("device_kind"), "hccl")
+        note = communication_note(record, f"DistributedGradReducer over {collective}, after the backward")
+        return [note] if note else []

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from backends.mindspore_auto.parallel_config import ParallelConfig, cnn_layers
+from backends.mindspore_auto.parallel_config import ParallelConfig
+from common.layout import cnn_layers
 from common.spec import BertSpec, CnnSpec
 
 Strategy = tuple[tuple[int, ...], ...]
@@ -128,8 +129,7 @@ def layer_placement(layer_id: int, layers: int, cfg: ParallelConfig) -> Placemen
 
     With a pipeline every gradient goes in one fusion group: the stages reduce separately anyway.
     """
-    per_stage = max((layers + 1) // cfg.pipeline_stage, 1)
-    stage = min(layer_id // per_stage, cfg.pipeline_stage - 1)
+    stage = cfg.layout.stage_of_layer(layer_id, layers)
     per_group = max((layers + 1) // cfg.gradient_aggregation_group, 1)
     fusion = 2 if cfg.pipeline_stage > 1 else layer_id // per_group + 1
     return Placement(stage, fusion)

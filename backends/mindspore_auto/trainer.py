@@ -30,6 +30,9 @@ CHECKPOINT_NAME = "checkpoint.ckpt"
 # (logits, their exponentials, one-hot labels): 32 rows keep each near 85 MB, where the loop's
 # 256-row batches would take gigabytes per process.
 EVAL_CHUNK_ROWS = {"cnn": 256, "mlm": 32}
+# --compile: MindSpore's O1 adds its common graph optimizations and automatic operator fusion to the
+# graph the train step always is in GRAPH_MODE (O0, mindspore.jit's default: only the passes correctness needs).
+COMPILED_JIT_LEVEL = "O1"
 
 
 class ScaledLoss(nn.Cell):
@@ -72,6 +75,40 @@ class TrainStep(nn.Cell):
         return value
 
 
+class ProbeGradients(nn.Cell):
+    """The breakdown probe's first graph: the train step's loss and gradients, nothing after them."""
+
+    def __init__(self, step: TrainStep):
+        super().__init__(auto_prefix=False)
+        self.grad_fn = step.grad_fn
+
+    def construct(self, scale, *inputs):
+        return self.grad_fn(scale, *inputs)
+
+
+class ProbeReduce(nn.Cell):
+    """The probe's second graph: the train step's gradient all-reduce alone."""
+
+    def __init__(self, step: TrainStep):
+        super().__init__(auto_prefix=False)
+        self.grad_reducer = step.grad_reducer
+
+    def construct(self, grads):
+        return self.grad_reducer(grads)
+
+
+class ProbeUpdate(nn.Cell):
+    """The probe's third graph: the train step's AdamW update alone."""
+
+    def __init__(self, step: TrainStep):
+        super().__init__(auto_prefix=False)
+        self.optimizer, self.lr = step.optimizer, step.lr
+
+    def construct(self, lr, grads):
+        grads = ops.depend(grads, ops.assign(self.lr, lr))
+        return ops.depend(lr, self.optimizer(grads))
+
+
 def build_grad_reducer(pcfg: ParallelConfig, world: int, parameters) -> nn.Cell:
     """DATA_PARALLEL: an explicit averaging all-reduce; semi_auto/auto insert their own reductions,
     except across pipeline micro-batches, which PipelineGradReducer accumulates."""
@@ -104,6 +141,8 @@ class MindSporeTrainer:
         self.optimizer = AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
         self.step_cell = TrainStep(scaled, self.optimizer, build_grad_reducer(pcfg, processes, params))
         self.step_cell.set_train(True)
+        if cfg.compile:
+            self.step_cell.set_jit_config(ms.JitConfig(jit_level=COMPILED_JIT_LEVEL))
         self.eval_rows = EVAL_CHUNK_ROWS[cfg.workload]
         # With a pipeline only the last stage's processes (rank-major: the last `loss_holders`
         # ranks) compute the loss; the others are told it through one all-reduce.
@@ -143,7 +182,8 @@ class MindSporeTrainer:
             self.loss_net.compile(*(Tensor(a) for a in next(self._eval_chunks(eval_batch))))
         finally:
             self.loss_net.set_train(True)
-        return {"compile_s": t1 - t0, "eval_compile_s": time.perf_counter() - t1}
+        return {"compile_s": t1 - t0, "eval_compile_s": time.perf_counter() - t1,
+                "jit_level": self.step_cell.jit_config_dict.get("jit_level") or "MindSpore's default"}
 
     # ------------------------------------------------------------------ Trainer protocol
 
@@ -154,6 +194,50 @@ class MindSporeTrainer:
         if self.pcfg.pipeline_stage > 1:
             value = _all_reduce([value if self.holds_loss else 0.0])[0] / self.loss_holders
         return value
+
+    # ------------------------------------------------------------------ breakdown probe (common.loop)
+
+    @property
+    def probe_source(self) -> str:
+        if not self.data_parallel_mode:
+            return "mindspore_auto: the compiler places the collectives of a sharded layout; whole step timed"
+        return ("mindspore_auto: the train step's three parts compiled as graphs of their own (value_and_grad; "
+                "DistributedGradReducer over mccl/nccl/hccl; AdamW), perf_counter around each, outputs read back")
+
+    def probe_step(self, batch: StepBatch, lr: float) -> dict[str, float]:
+        inputs = self._step_inputs(batch, lr)
+        if not self.data_parallel_mode:
+            t0 = time.perf_counter()
+            self.step_cell(*inputs).asnumpy()
+            return {"forward_backward_s": time.perf_counter() - t0, "grad_comm_s": 0.0, "optimizer_s": 0.0}
+        if not hasattr(self, "_probe_cells"):
+            self._probe_cells = tuple(cell(self.step_cell) for cell in (ProbeGradients, ProbeReduce, ProbeUpdate))
+        gradients, reduce, update = self._probe_cells
+        t0 = time.perf_counter()
+        value, grads = gradients(*inputs[1:])
+        value.asnumpy()
+        t1 = time.perf_counter()
+        # mutable: a tuple of tensors handed to a graph is otherwise a constant, and each call would recompile.
+        if self.processes > 1:
+            grads = reduce(ms.mutable(grads))
+            grads[-1].asnumpy()
+        t2 = time.perf_counter()
+        update(inputs[0], ms.mutable(grads)).asnumpy()
+        t3 = time.perf_counter()
+        nbytes = sum(int(np.prod(g.shape)) * g.itemsize for g in grads) if self.processes > 1 else 0
+        return {"forward_backward_s": t1 - t0, "grad_comm_s": t2 - t1, "optimizer_s": t3 - t2,
+                "grad_comm_bytes": nbytes}
+
+    def link_probe(self, nbytes: float) -> tuple[int, int, list[float]]:
+        """MindSpore's AllReduce on one float32 tensor of about nbytes, timed after a warm-up."""
+        buffer = Tensor(np.zeros(max(int(nbytes) // 4, 1 << 18), np.float32))
+        times = []
+        for i in range(4):
+            t0 = time.perf_counter()
+            ops.AllReduce()(buffer).asnumpy()
+            if i:
+                times.append(time.perf_counter() - t0)
+        return self.processes, int(buffer.shape[0]) * 4, times
 
     def sync(self) -> None:
         # On CPU the step's asnumpy() has already waited for the graph; MindSpore has no CPU stream.

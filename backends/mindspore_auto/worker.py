@@ -62,13 +62,16 @@ def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
     # the batch's rank layout then never has to agree with the model-parallel groups.
     ms.set_auto_parallel_context(
         parallel_mode=PARALLEL_MODES[pcfg.mode], device_num=processes, full_batch=True,
-        pipeline_stages=pcfg.pipeline_stage, enable_parallel_optimizer=pcfg.optimizer_shard,
+        pipeline_stages=pcfg.pipeline_stage, pipeline_config={"pipeline_scheduler": pcfg.pipeline_scheduler},
+        enable_parallel_optimizer=pcfg.optimizer_shard,
         # auto: start from the strategies models.py sets and propagate them to the other operators.
         **({"search_mode": "sharding_propagation"} if pcfg.mode == "auto" else {}),
     )
 
 
-def main(config_path: str, result_path: str) -> None:
+def start_worker(config_path: str) -> tuple[RunConfig, ParallelConfig, int, int]:
+    """One msrun worker joined to its group, graph mode on the run's device and threads, the parallel
+    context set: (config, parallel config, rank, processes). The suite's worker and the bare loop share it."""
     register_pid()
     cfg = RunConfig.load(Path(config_path))
     pcfg = parallel_config_from(cfg.backend_options, cfg.devices)
@@ -80,6 +83,11 @@ def main(config_path: str, result_path: str) -> None:
     rank, processes = get_rank(), get_group_size()
     set_parallel_context(pcfg, processes)
     ms.set_seed(cfg.seed)
+    return cfg, pcfg, rank, processes
+
+
+def main(config_path: str, result_path: str) -> None:
+    cfg, pcfg, rank, processes = start_worker(config_path)
 
     data_dir = Path(cfg.data_dir)
     split = load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed)
@@ -92,7 +100,7 @@ def main(config_path: str, result_path: str) -> None:
     first_eval = next(eval_batches(eval_data, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH))
     compile_s = trainer.compile(train.get(0), first_eval)
 
-    outcome = run_loop(trainer, cfg, DatasetBatches(train, cfg.total_steps), eval_data)
+    outcome = run_loop(trainer, cfg, DatasetBatches(train, cfg.feed_steps), eval_data)
     if rank % cfg.devices_per_node == 0:  # msrun numbers ranks node by node; each node's first keeps it
         outcome["backend_metrics"] = {**compile_s, "parallel": pcfg.as_dict(), "processes": processes,
                                       "trainable_params": param_count(loss_net)}

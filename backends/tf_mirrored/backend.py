@@ -10,9 +10,11 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from backends.base import Backend
+from backends.base import Backend, refuse_non_data_parallel
 from backends.tf_mirrored.devices import GPU_SLICE_MB, gpu_slices, physical_gpus
 from backends.tf_mirrored.strategy import STRATEGY_NAMES, all_reduce_implementation, mode_of
+from common.breakdown import communication_note
+from common.calibration import refuse_bare_options
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
@@ -53,14 +55,26 @@ class TFMirrored(Backend):
         return mode_of(cfg) == "multi_worker"
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
+        refuse_non_data_parallel(cfg, self.name)
         # TensorFlow 2.21 no longer pulls TensorBoard in; find out before training, not after.
         if cfg.backend_options.get("tensorboard_dir") and importlib.util.find_spec("tensorboard") is None:
             raise Unsupported("--tf-tensorboard needs the tensorboard package: pip install tensorboard")
+        if cfg.compile not in ("", "default"):
+            raise Unsupported(f"--compile {cfg.compile} is a torch.compile mode; XLA (jit_compile) has no modes")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        return self._run(cfg, plan, workdir, WORKER)
+
+    def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        if mode_of(cfg) != "mirrored":
+            raise Unsupported("the bare Keras loop runs MirroredStrategy in one process (--tf-mode mirrored)")
+        refuse_bare_options(cfg, self.name)
+        return self._run(cfg, plan, workdir, "backends.tf_mirrored.bare")
+
+    def _run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path, module: str) -> dict:
         config_path, result_path = workdir / "config.json", workdir / "result.json"
         cfg.save(config_path)
-        cmd = [sys.executable, "-m", WORKER, str(config_path), str(result_path)]
+        cmd = [sys.executable, "-m", module, str(config_path), str(result_path)]
         if mode_of(cfg) == "mirrored":
             # One process drives every device: its pools get the cores of all of them.
             env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device * cfg.devices))}
@@ -127,7 +141,11 @@ class TFMirrored(Backend):
         notes += [
             "tf.data feeds common's batches (from_generator, one element per replica piece); the distributed "
             "iterator prefetches one element per device, so data_wait is the wait on that buffer",
-            "the training step is a tf.function without XLA; the first (traced) step falls in the warm-up",
+            ("--compile: each replica's forward and backward is compiled by XLA (tf.function jit_compile=True) "
+             "on its device; the gradient all-reduce and AdamW stay in the plain tf.function step, since one XLA "
+             "cluster cannot span the replicas' devices; tracing and compiling fall in the warm-up, timed apart "
+             "in backend_metrics.compile_s" if cfg.compile else
+             "the training step is a tf.function without XLA; the first (traced) step falls in the warm-up"),
         ]
         if cfg.workload == "cnn":
             notes.append("BatchNorm moving variance is updated with the biased batch variance (torch: unbiased); "
@@ -138,6 +156,14 @@ class TFMirrored(Backend):
             notes.append("BERT from keras-hub's BertBackbone + MaskedLMHead with common's initial weights; the model "
                          "ends at the sequence output, so the pooler (h*h+h parameters) is excluded, not frozen; "
                          "trainable parameters equal the spec (backend_metrics.trainable_params)")
+        if cfg.precision == "fp16":
+            notes.append("--precision fp16: Keras mixed_float16 with LossScaleOptimizer (dynamic scale from 2^15, "
+                         "halved and the step skipped on overflow, decided across all replicas: "
+                         "backend_metrics.loss_scale_skipped_steps)")
         if cfg.warmup_steps == 0:
             notes.append("--warmup-steps 0: the timed steps include tf.function tracing")
         return notes
+
+    def measured_notes(self, record: dict) -> list[str]:
+        note = communication_note(record, "the strategy's all-reduce, as apply_gradients runs it")
+        return [note] if note else []

@@ -10,6 +10,7 @@ import os
 import resource
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import keras
@@ -18,6 +19,7 @@ import tensorflow as tf
 
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
 from backends.tf_mirrored.optimizer import TorchAdamW
+from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import StepBatch
 from common.results import write_json_atomic
@@ -47,6 +49,18 @@ def _dense(grad):
     return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
+def agree_on_overflow(grads: list) -> list:
+    """The replica's gradients, made non-finite when any replica's are. LossScaleOptimizer decides to skip
+    a step from one replica's own gradients (replica 0's under MirroredStrategy, each worker's under
+    MultiWorkerMirroredStrategy) before its all-reduce, so an overflow elsewhere would be applied, or one
+    worker would skip the all-reduce the others wait in; one small all-reduce makes the decision common."""
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    overflows = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
+    poison = tf.where(overflows > 0, float("nan"), 0.0)
+    return [g + tf.cast(poison, g.dtype) for g in grads]
+
+
 class KerasTrainer:
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model, cfg: RunConfig, device_kind: str,
                  rank: int = 0, world: int = 1):
@@ -56,36 +70,108 @@ class KerasTrainer:
         with strategy.scope():
             self.optimizer = TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay,
                                         beta_1=o.beta1, beta_2=o.beta2, epsilon=o.eps)
+            self.loss_scaling = cfg.precision == "fp16"
+            if self.loss_scaling:  # float16 gradients underflow: Keras' dynamic loss scale (2^15, halved on
+                # overflow with the step skipped, doubled after 2000 clean steps), as torch's GradScaler
+                self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             self.optimizer.build(model.trainable_variables)
+        self.skipped_steps = 0
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer)
+        # --compile: XLA compiles each replica's forward and backward on its own device. Not the whole step,
+        # as Keras' fit(jit_compile=True) would: one XLA cluster cannot reach variables on several devices
+        # ("Trying to access resource ... located in device CPU:1 from device CPU:0" with 2 replicas), so
+        # the all-reduce and AdamW stay in the (traced, not XLA-compiled) step function.
+        self._gradients = (tf.function(self._replica_gradients, jit_compile=True) if cfg.compile
+                           else self._replica_gradients)
         self._step = tf.function(self._distributed_step)
+        self.compile_log = CompileLog(cfg.compile, cfg.warmup_steps, "tf.function tracing count before and "
+                                      "after each step (each trace is one XLA compilation)",
+                                      self._step.experimental_get_tracing_count)
         self._eval = tf.function(lambda batch: loss_and_correct(model, batch, training=False),
                                  reduce_retracing=True)
-
 
     def _replica_step(self, micro: tuple, denominator: tf.Tensor) -> tf.Tensor:
         """Runs on each replica. Loss = local sum / global denominator, so the SUM all-reduce that
         Keras' optimizer applies to the gradients under a strategy gives the single-device gradient."""
+        grads, total = self._gradients(micro, denominator)
+        if self.loss_scaling:
+            grads = agree_on_overflow(grads)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return total
+
+    def _replica_gradients(self, micro: tuple, denominator: tf.Tensor):
+        """(summed gradients of the micro-batches, loss share) of one replica: its whole computation."""
         variables = self.model.trainable_variables
         grads, total = None, tf.zeros((), tf.float32)
         for batch in micro:
             with tf.GradientTape() as tape:
                 loss_sum, _ = loss_and_correct(self.model, batch, training=True)
                 loss = loss_sum / denominator
-            step_grads = tape.gradient(loss, variables)
+                target = self.optimizer.scale_loss(loss) if self.loss_scaling else loss
+            step_grads = tape.gradient(target, variables)
             step_grads = [_dense(g) for g in step_grads]
             grads = step_grads if grads is None else [a + b for a, b in zip(grads, step_grads)]
             total += loss
-        self.optimizer.apply_gradients(zip(grads, variables))
-        return total
+        return grads, total
+
+    # ------------------------------------------------------------------ breakdown probe (common.loop)
+
+    probe_source = ("tf_mirrored: gradients and replica_context.all_reduce (the collective Keras' optimizer uses) "
+                    "each run as a tf.function of its own, then the whole train step; optimizer = that step less "
+                    "the two; perf_counter around each, devices synchronised")
+
+    @staticmethod
+    def _replica_sum(values):
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+    def _build_probe(self) -> None:
+        s = self.strategy
+        self._probe_grads = tf.function(lambda micro, d: s.run(self._gradients, args=(micro, d)))
+        self._probe_reduce = tf.function(lambda grads: s.run(self._replica_sum, args=(grads,)))
+
+    def _timed(self, fn, *args):
+        t0 = time.perf_counter()
+        out = fn(*args)  # a tf.function call returns when its CPU kernels are done; sync() waits for GPUs
+        self.sync()
+        return out, time.perf_counter() - t0
+
+    def probe_step(self, batch: StepBatch, lr: float) -> dict[str, float]:
+        """Keras' optimizer all-reduces inside apply_gradients and refuses to run outside replica context, so
+        the update is not timed alone: it is the whole step less the gradients and all-reduce timed before."""
+        if not hasattr(self, "_probe_grads"):
+            self._build_probe()
+        self.optimizer.learning_rate = lr
+        micro, denominator = tuple(batch.micro), tf.constant(batch.denominator, tf.float32)
+        (grads, _), fb = self._timed(self._probe_grads, micro, denominator)
+        replicated = self.strategy.num_replicas_in_sync > 1
+        comm = self._timed(self._probe_reduce, grads)[1] if replicated else 0.0
+        step = self._timed(self._step, micro, denominator)[1]
+        nbytes = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in self.model.trainable_variables)
+        # The separate gradient and all-reduce runs are the instrument's: the loop takes them off the step.
+        return {"forward_backward_s": fb, "grad_comm_s": comm, "optimizer_s": max(0.0, step - fb - comm),
+                "grad_comm_bytes": nbytes if replicated else 0, "instrument_s": fb + comm}
+
+    def link_probe(self, nbytes: float) -> tuple[int, int, list[float]]:
+        """The same collective on one float32 tensor of about nbytes, timed after a warm-up."""
+        size = max(int(nbytes) // 4, 1 << 18)
+        buffer = self.strategy.experimental_distribute_values_from_function(lambda _: tf.zeros(size, tf.float32))
+        reduce = tf.function(lambda x: self.strategy.run(self._replica_sum, args=(x,)))
+        times = [self._timed(reduce, buffer)[1] for _ in range(4)][1:]
+        return self.strategy.num_replicas_in_sync, size * 4, times
 
     def _distributed_step(self, micro: tuple, denominator: tf.Tensor):
         return self.strategy.run(self._replica_step, args=(micro, denominator))
 
     def train_step(self, batch: StepBatch, lr: float) -> float:
         self.optimizer.learning_rate = lr  # a variable assign, outside the graph: no retracing
-        shares = self._step(tuple(batch.micro), tf.constant(batch.denominator, tf.float32))
-        return float(sum(float(s) for s in self.strategy.experimental_local_results(shares)))
+        scale_before = float(self.optimizer.dynamic_scale.numpy()) if self.loss_scaling else None
+        def step() -> float:
+            shares = self._step(tuple(batch.micro), tf.constant(batch.denominator, tf.float32))
+            return float(sum(float(s) for s in self.strategy.experimental_local_results(shares)))
+        loss = self.compile_log.run(step) if self.cfg.compile else step()
+        if scale_before is not None and float(self.optimizer.dynamic_scale.numpy()) < scale_before:
+            self.skipped_steps += 1  # an overflow: the optimizer skipped the update and halved the scale
+        return loss
 
     def sync(self) -> None:
         if self.device_kind == "cuda":
@@ -183,7 +269,13 @@ class KerasTrainer:
         return int(meta["step"])
 
     def backend_metrics(self) -> dict:
-        return {}  # the worker fills backend_metrics on rank 0, where the strategy's facts are at hand
+        # The worker adds the strategy's facts on rank 0, where they are at hand.
+        scaling = ({"loss_scale_final": float(self.optimizer.dynamic_scale.numpy()),
+                    "loss_scale_skipped_steps": self.skipped_steps} if self.loss_scaling else {})
+        # TensorFlow runs float32 matmuls and convolutions as TF32 on GPUs that have it, unless told not to.
+        tf32 = self.device_kind == "cuda" and tf.config.experimental.tensor_float_32_execution_enabled()
+        return {**(self.compile_log.metrics() if self.cfg.compile else {}), **scaling,
+                "fp32_math": "tf32" if tf32 else "fp32"}
 
     def peak_memory_bytes(self) -> int:
         if self.device_kind == "cuda":

@@ -26,6 +26,9 @@ from common.initial_weights import run_initial_weights
 from common.loop import run_loop
 from common.results import write_json_atomic
 
+# Keras' mixed policies: float16/bfloat16 compute, float32 variables. fp16 adds loss scaling (trainer).
+MIXED_POLICIES = {"amp": "mixed_bfloat16", "fp16": "mixed_float16"}
+
 
 def _cluster_position(mode: str) -> tuple[int, int]:
     """(this process's index, number of processes)."""
@@ -58,8 +61,8 @@ def main(config_path: str, result_path: str) -> None:
     implementation = all_reduce_implementation(cfg.device_kind, cfg.devices, gpus_present)
     strategy = build_strategy(mode, devices, implementation, cfg.collective_timeout_s)
 
-    if cfg.precision == "amp":
-        keras.config.set_dtype_policy("mixed_bfloat16")
+    if cfg.precision in MIXED_POLICIES:
+        keras.config.set_dtype_policy(MIXED_POLICIES[cfg.precision])
     data_dir = Path(cfg.data_dir)
     train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
                          cfg.spec, cfg.seed, cfg.per_device_batch * local, world, rank, cfg.grad_accum, local)
@@ -69,7 +72,7 @@ def main(config_path: str, result_path: str) -> None:
         model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
         load_initial_weights(model, cfg.spec, run_initial_weights(cfg))
     trainer = KerasTrainer(strategy, model, cfg, cfg.device_kind, rank, world)
-    feed = ReplicaBatches(train, strategy, local, cfg.total_steps)
+    feed = ReplicaBatches(train, strategy, local, cfg.feed_steps)
     try:
         outcome = run_loop(trainer, cfg, feed, eval_data)
     finally:
@@ -77,7 +80,7 @@ def main(config_path: str, result_path: str) -> None:
     if rank % (world // cfg.nnodes):  # every worker holds the aggregate; each node's first one keeps it
         return
     outcome["backend_metrics"] = {
-        "tf_mode": mode, "replicas_in_sync": strategy.num_replicas_in_sync,
+        **(outcome["backend_metrics"] or {}), "tf_mode": mode, "replicas_in_sync": strategy.num_replicas_in_sync,
         "processes": world, "logical_devices": list(strategy.extended.worker_devices),
         "all_reduce": f"CollectiveAllReduce ({implementation})",
         "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),

@@ -52,11 +52,12 @@ class EncoderLayer(nn.Module):
         return x.view(b, s, self.heads, -1).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
+        b, s, _ = x.shape
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
         p = self.dropout if self.training else 0.0
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=p)
-        attn = F.dropout(self.output(ctx.transpose(1, 2).reshape(b, s, h)), p, self.training)
+        # -1: the heads this rank holds, all of them unless tensor parallelism split them
+        attn = F.dropout(self.output(ctx.transpose(1, 2).reshape(b, s, -1)), p, self.training)
         x = self.attention_norm(x + attn)
         ffn = self.ffn_out(F.gelu(self.ffn_in(x), approximate=self.gelu))
         return self.ffn_norm(x + F.dropout(ffn, p, self.training))
@@ -82,16 +83,34 @@ class BertMLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor,
                 mask_positions: torch.Tensor) -> torch.Tensor:
         """-> logits [B, P, vocab] at the P gathered mask positions only (the vocab projection dominates)."""
+        x = self.embed(input_ids)
+        attend = attention_mask(padding_mask)
+        for layer in self.layers:
+            x = layer(x, attend)
+        return self.head(x, mask_positions)
+
+    # The pieces a pipeline stage runs: embed on the first, head on the last.
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.token_embedding(input_ids) + self.position_embedding(positions) \
             + self.segment_embedding.weight[0]  # one segment: every token has type 0
-        x = F.dropout(self.embeddings_norm(x), self.spec.dropout, self.training)
-        attend = padding_mask.bool()[:, None, None, :]
-        for layer in self.layers:
-            x = layer(x, attend)
+        return F.dropout(self.embeddings_norm(x), self.spec.dropout, self.training)
+
+    def head(self, x: torch.Tensor, mask_positions: torch.Tensor) -> torch.Tensor:
+        return self.decode(self.head_transform(x, mask_positions))
+
+    def head_transform(self, x: torch.Tensor, mask_positions: torch.Tensor) -> torch.Tensor:
+        """The hidden states at the mask positions, through the head's dense layer and norm."""
         picked = torch.gather(x, 1, mask_positions.long().unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-        picked = self.head_norm(F.gelu(self.head_dense(picked), approximate=self.head_gelu))
+        return self.head_norm(F.gelu(self.head_dense(picked), approximate=self.head_gelu))
+
+    def decode(self, picked: torch.Tensor) -> torch.Tensor:
+        """The MLM decoder, tied to the token embedding."""
         return picked @ self.token_embedding.weight.T + self.head_bias
+
+
+def attention_mask(padding_mask: torch.Tensor) -> torch.Tensor:
+    return padding_mask.bool()[:, None, None, :]
 
 
 def build_model(workload: str, spec: CnnSpec | BertSpec) -> nn.Module:

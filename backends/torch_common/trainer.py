@@ -9,6 +9,7 @@ import contextlib
 import pickle
 import resource
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,38 +18,75 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from backends.torch_common.weights import final_params
 from common.checkpoints import commit, valid_checkpoints
+from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
+from common.final_params import FIELD as FINAL_PARAMS
 
 CHECKPOINT_EXT = ".pt"
+AUTOCAST_DTYPES = {"amp": torch.bfloat16, "fp16": torch.float16}
+
+
+def compile_options(mode: str) -> dict:
+    """torch.compile's arguments for --compile MODE ("default" is torch's own default)."""
+    return {} if mode == "default" else {"mode": mode}
+
+
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far: a step that raises it (re)compiled."""
+    from torch._dynamo.utils import counters  # dynamo's own bookkeeping, imported only when compiling
+    return int(counters["stats"]["unique_graphs"])
 
 
 def loss_and_correct(model: nn.Module, workload: str, batch: dict[str, torch.Tensor]):
     """(sum of per-sample or per-token losses, number correct), unreduced so that any
     denominator (global batch, global mask count) can divide them afterwards."""
     if workload == "cnn":
-        logits = model(batch["image"]).float()
-        labels = batch["label"].long()
-        loss = F.cross_entropy(logits, labels, reduction="sum")
-        return loss, (logits.argmax(-1) == labels).sum()
-    logits = model(batch["input_ids"], batch["padding_mask"], batch["mask_positions"]).float()
+        return cnn_loss_and_correct(model(batch["image"]).float(), batch)
+    return mlm_loss_and_correct(model(batch["input_ids"], batch["padding_mask"], batch["mask_positions"]).float(),
+                                batch)
+
+
+def cnn_loss_and_correct(logits: torch.Tensor, batch: dict[str, torch.Tensor]):
+    labels = batch["label"].long()
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    return loss, (logits.argmax(-1) == labels).sum()
+
+
+def mlm_loss_and_correct(logits: torch.Tensor, batch: dict[str, torch.Tensor]):
     weights, labels = batch["mask_weights"], batch["mask_ids"].long()
     per_token = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
     loss = (per_token * weights.flatten()).sum()
     return loss, ((logits.argmax(-1) == labels).float() * weights).sum()
 
 
+def sample_count(tensors: dict[str, torch.Tensor]) -> float:
+    """What a batch's loss is averaged over: selected tokens (mlm) or samples (cnn)."""
+    return float(tensors["mask_weights"].sum()) if "mask_weights" in tensors else len(tensors["label"])
+
+
 class TorchTrainer:
     def __init__(self, model: nn.Module, core: nn.Module, cfg: RunConfig, device: torch.device,
-                 rank: int = 0, world: int = 1, metrics: Callable[[], dict] | None = None):
+                 rank: int = 0, world: int = 1, metrics: Callable[[], dict] | None = None, comm_probe=None):
         self.model, self.core, self.cfg, self.device = model, core, cfg, device
+        self.comm_probe = comm_probe  # times the gradient all-reduce in probe steps (torch_ddp's DDPCommProbe)
         self._metrics = metrics
         self.rank, self.world = rank, world
         o = cfg.optim
+        # fused: one kernel for the whole update on CUDA, the same AdamW arithmetic (torch's default
+        # there is the multi-tensor foreach path); the CPU keeps torch's default.
         self.optimizer = torch.optim.AdamW(core.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                           weight_decay=o.weight_decay)
-        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.precision == "amp")
+                                           weight_decay=o.weight_decay, fused=device.type == "cuda" or None)
+        self.autocast = torch.autocast(device.type, dtype=AUTOCAST_DTYPES.get(cfg.precision, torch.float32),
+                                       enabled=cfg.precision in AUTOCAST_DTYPES)
+        # float16 gradients underflow: the loss is scaled up, the scale halved (and the step skipped)
+        # whenever a gradient overflows, grown again after 2000 clean steps (torch's defaults).
+        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        self.skipped_steps = 0
+        self.compile_log = CompileLog(cfg.compile, cfg.warmup_steps, "torch._dynamo counters['stats']"
+                                      "['unique_graphs'] before and after each step", graphs_compiled)
         self._collective_device = device if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
         self.skipped_checkpoints: list[str] = []
 
@@ -56,6 +94,24 @@ class TorchTrainer:
         return {k: torch.from_numpy(v).to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def train_step(self, batch: StepBatch, lr: float) -> float:
+        if self.cfg.compile:
+            return self.compile_log.run(lambda: self._train_step(batch, lr))
+        return self._train_step(batch, lr)
+
+    def _train_step(self, batch: StepBatch, lr: float) -> float:
+        total = self._forward_backward(batch, lr)
+        self._optimizer_step()
+        return float(total) / batch.denominator  # waits for the device: the step is done
+
+    def _optimizer_step(self) -> None:
+        scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if scale_before is not None and self.scaler.get_scale() < scale_before:
+            self.skipped_steps += 1  # an overflow: GradScaler skipped the update and lowered the scale
+
+    def _forward_backward(self, batch: StepBatch, lr: float) -> torch.Tensor:
+        """The step up to the optimizer: gradients of every micro-batch (DDP reduces them); the loss sum."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -68,10 +124,35 @@ class TorchTrainer:
             skip_sync = i < last and hasattr(self.model, "no_sync")
             with self.model.no_sync() if skip_sync else contextlib.nullcontext(), self.autocast:
                 loss_sum, _ = loss_and_correct(self.model, self.cfg.workload, self.to_device(micro))
-            (loss_sum * scale).backward()
+            self.scaler.scale(loss_sum * scale).backward()
             total += loss_sum.detach()
-        self.optimizer.step()
-        return float(total) / batch.denominator
+        return total
+
+    @property
+    def probe_source(self) -> str:
+        if self.comm_probe is not None:
+            return self.comm_probe.source
+        return "torch: perf_counter around forward+backward and optimizer.step, device synchronised between"
+
+    def probe_step(self, batch: StepBatch, lr: float) -> dict[str, float]:
+        """One step, phases timed apart (common.loop's --breakdown-steps, after the measured window)."""
+        if self.comm_probe is not None:
+            self.comm_probe.start()
+        self.sync()
+        t0 = time.perf_counter()
+        total = self._forward_backward(batch, lr)
+        self.sync()
+        t1 = time.perf_counter()
+        self._optimizer_step()
+        self.sync()
+        t2 = time.perf_counter()
+        float(total)
+        nbytes, comm_s = self.comm_probe.take() if self.comm_probe is not None else (0, 0.0)
+        return {"forward_backward_s": t1 - t0 - comm_s, "grad_comm_s": comm_s, "optimizer_s": t2 - t1,
+                "grad_comm_bytes": nbytes if self.world > 1 else 0}  # one rank: nothing crosses a link
+
+    def link_probe(self, nbytes: float) -> tuple[int, int, list[float]]:
+        return self.comm_probe.link(nbytes) if self.comm_probe is not None else (1, 0, [])
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -90,7 +171,7 @@ class TorchTrainer:
                     l_sum, c = loss_and_correct(self.core, self.cfg.workload, tensors)
                 loss += float(l_sum)
                 correct += float(c)
-                count += float(tensors["mask_weights"].sum()) if "mask_weights" in tensors else len(tensors["label"])
+                count += sample_count(tensors)
         finally:
             self.core.train()
         return loss, correct, count
@@ -141,7 +222,17 @@ class TorchTrainer:
     def backend_metrics(self) -> dict:
         counted = sum(p.numel() for p in self.core.parameters() if p.requires_grad)
         skipped = {"skipped_checkpoints": self.skipped_checkpoints} if self.skipped_checkpoints else {}
-        return {"trainable_params": counted, **skipped, **(self._metrics() if self._metrics else {})}
+        extra = {**(self.compile_log.metrics() if self.cfg.compile else {}), **self._precision_metrics()}
+        return {"trainable_params": counted, FINAL_PARAMS: final_params(self.core), **skipped, **extra,
+                **(self._metrics() if self._metrics else {})}
+
+    def _precision_metrics(self) -> dict:
+        # torch's float32 matmuls stay on plain float32 units unless TF32 is allowed (common.peak_flops)
+        fp32 = "tf32" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+        if not self.scaler.is_enabled():
+            return {"fp32_math": fp32}
+        return {"fp32_math": fp32, "loss_scale_final": float(self.scaler.get_scale()),
+                "loss_scale_skipped_steps": self.skipped_steps}
 
     def peak_memory_bytes(self) -> int:
         if self.device.type == "cuda":

@@ -1,11 +1,14 @@
 """common.initial_weights -> the torch models: names mapped here, layouts already torch's (OIHW, [out, in])."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 import torch
 from torch import nn
 
 from backends.torch_common.models import BertMLM, SimpleCNN, build_model
+from common.final_params import summarise
 from common.initial_weights import check_complete, check_shape
 from common.spec import BertSpec, CnnSpec
 
@@ -33,7 +36,7 @@ def _bert_names(model: BertMLM) -> dict[str, str]:
              "embeddings.segment": "segment_embedding.weight", "head.bias": "head_bias"}
     norms = {"embeddings.norm": "embeddings_norm", "head.norm": "head_norm"}
     dense = {"head.dense": "head_dense"}
-    for i in range(len(model.layers)):
+    for i in range(model.spec.layers):  # all of them, also where a pipeline stage holds a few
         p = f"layers.{i}"
         dense.update({f"{p}.attention.{q}": f"{p}.{q}" for q in ("query", "key", "value", "output")})
         dense.update({f"{p}.ffn.in": f"{p}.ffn_in", f"{p}.ffn.out": f"{p}.ffn_out"})
@@ -43,6 +46,21 @@ def _bert_names(model: BertMLM) -> dict[str, str]:
     for canon, mod in norms.items():
         names.update({f"{canon}.gamma": f"{mod}.weight", f"{canon}.beta": f"{mod}.bias"})
     return names
+
+
+def canonical_names(model: nn.Module) -> dict[str, str]:
+    """torch name (of `model`'s parameters and buffers) -> canonical name (common.initial_weights)."""
+    names = _cnn_names(model) if isinstance(model, SimpleCNN) else _bert_names(model)
+    return {key: canon for canon, key in names.items()}
+
+
+@torch.no_grad()
+def final_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> dict:
+    """common.final_params' summary of the trainable weights under their canonical names. `weights`: the
+    (name in `model`, whole tensor) pairs where they are not `model`'s own parameters (a sharded stage)."""
+    canonical = canonical_names(model)
+    pairs = model.named_parameters() if weights is None else weights
+    return summarise((canonical[name], tensor.detach().double().cpu().numpy()) for name, tensor in pairs)
 
 
 @torch.no_grad()

@@ -8,23 +8,42 @@ from pathlib import Path
 
 import torch
 
+from backends.base import refuse_non_data_parallel
 from backends.torch_common.backend import TorchBackend
 from common.config import RunConfig
-from common.devices import DevicePlan, cpu_plan, cuda_plan
+from common.devices import DevicePlan, cpu_plan, cuda_plan, shared_cuda_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised
 from common.nodes import address_towards, interface_of
 
 
-def torch_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
-    """CUDA when asked for or when `auto` finds enough GPUs, else virtual CPU devices."""
+def cuda_device_names() -> list[str]:
+    """The CUDA devices this process sees, by name (none on a CPU build or without a driver)."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if kind == "cuda" or (kind == "auto" and gpus):
-        if count > gpus:
-            raise Unsupported(f"{count} CUDA devices requested, {gpus} present")
-        names = [torch.cuda.get_device_name(i) for i in range(gpus)]
-        return cuda_plan(count, gpus, names)
-    return cpu_plan(count, threads_per_device)
+    return [torch.cuda.get_device_name(i) for i in range(gpus)]
+
+
+def torch_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
+    return plan_over(count, kind, threads_per_device, cuda_device_names())
+
+
+def plan_over(count: int, kind: str, threads_per_device: int, gpu_names: list[str]) -> DevicePlan:
+    """CUDA when asked for or when `auto` finds GPUs, else virtual CPU devices. Fewer GPUs than `count`:
+    virtual devices, processes sharing the GPUs round robin (rank r on GPU r mod gpus) and talking over
+    gloo, since NCCL refuses two ranks on one GPU ("invalid usage"). The one place torch backends plan;
+    `gpu_names` are the GPUs present (a parameter, so that tests can plan for GPUs they do not have)."""
+    if kind == "cuda" and not gpu_names:
+        raise Unsupported("CUDA devices requested, none present")
+    if kind == "cpu" or not gpu_names:
+        return cpu_plan(count, threads_per_device)
+    if count <= len(gpu_names):
+        return cuda_plan(count, len(gpu_names), gpu_names)
+    return shared_cuda_plan(count, gpu_names, "processes sharing a GPU, gloo collectives")
+
+
+def process_group_backend(device_kind: str, virtual: bool) -> str:
+    """NCCL between real GPUs; gloo on CPUs and between processes sharing a GPU."""
+    return "nccl" if device_kind == "cuda" and not virtual else "gloo"
 
 
 def first_failure(log: Path) -> str:
@@ -91,6 +110,8 @@ def rendezvous_failure(log: Path, cfg: RunConfig) -> str:
 class TorchDDP(TorchBackend):
     name = "torch_ddp"
     strategy = "DistributedDataParallel"
+    # The module torchrun starts once per rank; torch_3d shares this launch with its own worker.
+    worker_module = "backends.torch_ddp.worker"
 
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         return torch_device_plan(count, kind, threads_per_device)
@@ -99,10 +120,18 @@ class TorchDDP(TorchBackend):
         return True
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
+        refuse_non_data_parallel(cfg, self.name)
         if cfg.sync_bn and plan.kind == "cpu" and cfg.devices > 1:
             raise Unsupported("--sync-bn: torch's SyncBatchNorm runs on GPU devices only")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        return self.torchrun(cfg, plan, workdir, self.worker_module)
+
+    def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        return self.torchrun(cfg, plan, workdir, "backends.torch_ddp.bare")
+
+    def torchrun(self, cfg: RunConfig, plan: DevicePlan, workdir: Path, module: str) -> dict:
+        """Start `module CONFIG RESULT` under torchrun, one process per device; its result."""
         config_path, result_path = workdir / "config.json", workdir / "result.json"
         cfg.save(config_path)
         log = workdir / "torchrun.log"
@@ -112,7 +141,7 @@ class TorchDDP(TorchBackend):
             # torchrun, except that the stores it hosts on loopback listen on loopback only
             cmd = [sys.executable, "-m", "backends.torch_ddp.torchrun", *rdzv_args,
                    f"--max-restarts={cfg.max_restarts}",
-                   "-m", "backends.torch_ddp.worker", str(config_path), str(result_path)]
+                   "-m", module, str(config_path), str(result_path)]
             env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)), **rdzv_env,
                    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
             rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
@@ -125,10 +154,13 @@ class TorchDDP(TorchBackend):
         return json.loads(result_path.read_text())
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
-        notes = []
+        notes = self.precision_notes(cfg)
         if cfg.workload == "cnn" and cfg.devices > 1 and not cfg.sync_bn:
             notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as DDP does by default")
         if plan.kind == "cpu":
             link = f"TCP between {cfg.nnodes} hosts" if cfg.multi_node else "loopback"
             notes.append(f"gloo all-reduce over {link} between CPU processes")
+        if plan.kind == "cuda" and plan.virtual:
+            notes.append(f"virtual GPUs: {cfg.devices} processes share {plan.physical_devices} GPU(s) and all-reduce "
+                         "CUDA tensors over gloo (NCCL refuses two ranks on one GPU); real GPUs use NCCL")
         return notes

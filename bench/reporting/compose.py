@@ -6,11 +6,14 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from bench.reporting.calibration import breakdown_blocks, calibration_blocks
 from bench.reporting.document import Block, Heading, Image, Table, Text
-from bench.reporting.plots import PLOTTERS, Plot
+from bench.reporting.layout_plot import layout_plot
+from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
+from bench.reporting.plots import PLOTTERS, Plot, mark_absent
 from bench.reporting.series import DATA_NAMES, Series, build_series
 from bench.reporting.tables import workload_table
-from common.results import summary_frame
+from common.results import STATUSES, summary_frame
 
 PLOTS_DIR = "plots"
 
@@ -55,7 +58,7 @@ def _data(records: list[dict]) -> Table:
 
 def header(records: list[dict], results: str, filters: str, skipped: int) -> list[Block]:
     statuses = pd.Series([r["status"] for r in records]).value_counts()
-    counts = ", ".join(f"{statuses.get(s, 0)} {s}" for s in ("ok", "failed", "unsupported"))
+    counts = ", ".join(f"{statuses.get(s, 0)} {s}" for s in STATUSES)
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
     intro = f"Generated {generated} from {len(records)} run records in `{results}/runs` ({counts})."
     if filters:
@@ -84,16 +87,29 @@ def figure_caption(workload: str, series: list[Series]) -> str:
             f"Frameworks: {frameworks}.")
 
 
+def absent_backends(frame: pd.DataFrame, workload: str, series: list[Series]) -> list[str]:
+    """Backends of this workload with no ok run and so no line in its figures, each with its runs' statuses
+    (one whose ok runs are all in layout sweeps is drawn in the layout figure instead)."""
+    drawn = {s.key["backend"] for s in series}
+    rows = frame[(frame.workload == workload) & ~frame.backend.isin(drawn)]
+    return [f"{backend} ({', '.join(f'{n} {status}' for status, n in group.status.value_counts().items())})"
+            for backend, group in rows.groupby("backend") if not (group.status == "ok").any()]
+
+
 def workload_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str, dict],
                      series: list[Series]) -> tuple[list[Block], list[Plot]]:
     columns, rows = workload_table(frame, records_by_id, workload)
     blocks: list[Block] = [Heading(f"Workload `{workload}`", 2), Table(columns, rows)]
     if not series:
-        return blocks + [Text("No ok run with measured steps: nothing to plot.")], []
+        return blocks + [Text("No ok run with measured steps (outside layout sweeps): nothing to plot against "
+                              "devices.")], []
+    absent = absent_backends(frame, workload, series)
     caption = figure_caption(workload, series)
+    if absent:
+        caption += f" Not drawn, no ok run: {'; '.join(absent)}."
     plots = []
     for plotter in PLOTTERS:
-        plot = plotter(workload, series, caption)
+        plot = mark_absent(plotter(workload, series, caption), absent)
         if not plot.data:
             continue  # e.g. records without an eval_history: an empty frame helps no one
         blocks.append(Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png()))
@@ -101,15 +117,51 @@ def workload_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str
     return blocks, plots
 
 
+def layout_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str, dict]
+                   ) -> tuple[list[Block], list[Plot]]:
+    """The layout table and figure of one workload; nothing when it has no layout runs."""
+    columns, rows = layout_table(frame, records_by_id, workload)
+    if not rows:
+        return [], []
+    blocks: list[Block] = [
+        Heading(f"Layouts of `{workload}`", 3),
+        Text("Each layout trains the same global batch; efficiency is samples/s / (N x samples/s of the 1-device "
+             "run of the same global batch and micro-batches). Memory per rank is each process's measured peak; "
+             "params+grads+optimizer is counted from the shards each rank holds. The analytic bubble is "
+             "(stages - 1) / (micro-batches + stages - 1), the measured one each stage's idle share of a step. "
+             "Communication is bytes per step per rank of the collectives issued, by kind."),
+        Table(columns, rows)]
+    shown = frame[(frame.workload == workload) & (frame.status == "ok")]
+    if shown.empty:
+        return blocks, []
+    runs = [records_by_id[i] for i in shown.run_id]
+    frameworks = _join(f"{r.get('framework')} {r.get('framework_version')}" for r in runs)
+    caption = (f"Machines: {_join((r.get('host') or {}).get('name') for r in runs)}. "
+               f"Global batch: {_join(r.get('global_batch') for r in runs)}. Frameworks: {frameworks}.")
+    plot = layout_plot(workload, frame, records_by_id, caption)
+    return blocks + [Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png())], [plot]
+
+
 def build_report(records: list[dict], results: str, filters: str = "", skipped: int = 0
                  ) -> tuple[list[Block], dict[str, list[Plot]]]:
     """The blocks of the whole report, and per workload the plots behind its figures (for the tests)."""
     frame = summary_frame(records)
     records_by_id = {r["run_id"]: r for r in records}
-    series = build_series(records, frame)
+    # A layout sweep runs several layouts at one device count: its runs have their own figure, not a line.
+    layouts = layout_frame(records)
+    # A layout run's efficiency is against the 1-device run of its global batch and micro-batches, in both tables.
+    in_layouts = frame.run_id.isin(layouts.run_id)
+    if in_layouts.any():
+        frame.loc[in_layouts, "scaling_efficiency"] = frame.loc[in_layouts, "run_id"].map(
+            layouts.set_index("run_id").efficiency)
+    lines = [r for r in records if not in_layout_table(r)]
+    series = build_series(lines, frame[frame.run_id.isin({r["run_id"] for r in lines})])
     blocks = header(records, results, filters, skipped)
     plots = {}
     for workload in sorted(frame.workload.unique()):
         section, plots[workload] = workload_section(workload, frame, records_by_id, series.get(workload, []))
-        blocks += section
+        extra, layout_plots = layout_section(workload, layouts, records_by_id)
+        blocks += section + extra
+        plots[workload] += layout_plots
+    blocks += calibration_blocks(records) + breakdown_blocks(records)
     return blocks, plots

@@ -11,7 +11,7 @@ body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px;
 table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.85rem; }
 th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
 th { background: #f2f2f2; }
-tr.failed td, tr.unsupported td { background: #fff4f4; }
+tr.failed td, tr.unsupported td, tr.invalid td { background: #fff4f4; }
 figure { margin: 1rem 0 2rem; }
 figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85rem; color: #555; }

@@ -8,17 +8,21 @@ and efficiency are comparable across machines and share an axis.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
 
-from bench.reporting.series import Series, throughput_unit
+from bench.reporting.series import Series, panel_title, throughput_unit
 
 DPI = 110
 IDEAL_STYLE = {"linestyle": (0, (2, 2)), "linewidth": 1, "alpha": 0.7}
+# A ring around a point measured with more threads than cores: its loss is the machine's, not the backend's.
+OVERSUBSCRIBED_STYLE = {"marker": "o", "markersize": 20, "markerfacecolor": "none", "markeredgecolor": "black",
+                        "markeredgewidth": 1.2, "linestyle": "none"}
+OVERSUBSCRIBED_LABEL = "oversubscribed: devices x threads > cores"
 
 
 @dataclass
@@ -28,6 +32,7 @@ class Plot:
     caption: str
     figure: Figure
     data: dict[str, list]
+    absent: list[str] = field(default_factory=list)  # series with nothing to draw, named in the figure
 
     def png(self) -> bytes:
         buffer = io.BytesIO()
@@ -68,8 +73,44 @@ def _legend_below(fig, handles: dict) -> None:
                    ncols=min(3, len(handles)))
 
 
+def _title(machine: str, series: list[Series], machines: list[str]) -> str:
+    """The panel's machine where there are several; always a word when some of its devices are virtual."""
+    title = panel_title(machine, [s for s in series if s.machine == machine])
+    return title if len(machines) > 1 or title != machine else ""
+
+
+def _hollow_virtual(ax, s: Series, points: list[tuple]) -> None:
+    """Virtual-device points drawn again, hollow, over the series' line (label "_...": no legend entry)."""
+    if points:
+        ax.plot(*zip(*points), linestyle="none", marker=s.marker, markersize=9, markerfacecolor="white",
+                markeredgecolor=s.color, label=f"_virtual: {s.label}")
+
+
 def _series_handle(s: Series) -> Line2D:
     return Line2D([], [], color=s.color, marker=s.marker, linestyle=s.linestyle)
+
+
+def _overlap_style(index: int, count: int) -> dict:
+    """Curves that coincide (the backends at one N should) must all stay visible: the first drawn is the
+    widest and the later ones narrower on top of it (opaque), so each colour shows as a band at the edges."""
+    wider = count - 1 - index
+    return {"linewidth": 1.2 + 1.8 * wider, "markersize": 5 + 3 * wider, "zorder": 2 + index}
+
+
+def _mark_oversubscribed(ax, s: Series, points: list[tuple], handles: dict) -> None:
+    rings = [(n, y) for n, y in points if s.runs[n].get("oversubscribed")]
+    if rings:
+        ax.plot(*zip(*rings), label="_oversubscribed", **OVERSUBSCRIBED_STYLE)
+        handles[OVERSUBSCRIBED_LABEL] = Line2D([], [], **OVERSUBSCRIBED_STYLE)
+
+
+def mark_absent(plot: Plot, absent: list[str]) -> Plot:
+    """Name in the figure what has no line in it (a backend whose runs all failed or were unsupported),
+    so that a missing curve does not read as one that was never asked for."""
+    if absent:
+        plot.absent = list(absent)
+        plot.figure.suptitle(f"{plot.figure.get_suptitle()}\nnot drawn, no ok run: {'; '.join(absent)}")
+    return plot
 
 
 def throughput_plot(workload: str, series: list[Series], caption: str) -> Plot:
@@ -80,9 +121,13 @@ def throughput_plot(workload: str, series: list[Series], caption: str) -> Plot:
     for s in series:
         ax = panels["", s.machine]
         points = [(n, s.throughput(n)) for n in s.devices]
-        ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label)
+        mine = [t for t in series if t.machine == s.machine]
+        ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label,
+                **_overlap_style(mine.index(s), len(mine)))
+        _hollow_virtual(ax, s, [(n, s.throughput(n)) for n in s.virtual_devices])
         data[s.label] = points
         handles[s.label] = _series_handle(s)
+        _mark_oversubscribed(ax, s, points, handles)
         if 1 in s.runs:
             ideal = [(n, n * s.throughput(1)) for n in s.devices]
             ax.plot(*zip(*ideal), color=s.color, label=f"ideal: {s.label}", **IDEAL_STYLE)
@@ -93,7 +138,7 @@ def throughput_plot(workload: str, series: list[Series], caption: str) -> Plot:
         ax.set_ylim(bottom=0)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         ax.set_ylabel(f"{unit}, all devices")
-        ax.set_title(machine if len(machines) > 1 else "")
+        ax.set_title(_title(machine, series, machines))
         ax.grid(True, alpha=0.3)
     handles["ideal: N x the series' 1-device figure"] = Line2D([], [], color="grey", **IDEAL_STYLE)
     _legend_below(fig, handles)
@@ -105,12 +150,14 @@ def efficiency_plot(workload: str, series: list[Series], caption: str) -> Plot:
     ax = panels["", ""]
     ax.axhline(1.0, color="grey", **IDEAL_STYLE)
     data, handles = {}, {}
-    for s in series:
+    for i, s in enumerate(series):
         points = [(n, s.efficiency[n]) for n in s.devices if s.efficiency[n] == s.efficiency[n]]
         if points:
-            ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label)
+            ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label,
+                    **_overlap_style(i, len(series)))
             data[s.label] = points
             handles[s.label] = _series_handle(s)
+            _mark_oversubscribed(ax, s, points, handles)
     _log2_devices_axis(ax, _all_devices(series))
     top = max([1.0, *(y for points in data.values() for _, y in points)])
     ax.set_ylim(0, top * 1.1)
@@ -128,14 +175,17 @@ def loss_plot(workload: str, series: list[Series], caption: str) -> Plot:
     data, handles = {}, {}
     for n in devices:
         ax = panels["", n]
-        for s in series:
-            curve = (s.runs[n].get("loss") or {}).get("curve") if n in s.runs else None
-            if curve:
-                points = [(step, loss) for step, loss in curve]
-                ax.plot(*zip(*points), color=s.color, linestyle=s.linestyle, label=s.label)
-                data[f"{s.label} · N={n}"] = points
-                handles[s.label] = Line2D([], [], color=s.color, linestyle=s.linestyle)
+        drawn = [s for s in series if n in s.runs and (s.runs[n].get("loss") or {}).get("curve")]
+        for i, s in enumerate(drawn):
+            points = [(step, loss) for step, loss in s.runs[n]["loss"]["curve"]]
+            # Markers at staggered steps, so that coinciding curves show every colour.
+            every = max(1, len(points) // 6)
+            ax.plot(*zip(*points), color=s.color, linestyle=s.linestyle, label=s.label, marker=s.marker,
+                    markevery=(i * every // max(1, len(drawn)), every), **_overlap_style(i, len(drawn)))
+            data[f"{s.label} · N={n}"] = points
+            handles[s.label] = Line2D([], [], color=s.color, linestyle=s.linestyle, marker=s.marker)
         ax.set_title(f"N = {n}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.set_xlabel("optimizer step")
         ax.grid(True, alpha=0.3)
     panels["", devices[0]].set_ylabel("training loss")
@@ -148,17 +198,23 @@ def time_to_accuracy_plot(workload: str, series: list[Series], caption: str) -> 
     devices, machines = _all_devices(series), _machines(series)
     fig, panels = _grid(f"{workload}: {metric} against wall-clock training time", machines, devices, sharey=True)
     data, handles = {}, {}
+    top = 0.0
     for (machine, n), ax in panels.items():
-        for s in series:
-            history = s.runs[n].get("eval_history") if n in s.runs and s.machine == machine else None
-            if history:
-                points = [(h["elapsed_s"], h["value"]) for h in history]
-                ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label)
-                data[f"{s.label} · N={n}"] = points
-                handles[s.label] = _series_handle(s)
+        drawn = [s for s in series if n in s.runs and s.machine == machine and s.runs[n].get("eval_history")]
+        for i, s in enumerate(drawn):
+            points = [(h["elapsed_s"], h["value"]) for h in s.runs[n]["eval_history"]]
+            ax.plot(*zip(*points), color=s.color, marker=s.marker, linestyle=s.linestyle, label=s.label,
+                    **_overlap_style(i, len(drawn)))
+            data[f"{s.label} · N={n}"] = points
+            handles[s.label] = _series_handle(s)
+            top = max(top, *(v for _, v in points))
         ax.set_title(f"{machine} · N = {n}" if len(machines) > 1 else f"N = {n}", fontsize="medium")
         ax.set_xlabel("seconds since training began")
+        # From zero on both axes (accuracy up to 1): a cut axis makes small differences look large.
+        ax.set_xlim(left=0)
         ax.grid(True, alpha=0.3)
+    for ax in panels.values():
+        ax.set_ylim(0, max(1.0, top) * 1.02)
     for machine in machines:
         panels[machine, devices[0]].set_ylabel(metric)
     _legend_below(fig, handles)
@@ -200,7 +256,7 @@ def step_time_plot(workload: str, series: list[Series], caption: str) -> Plot:
         ax.set_xlim(-0.6, len(devices) - 0.4)
         ax.set_ylim(bottom=0)
         ax.set_ylabel("step time (ms)")
-        ax.set_title(machine if len(machines) > 1 else "")
+        ax.set_title(_title(machine, series, machines))
         ax.grid(True, axis="y", alpha=0.3)
     _legend_below(fig, handles)
     caption = ("Boxes: quartiles of the measured steps' times (slowest rank per step), whiskers at the 5th and "

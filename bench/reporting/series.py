@@ -36,10 +36,16 @@ class Series:
     @property
     def machine(self) -> str:
         """Host and device kind: runs on different machines differ by orders of magnitude, so figures give each
-        machine its own panel rather than one axis scaled for the fastest."""
-        virtual = any(r.get("virtual") for r in self.runs.values())
+        machine its own panel rather than one axis scaled for the fastest. Whether devices are virtual is no part
+        of it: a 1-device run on a whole GPU anchors the virtual runs sharing that GPU, so they share a panel
+        (virtual points are drawn hollow, see panel_title)."""
         kind = describe_field("device_kind", self.key["device_kind"])
-        return f"{describe_field('host', self.key['host'])} · {kind}{' (virtual)' if virtual else ''}"
+        return f"{describe_field('host', self.key['host'])} · {kind}"
+
+    @property
+    def virtual_devices(self) -> list[int]:
+        """Device counts whose run used virtual devices (slices of CPU cores, processes sharing a GPU)."""
+        return [n for n in self.devices if self.runs[n].get("virtual")]
 
     @property
     def devices(self) -> list[int]:
@@ -49,6 +55,15 @@ class Series:
         """tokens/s for mlm, samples/s otherwise: the unit a reader of that workload expects."""
         record = self.runs[devices]
         return record["tokens_per_s"] if record["workload"] == "mlm" else record["samples_per_s"]
+
+
+def panel_title(machine: str, series: list[Series]) -> str:
+    """The machine, and how its virtual devices are told apart: all virtual (virtual CPU devices), or some."""
+    runs = [s.runs[n] for s in series for n in s.devices]
+    virtual = [r for r in runs if r.get("virtual")]
+    if virtual and len(virtual) == len(runs):
+        return f"{machine} (virtual)"
+    return f"{machine} (hollow markers: virtual devices)" if virtual else machine
 
 
 def throughput_unit(workload: str) -> str:

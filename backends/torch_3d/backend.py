@@ -1,0 +1,81 @@
+"""PyTorch's native layouts: FSDP2 x DTensor tensor parallel x torch.distributed.pipelining on a DeviceMesh.
+
+One process per device, launched, rendezvoused, supervised and reported exactly as torch_ddp's
+(it is torch_ddp's launch with another worker)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from backends.base import refuse_mindspore_mode
+from backends.torch_ddp.backend import TorchDDP
+from common.config import RunConfig
+from common.devices import DevicePlan
+from common.errors import Unsupported
+
+
+class Torch3D(TorchDDP):
+    name = "torch_3d"
+    strategy = "DeviceMesh layout (FSDP2 x DTensor TP x pipelining)"
+    worker_module = "backends.torch_3d.worker"
+
+    def strategy_name(self, cfg: RunConfig) -> str:
+        lay = cfg.layout
+        parts = [f"dp{lay.dp}" + (" FSDP2" if lay.optimizer_shard else ""), f"tp{lay.tp}",
+                 f"pp{lay.pp}" + (f" {lay.schedule} x{lay.micro_batches}" if lay.pp > 1 else "")]
+        return f"torch_3d {' x '.join(parts)}"
+
+    def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
+        refuse_mindspore_mode(cfg, self.name)
+        lay = cfg.layout
+        if cfg.workload == "cnn":
+            if lay.tp > 1 or lay.pp > 1:
+                raise Unsupported(f"torch_3d cnn: {'--model-parallel' if lay.tp > 1 else '--pipeline-stages'}: the "
+                                  "CNN runs data parallel and FSDP only here; its convolutions dominate and do not "
+                                  "split by tensor, and a 2-stage cut of a 4-conv net leaves nothing to overlap")
+            if lay.recompute:
+                raise Unsupported("torch_3d cnn --recompute: recomputing a BatchNorm forward would update its "
+                                  "running statistics twice")
+        if cfg.sync_bn:
+            raise Unsupported("--sync-bn: torch_3d keeps BatchNorm statistics per rank")
+        if cfg.checkpoint_every or cfg.resume:
+            raise Unsupported("--checkpoint-every/--resume: torch_3d writes no checkpoints (sharded state "
+                              "would need torch.distributed.checkpoint)")
+        if cfg.compile:
+            raise Unsupported("--compile: torch_3d does not compile its FSDP2 / DTensor / pipeline stages yet; "
+                              "torch_ddp and torch_dp do")
+        if cfg.precision == "fp16":
+            raise Unsupported("--precision fp16: torch_3d has no loss scaling over sharded gradients (FSDP2 and "
+                              "DTensor need a sharded GradScaler); --precision amp (bf16) needs none")
+        if cfg.breakdown_steps:
+            raise Unsupported("--breakdown-steps: torch_3d measures its own per-step communication by kind and "
+                              "pipeline bubble (backend_metrics.comm_per_step, bubble); the data-parallel "
+                              "breakdown probe does not apply to tensor or pipeline stages")
+
+    def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
+        lay = cfg.layout
+        notes = [f"layout dp {lay.dp} x tp {lay.tp} x pp {lay.pp} on a (pp, dp, tp) DeviceMesh; every rank of a "
+                 "data-parallel replica is dealt the replica's samples"]
+        if lay.dp > 1 and not lay.optimizer_shard:
+            notes.append("data parallel: one flat all-reduce of all gradients per step over dp (no DDP: it takes "
+                         "neither DTensor parameters nor pipeline micro-batches)")
+        if lay.pp > 1:
+            notes.append("the last pipeline stage holds a copy of the tied token embedding; the first and last "
+                         "stage sum its gradient every step")
+        if lay.tp > 1 and not lay.vocab_emb_dp:
+            notes.append("--no-vocab-emb-dp: the token table and the decoder bias split by vocabulary rows over tp "
+                         "(DTensor Shard(0)); each rank computes its slice of the tied decoder's logits, and the "
+                         "cross-entropy all-reduces a max and a sum of exponentials over tp (Megatron's)")
+        notes.append("backend_metrics.final_params: per canonical weight, the norm and sum of the whole weight "
+                     "gathered from its shards after the last step")
+        notes.append("backend_metrics.comm_per_step and bubble come from one warm-up probe step outside the "
+                     "measured window, collectives timed by waiting on each")
+        if cfg.workload == "cnn" and lay.dp > 1:
+            notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as torch_ddp by default")
+        if plan.kind == "cpu":
+            notes.append("gloo collectives and send/recv over loopback between CPU processes")
+        return notes
+
+    def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        # torch_ddp's bare DDP loop calibrates the data-parallel path; a layout has no one-loop idiom to match.
+        raise Unsupported("torch_3d has no bare loop to calibrate against: a tensor or pipeline layout has no "
+                          "minimal torch idiom; torch_ddp's bare DDP loop calibrates the shared launch and loop")

@@ -1,0 +1,83 @@
+"""How torch_3d lays a model out on its ("pp", "dp", "tp") DeviceMesh, in torchtitan's order:
+cut to the pipeline stage, tensor parallel, activation recompute, then FSDP over dp.
+
+The tensor-parallel plan is Megatron's, as mindspore_auto's strategy table: query, key, value and
+the first FFN matmul split by output columns, the attention output and the second FFN matmul by
+input rows (one all-reduce forward and one backward per pair); each rank runs heads / tp heads.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+from backends.torch_3d.vocab import split_vocabulary
+from common.layout import MESH_DIMS, Layout
+
+# Canonical weight (common.initial_weights, per layer) -> the module that holds it and its split.
+LAYER_PLAN = {"attention.query": ("query", "colwise"), "attention.key": ("key", "colwise"),
+              "attention.value": ("value", "colwise"), "attention.output": ("output", "rowwise"),
+              "ffn.in": ("ffn_in", "colwise"), "ffn.out": ("ffn_out", "rowwise")}
+STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+# Which dimension of a [out, in] dense weight each style splits.
+WEIGHT_DIM = {"colwise": 0, "rowwise": 1}
+
+
+def tensor_parallel_splits(layers: int) -> dict[str, int]:
+    """Canonical weight name -> the dimension torch_3d's tensor parallelism splits (for the tests
+    that hold it against mindspore_auto's strategy table)."""
+    return {f"layers.{i}.{canon}.weight": WEIGHT_DIM[split]
+            for i in range(layers) for canon, (_, split) in LAYER_PLAN.items()}
+
+
+def build_mesh(layout: Layout, device_type: str, backend: str, timeout_s: float) -> DeviceMesh:
+    """The world as a (pp, dp, tp) mesh; every sub-group keeps --collective-timeout (a sub-group
+    would otherwise get the backend's 30-minute default)."""
+    options = (dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options())
+    options._timeout = timedelta(seconds=timeout_s)
+    return init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS,
+                            backend_override={d: (backend, options) for d in MESH_DIMS})
+
+
+def layer_modules(stage: nn.Module) -> nn.ModuleDict | None:
+    model = getattr(stage, "model", None)
+    return getattr(model, "layers", None) if isinstance(getattr(model, "layers", None), nn.ModuleDict) else None
+
+
+def apply_tensor_parallel(stage: nn.Module, mesh: DeviceMesh, tp: int) -> None:
+    for layer in layer_modules(stage).values():
+        layer.heads //= tp  # the heads this rank computes; view() in the layer then sees local widths
+        plan: dict[str, ParallelStyle] = {module: STYLES[split]() for module, split in LAYER_PLAN.values()}
+        parallelize_module(layer, mesh["tp"], plan)
+
+
+def apply_recompute(stage: nn.Module) -> None:
+    """Each encoder layer's activations are recomputed in the backward pass instead of kept."""
+    layers = layer_modules(stage)
+    for name in list(layers):
+        layers[name] = checkpoint_wrapper(layers[name])
+
+
+def apply_fsdp(stage: nn.Module, mesh: DeviceMesh) -> None:
+    """Each layer its own FSDP unit (all-gathered just before it runs), the rest in the root's."""
+    for layer in (layer_modules(stage) or {}).values():
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(stage, mesh=mesh["dp"])
+
+
+def parallelize(stage: nn.Module, layout: Layout, mesh: DeviceMesh) -> nn.Module:
+    if layout.tp > 1:
+        apply_tensor_parallel(stage, mesh, layout.tp)
+    if layout.tp > 1 and not layout.vocab_emb_dp:
+        split_vocabulary(stage.model, mesh)
+        stage.vocab_group = mesh["tp"].get_group()
+    if layout.recompute:
+        apply_recompute(stage)
+    if layout.optimizer_shard:
+        apply_fsdp(stage, mesh)
+    return stage

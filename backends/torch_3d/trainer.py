@@ -1,0 +1,254 @@
+"""common.loop's Trainer for a torch_3d layout: one module per rank (its pipeline stage, tensor and
+FSDP shards), stepped micro-batch by micro-batch or through a pipeline schedule.
+
+A rank's share of the loss (the loop sums the shares of all ranks) is its micro-batches' loss when it
+holds the loss, the last stage's first tensor-parallel rank, and 0 on every other rank.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, schedules
+from torch.distributed.tensor import DTensor
+
+from backends.torch_common.comm import CommCounter
+from backends.torch_common.trainer import TorchTrainer, sample_count
+from backends.torch_common.weights import final_params
+from common.config import RunConfig
+from common.data.batches import StepBatch
+from common.errors import Unsupported
+from common.final_params import FIELD as FINAL_PARAMS
+from common.layout import Layout
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+
+@dataclass
+class Placement:
+    layout: Layout
+    mesh: DeviceMesh
+    coords: dict[str, int]
+    first_input: str                 # the batch tensor the first stage takes by position
+    tie_group: dist.ProcessGroup | None = None  # first and last stage of one (dp, tp): the tied embedding
+
+    @property
+    def first(self) -> bool:
+        return self.coords["pp"] == 0
+
+    @property
+    def last(self) -> bool:
+        return self.coords["pp"] == self.layout.pp - 1
+
+    def rank_at(self, pp: int, dp: int, tp: int) -> int:
+        return (pp * self.layout.dp + dp) * self.layout.tp + tp
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class LayoutTrainer(TorchTrainer):
+    def __init__(self, stage: nn.Module, cfg: RunConfig, device: torch.device, rank: int, world: int,
+                 where: Placement, trainable_params: int):
+        super().__init__(stage, stage, cfg, device, rank, world)
+        self.where, self.layout = where, where.layout
+        self.data_rank, self.data_world = where.coords["dp"], self.layout.dp
+        self.holds_loss = where.last and where.coords["tp"] == 0
+        self._trainable = trainable_params
+        self._scale = 1.0
+        self._micro_losses: list[torch.Tensor] = []
+        self.schedule = None
+        if self.layout.pp > 1:
+            pipe = PipelineStage(stage, where.coords["pp"], self.layout.pp, device, group=where.mesh["pp"].get_group())
+            # scale_grads=False: the loss is already divided by the global denominator
+            self.schedule = SCHEDULES[self.layout.schedule](pipe, n_microbatches=self.layout.micro_batches,
+                                                           loss_fn=self._pipeline_loss, scale_grads=False)
+        # The probe runs on the last warm-up step (the first also holds a pipeline's one-off shape exchange).
+        self._steps_to_probe = cfg.warmup_steps - 1 if cfg.warmup_steps > 0 else None
+        self._probe: dict = {}
+
+    # -- training --------------------------------------------------------------------------------
+    def train_step(self, batch: StepBatch, lr: float) -> float:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        # FSDP's reduce-scatter averages over dp; a plain all-reduce here sums.
+        self._scale = (self.layout.dp if self.layout.optimizer_shard else 1) / batch.denominator
+        micro = [self.to_device(m) for m in batch.micro]
+        if self._steps_to_probe == 0:  # a warm-up step, outside the measured window
+            total = self._probed_step(micro)
+        else:
+            total = self._step(micro)
+        if self._steps_to_probe is not None:
+            self._steps_to_probe -= 1
+        self.optimizer.step()
+        return float(total) / batch.denominator if self.holds_loss else 0.0
+
+    def _step(self, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        total = self._pipeline_step(micro) if self.schedule else self._local_step(micro)
+        self._sync_grads()
+        return total
+
+    def _inputs(self, tensors: dict[str, torch.Tensor]) -> tuple[tuple, dict]:
+        rest = {k: v for k, v in tensors.items() if k != self.where.first_input}
+        return ((tensors[self.where.first_input],) if self.where.first else ()), rest
+
+    def _local_step(self, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        total = torch.zeros((), device=self.device)
+        for i, tensors in enumerate(micro):
+            if self.layout.optimizer_shard:
+                self.model.set_requires_gradient_sync(i == len(micro) - 1)  # reduce-scatter once per step
+            args, kwargs = self._inputs(tensors)
+            with self.autocast:
+                out = self.model(*args, **kwargs)
+            (out[0] * self._scale).backward()
+            total += out[0].detach()
+        return total
+
+    def _pipeline_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self._micro_losses.append(output[0].detach())
+        return output[0] * self._scale
+
+    def _pipeline_step(self, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        # The schedule splits a step's batch into equal micro-batches: concatenated, ours come back as they were.
+        whole = {k: torch.cat([t[k] for t in micro]) for k in micro[0]}
+        args, kwargs = self._inputs(whole)
+        self._micro_losses = []
+        # The schedule wants a target per micro-batch; the last stage computes its loss from kwargs.
+        target = torch.zeros(len(micro), device=self.device)
+        with self.autocast:
+            self.schedule.step(*args, target=target, return_outputs=False, **kwargs)
+        # The first step also runs the loss on the schedule's shape-inference forward: the step's own
+        # micro-batches are the last ones.
+        mine = self._micro_losses[-len(micro):]
+        return torch.stack(mine).sum() if mine else torch.zeros(())
+
+    def _sync_grads(self) -> None:
+        """Data parallel without FSDP: one flat all-reduce of every gradient over dp (DDP's job with
+        one bucket; DDP itself does not take DTensor parameters or a pipeline's micro-batches).
+        A pipeline: the two copies of the tied token embedding sum their gradients."""
+        for p in self.core.parameters():
+            # DTensor may leave a sharded weight's gradient replicated (the embedding's backward does): each
+            # rank keeps its own rows, as the other copy of a tied weight and the optimizer have them.
+            if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        grads = [local(p.grad) for p in self.core.parameters() if p.grad is not None]
+        if self.layout.dp > 1 and not self.layout.optimizer_shard and grads:
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.where.mesh["dp"].get_group())
+            for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                g.copy_(reduced)
+        if self.where.tie_group is not None:
+            dist.all_reduce(local(self.core.model.token_embedding.weight.grad), group=self.where.tie_group)
+
+    def _probed_step(self, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        """The step, with its collectives counted and, in a pipeline, the time each stage waits for
+        its neighbours (the idle share of the step)."""
+        waited = [0.0]
+        original = schedules._wait_batch_p2p
+
+        def timed_wait(work):
+            t0 = time.perf_counter()
+            original(work)
+            waited[0] += time.perf_counter() - t0
+
+        counter = CommCounter()
+        began = time.perf_counter()
+        with counter, mock.patch.object(schedules, "_wait_batch_p2p", timed_wait):
+            total = self._step(micro)
+        elapsed = time.perf_counter() - began
+        self._probe = {"comm": counter.summary(), "idle_share": waited[0] / elapsed if self.schedule else None}
+        return total
+
+    # -- evaluation --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batches) -> tuple[float, float, float]:
+        """Ranks of one replica share its shard; replicas' shards differ by at most one batch, so every
+        rank runs as many forwards as the longest (FSDP, tensor and pipeline ranks must all take part)
+        and the extra ones, on a repeated batch, are not counted."""
+        self.core.eval()
+        loss = correct = count = 0.0
+        mine = [self.to_device(b) for b in batches]
+        longest = torch.tensor([len(mine)], device=self._collective_device)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX)
+        try:
+            for i in range(int(longest)):
+                tensors = mine[i] if i < len(mine) else mine[0]
+                out = self._forward(tensors)
+                if i < len(mine) and self.holds_loss:
+                    loss, correct, count = loss + float(out[0]), correct + float(out[1]), count + sample_count(tensors)
+        finally:
+            self.core.train()
+        return loss, correct, count
+
+    def _forward(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """One forward through every stage: activations sent stage to stage (eval batches vary in size,
+        which the training schedule's fixed buffers do not)."""
+        args, kwargs = self._inputs(tensors)
+        step = self.layout.dp * self.layout.tp  # the rank distance between neighbouring stages
+        if not self.where.first:
+            x = torch.empty(len(next(iter(kwargs.values()))), self.cfg.spec.seq_len, self.cfg.spec.hidden,
+                            device=self.device)
+            dist.recv(x, src=self.rank - step)
+            args = (x,)
+        with self.autocast:
+            out = self.model(*args, **kwargs)
+        if not self.where.last:
+            dist.send(out.float().contiguous(), dst=self.rank + step)
+            return None
+        return out
+
+    # -- what the record gets ------------------------------------------------------------------------
+    def save_checkpoint(self, directory, step):
+        raise Unsupported("torch_3d does not write checkpoints (sharded state needs torch.distributed.checkpoint)")
+
+    def load_checkpoint(self, directory):
+        raise Unsupported("torch_3d does not resume from checkpoints")
+
+    def _state_bytes(self) -> dict[str, int]:
+        def size(tensors):
+            return sum(local(t).numel() * local(t).element_size() for t in tensors if isinstance(t, torch.Tensor))
+        if self.layout.optimizer_shard:
+            # FSDP's root does not reshard after its forward: after an evaluation its parameters would
+            # count whole (and their sharded gradients not at all).
+            self.core.reshard()
+        params = list(self.core.parameters())
+        optimizer = [v for state in self.optimizer.state.values() for v in state.values()]
+        return {"params": size(params), "grads": size(p.grad for p in params if p.grad is not None),
+                "optimizer": size(optimizer)}
+
+    @torch.no_grad()
+    def _whole_weights(self) -> dict | None:
+        """This stage's weights gathered whole and summarised (common.final_params), on the stage's first
+        (dp, tp) rank; None elsewhere. Every rank of the stage gathers each weight, in the same order."""
+        if self.layout.optimizer_shard:
+            self.core.reshard()  # the root's weights as sharded as the layers', whatever ran last
+        whole = []
+        for name, param in self.core.named_parameters():
+            name = name.replace("_checkpoint_wrapped_module.", "").removeprefix("model.")
+            whole.append((name, param.full_tensor() if isinstance(param, DTensor) else param))
+        return final_params(self.core.model, whole) if self.where.coords["dp"] == self.where.coords["tp"] == 0 \
+            else None
+
+    def backend_metrics(self) -> dict:
+        # Every rank calls this in the same place of the loop: gathering here is safe.
+        ranks = self.all_gather({"state": self._state_bytes(), "comm": self._probe.get("comm"),
+                                 "idle": self._probe.get("idle_share"), "coords": self.where.coords,
+                                 "weights": self._whole_weights()})
+        # The first and the last stage both hold the tied token embedding, equal after every step.
+        whole = {name: summary for r in ranks for name, summary in (r["weights"] or {}).items()}
+        metrics = {"trainable_params": self._trainable, FINAL_PARAMS: dict(sorted(whole.items())),
+                   "state_bytes_per_rank": [r["state"] for r in ranks],
+                   "comm_per_step": [r["comm"] for r in ranks] if self._probe else None}
+        if self.layout.pp > 1:
+            per_stage = [max((r["idle"] or 0.0) for r in ranks if r["coords"]["pp"] == s)
+                         for s in range(self.layout.pp)]
+            metrics["bubble"] = {"analytic": self.layout.bubble(),
+                                 "measured_per_stage": per_stage if self._probe else None}
+        return metrics

@@ -1,0 +1,133 @@
+"""Per workload, the layout table: what each data x tensor x pipeline layout costs in speed, memory and traffic.
+
+Its runs are every run of a `bench.compare --layouts` sweep (sweep ids starting LAYOUT_SWEEP_PREFIX) and any
+other run whose layout splits the model or shards its state. Efficiency is held against the 1-device run of
+the same global batch and micro-batching (same sweep, host, backend, workload, data and device kind): a
+layout at N devices is ideal when it trains N times as many samples per second as that run.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from bench.layouts import LayoutName
+from bench.reporting.tables import fmt_efficiency, fmt_number, fmt_share
+
+LAYOUT_SWEEP_PREFIX = "layouts-"
+COMM_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
+STATE_PARTS = ("params", "grads", "optimizer")
+# Rows of one comparison: the reference must match all of these, and the run count of devices must be 1.
+REFERENCE_KEYS = ("sweep_id", "host", "backend", "workload", "data", "device_kind", "global_batch", "accumulation")
+COLUMNS = ["layout", "backend", "N", "status", "samples/s", "efficiency vs 1 device", "peak memory max (MiB)",
+           "peak memory per rank (MiB)", "params+grads+optimizer per rank (MiB)", "bubble analytic",
+           "bubble measured per stage", "communication per step per rank (MiB)", "reason / notes"]
+
+
+def _splits(layout: dict | None) -> bool:
+    if not layout:
+        return False
+    name = LayoutName.from_record(layout)
+    return name.tp > 1 or name.pp > 1 or name.optimizer_shard or name.recompute or not name.vocab_emb_dp
+
+
+def in_layout_table(record: dict) -> bool:
+    return str(record.get("sweep_id") or "").startswith(LAYOUT_SWEEP_PREFIX) or _splits(record.get("layout"))
+
+
+def accumulation(record: dict) -> int:
+    """Micro-batches per optimizer step: --grad-accum times the pipeline's micro-batches."""
+    grad_accum = (record.get("config") or {}).get("grad_accum") or 1
+    return grad_accum * ((record.get("layout") or {}).get("micro_batches") or 1)
+
+
+def layout_name(record: dict) -> str:
+    layout = record.get("layout")
+    if not layout:
+        return "?"
+    name = LayoutName.from_record(layout).name
+    if record["devices"] == 1 and accumulation(record) > 1:
+        name += f", {accumulation(record)} micro-batches"
+    return name
+
+
+def layout_frame(records: list[dict]) -> pd.DataFrame:
+    """One row per run of the layout table, with its reference's throughput and the efficiency against it."""
+    rows = []
+    for r in records:
+        if not in_layout_table(r):
+            continue
+        rows.append({"run_id": r["run_id"], "layout": layout_name(r), "sweep_id": r.get("sweep_id") or "",
+                     "host": (r.get("host") or {}).get("name"), "backend": r["backend"], "workload": r["workload"],
+                     "data": r.get("data"), "device_kind": r.get("device_kind"), "devices": r["devices"],
+                     "global_batch": r.get("global_batch"), "accumulation": accumulation(r), "status": r["status"],
+                     "samples_per_s": r.get("samples_per_s"), "started_at": r.get("started_at") or ""})
+    frame = pd.DataFrame(rows, columns=["run_id", "layout", *REFERENCE_KEYS[:5], "devices", *REFERENCE_KEYS[5:],
+                                        "status", "samples_per_s", "started_at"])
+    frame["reference_samples_per_s"] = float("nan")
+    if frame.empty:
+        frame["efficiency"] = float("nan")
+        return frame
+    frame = frame.sort_values(["started_at", "run_id"], kind="stable").reset_index(drop=True)
+    for _, group in frame.groupby(list(REFERENCE_KEYS), dropna=False, sort=False):
+        base = group[(group.status == "ok") & (group.devices == 1) & group.samples_per_s.notna()]
+        if not base.empty:  # the latest, as summary_frame takes it
+            frame.loc[group.index, "reference_samples_per_s"] = base.iloc[-1].samples_per_s
+    frame["efficiency"] = frame.samples_per_s / (frame.devices * frame.reference_samples_per_s)
+    frame.loc[frame.status != "ok", "efficiency"] = float("nan")
+    return frame.sort_values(["workload", "sweep_id", "host", "backend", "devices", "layout"], kind="stable")
+
+
+def mib(nbytes) -> float:
+    return nbytes / 2**20
+
+
+def _per_rank(values) -> str:
+    return ", ".join(f"{mib(v):,.1f}" for v in values) if values else ""
+
+
+def _state(per_rank) -> str:
+    """params+grads+optimizer per rank, e.g. '2.1+2.1+4.2, 2.1+2.1+4.2'."""
+    if not per_rank:
+        return ""
+    return ", ".join("+".join(f"{mib(rank.get(part) or 0):,.1f}" for part in STATE_PARTS) for rank in per_rank)
+
+
+def _bubble(bubble: dict | None) -> tuple[str, str]:
+    if not bubble:
+        return "", ""
+    measured = bubble.get("measured_per_stage") or []
+    return fmt_share(bubble.get("analytic")), ", ".join(fmt_share(v) for v in measured)
+
+
+def _comm(per_rank) -> str:
+    """Per kind that moved bytes, its bytes on each rank: 'all_reduce 1.23, 1.23; send_recv 0.5, 0.5'."""
+    if not per_rank:
+        return ""
+    kinds = [k for k in COMM_KINDS if any(((rank or {}).get(k) or {}).get("bytes") for rank in per_rank)]
+    kinds += sorted({k for rank in per_rank for k in (rank or {})} - set(COMM_KINDS))
+    return "; ".join(f"{kind} " + ", ".join(f"{mib(((rank or {}).get(kind) or {}).get('bytes') or 0):.3g}"
+                                             for rank in per_rank) for kind in kinds) or "none"
+
+
+def _remark(record: dict, row) -> str:
+    if record["status"] != "ok":
+        return str(record.get("error") or "")
+    notes = ["oversubscribed: devices x threads > cores"] if record.get("oversubscribed") else []
+    if row.efficiency != row.efficiency and record["devices"] > 1:
+        notes.append("no ok 1-device run of the same global batch and micro-batches")
+    return "; ".join(notes)
+
+
+def layout_table(frame: pd.DataFrame, records_by_id: dict[str, dict], workload: str
+                 ) -> tuple[list[str], list[list[str]]]:
+    """Columns and formatted rows of one workload's layout table."""
+    body = []
+    for row in frame[frame.workload == workload].itertuples():
+        r = records_by_id[row.run_id]
+        metrics = r.get("backend_metrics") or {}
+        peaks = r.get("peak_memory_per_rank") or ([r["peak_memory_bytes"]] if r.get("peak_memory_bytes") else [])
+        analytic, measured = _bubble(metrics.get("bubble"))
+        body.append([row.layout, row.backend, str(row.devices), row.status, fmt_number(row.samples_per_s),
+                     fmt_efficiency(row.efficiency), fmt_number(mib(max(peaks))) if peaks else "",
+                     _per_rank(peaks), _state(metrics.get("state_bytes_per_rank")), analytic, measured,
+                     _comm(metrics.get("comm_per_step")), _remark(r, row)])
+    return COLUMNS, body

@@ -1,0 +1,127 @@
+"""bench.calibrate and the step-time breakdown: every backend held against its bare loop, and the phases of a
+probe step adding up to the measured step."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.reporting.calibration import calibration_blocks
+from bench.reporting.document import Table, Text
+from common.breakdown import (
+    breakdown_total,
+    bus_bandwidth_gbps,
+    communication_note,
+    grad_comm_summary,
+    ring_bound_s,
+    summarize_breakdown,
+)
+from common.calibration import bare_result, calibration_entry
+from tests.conftest import run_cli
+
+TINY = ("--steps", "4", "--warmup-steps", "1", "--skip-eval", "--data", "synthetic")
+
+
+def _records(out: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+
+
+def test_bus_bandwidth_and_ring_bound_follow_nccl_tests():
+    # 2(N-1)/N x bytes / time: 1 for two ranks, 1.5 for four, nothing for one.
+    assert bus_bandwidth_gbps(1e9, 1.0, 2) == pytest.approx(1.0)
+    assert bus_bandwidth_gbps(1e9, 1.0, 4) == pytest.approx(1.5)
+    assert bus_bandwidth_gbps(1e9, 1.0, 1) is None
+    assert ring_bound_s(1e9, 4, 3.0) == pytest.approx(0.5)
+    comm = grad_comm_summary(2e9, 4.0, 2, 1.0, "test")
+    assert comm["busbw_GBps"] == pytest.approx(0.5) and comm["ring_bound_s"] == pytest.approx(2.0)
+
+
+def test_breakdown_medians_and_rest():
+    probes = [{"forward_backward_s": fb, "grad_comm_s": 0.1, "optimizer_s": 0.05, "data_s": 0.01, "step_s": fb + 0.2}
+              for fb in (1.0, 2.0, 3.0)]
+    b = summarize_breakdown(probes, 2.2, "test")
+    assert b["forward_backward_s"] == 2.0 and b["other_s"] == pytest.approx(0.04)
+    assert breakdown_total(b) == pytest.approx(2.2) and b["probe_steps"] == 3
+
+
+def test_communication_note_quotes_the_records_own_figures():
+    probes = [{"forward_backward_s": 0.2, "grad_comm_s": 0.1, "optimizer_s": 0.05, "data_s": 0.001, "step_s": 0.36}]
+    metrics = {"breakdown": summarize_breakdown(probes, 0.4, "test"),
+               "grad_comm": grad_comm_summary(2**23, 0.1, 2, 0.5, "test")}
+    note = communication_note({"backend_metrics": metrics}, "mccl")
+    assert "(mccl) 100 ms of the 400 ms step (25%)" in note and "8.0 MiB at bus bandwidth 0.08 GB/s" in note
+    assert "against 0.50 GB/s" in note and "forward+backward 200 ms" in note and "add up to 360 ms" in note
+    assert communication_note({"backend_metrics": {"breakdown": metrics["breakdown"]}}, "mccl") is None
+
+
+def test_calibration_entry_pairs_repeats():
+    entry = calibration_entry([90.0, 110.0], [100.0, 100.0], "idiom")
+    assert entry["ratio"] == pytest.approx(1.0) and entry["spread"] == pytest.approx(0.2)
+    assert entry["repeats"] == 2 and not entry["harness_bound"]
+    assert calibration_entry([80.0], [100.0], "idiom")["harness_bound"]
+    both = bare_result([{"measured_steps": 3, "window_s": 1.0}, {"measured_steps": 3, "window_s": 2.0}], 10, "x")
+    assert both["samples_per_s"] == pytest.approx(15.0)  # the slowest rank's window
+
+
+def test_report_shows_every_ratio_and_flags_the_harness_bound():
+    def record(backend: str, suite: float, bare: float) -> dict:
+        return {"status": "ok", "workload": "cnn", "backend": backend, "devices": 2, "samples_per_s": suite,
+                "started_at": "2026-01-01T00:00:00Z", "calibration": calibration_entry([suite], [bare], backend)}
+    blocks = calibration_blocks([record("tf_mirrored", 90.0, 100.0), record("torch_ddp", 99.0, 100.0)])
+    [table] = [b for b in blocks if isinstance(b, Table)]
+    rows = {row[1]: dict(zip(table.columns, row)) for row in table.rows}
+    assert rows["tf_mirrored"]["ratio"] == "0.90" and rows["tf_mirrored"]["verdict"] == "harness-bound (0.90)"
+    assert rows["torch_ddp"]["ratio"] == "0.99" and rows["torch_ddp"]["verdict"] == "ok"
+    assert any(isinstance(b, Text) and "tf_mirrored cnn N=2: 0.90" in b.text for b in blocks)
+
+
+@pytest.mark.parametrize("backend", ["torch_dp", "torch_ddp", "tf_mirrored", "mindspore_auto"])
+def test_calibrate_writes_a_positive_ratio_and_the_idiom(tmp_path, backend):
+    # torch's bare loop follows --precision as the suite does (bf16 autocast runs on CPU too)
+    precision = ["--precision", "amp"] if backend == "torch_dp" else []
+    proc = run_cli("bench.calibrate", "--gpus", "1", "--backends", backend, "--workloads", "cnn", "--repeats", "1",
+                   "--breakdown-steps", "2", "--out", str(tmp_path), *TINY, *precision)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [record] = _records(tmp_path)
+    assert record["status"] == "ok", record["error"]
+    cal = record["calibration"]
+    assert cal["ratio"] > 0 and cal["bare_samples_per_s"] > 0 and cal["repeats"] == 1
+    assert backend.split("_")[0] in cal["idiom"].lower() or "keras" in cal["idiom"].lower()
+    assert len(list((tmp_path / "bare").glob("*.json"))) == 1
+    breakdown = record["backend_metrics"]["breakdown"]
+    assert breakdown["probe_steps"] == 2 and breakdown["forward_backward_s"] > 0
+    assert record["measured_steps"] == 3  # the probe steps stay out of the measured window
+
+
+def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path):
+    """torch_ddp over two ranks, where every phase is there: compute, DDP's all-reduce, AdamW, data."""
+    proc = run_cli("bench.run", "--backend", "torch_ddp", "--workload", "cnn", "--devices", "2", "--steps", "10",
+                   "--warmup-steps", "2", "--skip-eval", "--data", "synthetic", "--breakdown-steps", "8",
+                   "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [record] = _records(tmp_path)
+    metrics = record["backend_metrics"]
+    b, comm = metrics["breakdown"], metrics["grad_comm"]
+    assert b["step_s"] == record["step_time_s"]["p50"]
+    assert breakdown_total(b) == pytest.approx(b["step_s"], rel=0.10)
+    assert comm["bytes_per_step"] == 4 * record["params"]  # every float32 gradient, once per step
+    assert comm["busbw_GBps"] > 0 and comm["link_GBps"] > 0 and comm["ring_bound_s"] > 0
+
+
+def test_a_bare_loop_that_trains_float32_only_refuses_another_precision(tmp_path):
+    """Held against a bf16 suite run, a float32 Keras loop would measure the precision, not the harness."""
+    proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", "cnn", "--devices", "1", "--bare",
+                   "--precision", "amp", "--out", str(tmp_path), *TINY)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "--precision amp: tf_mirrored's bare loop trains float32" in proc.stderr
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("bare/*.json"))
+
+
+def test_a_refused_configuration_leaves_one_record(tmp_path):
+    """torch_dp over two CPU devices is refused; the bare half must not write a second record."""
+    proc = run_cli("bench.calibrate", "--gpus", "2", "--backends", "torch_dp", "--workloads", "cnn", "--repeats", "1",
+                   "--out", str(tmp_path), *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [record] = _records(tmp_path)
+    assert record["status"] == "unsupported" and "calibration" not in record

@@ -1,0 +1,320 @@
+"""The harness side of layouts: the names bench.compare/bench.parity --layouts take, the report's layout table
+and figure from hand-made records, parity's layout checks on made-up curves, and one real layout sweep."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench import parity_checks as pc
+from bench.compare import build_parser as compare_parser
+from bench.compare import run_command, sweep_plan
+from bench.layouts import LayoutName, parse_layout
+from bench.reporting.compose import build_report
+from bench.reporting.document import to_markdown
+from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame, layout_table
+from common.record import skeleton
+from common.results import load_records, validate_record, write_record
+from tests.conftest import run_cli
+
+GOOD = [
+    # name, (dp, tp, pp, micro-batches, schedule, optimizer shard, recompute, vocab_emb_dp), canonical, bench.run flags
+    ("dp2", (2, 1, 1, 1, "gpipe", False, False, True), "dp2", []),
+    ("tp2", (1, 2, 1, 1, "gpipe", False, False, True), "tp2", ["--model-parallel", "2"]),
+    ("pp2", (1, 1, 2, 4, "gpipe", False, False, True), "pp2-mb4", ["--pipeline-stages", "2", "--micro-batches", "4"]),
+    ("fsdp2", (2, 1, 1, 1, "gpipe", True, False, True), "fsdp2", ["--optimizer-shard"]),
+    ("dp2xtp2", (2, 2, 1, 1, "gpipe", False, False, True), "dp2xtp2", ["--model-parallel", "2"]),
+    ("tp2xdp2", (2, 2, 1, 1, "gpipe", False, False, True), "dp2xtp2", ["--model-parallel", "2"]),
+    ("pp2-mb4-1f1b", (1, 1, 2, 4, "1f1b", False, False, True), "pp2-mb4-1f1b",
+     ["--pipeline-stages", "2", "--micro-batches", "4", "--pipeline-schedule", "1f1b"]),
+    ("pp4-gpipe-mb8", (1, 1, 4, 8, "gpipe", False, False, True), "pp4-mb8",
+     ["--pipeline-stages", "4", "--micro-batches", "8"]),
+    ("tp2-vocab-rc", (1, 2, 1, 1, "gpipe", False, True, False), "tp2-rc-vocab",
+     ["--model-parallel", "2", "--recompute", "--no-vocab-emb-dp"]),
+    ("fsdp2xtp2xpp2-mb2", (2, 2, 2, 2, "gpipe", True, False, True), "fsdp2xtp2xpp2-mb2",
+     ["--model-parallel", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--optimizer-shard"]),
+]
+BAD = [
+    ("dp1", "dp size must be an integer >= 2"),
+    ("tp0", "tp size must be an integer >= 2"),
+    ("pp02", "without leading zeros"),
+    ("dp2xdp2", "the dp dimension is given twice"),
+    ("fsdp2xdp4", "the dp dimension is given twice"),
+    ("dp", "'dp' is not dp<N>"),
+    ("DP2", "'DP2' is not dp<N>"),
+    ("dp2+tp2", "'dp2+tp2' is not dp<N>"),
+    ("tp2-mb4", "'mb4' needs a pipeline"),
+    ("dp2-1f1b", "'1f1b' needs a pipeline"),
+    ("pp2-mb0", "mb must be an integer >= 1"),
+    ("pp2-mb", "unknown option 'mb'"),
+    ("pp2-1f1b-gpipe", "'gpipe' repeats an option"),
+    ("tp2-rc-rc", "'rc' repeats an option"),
+    ("dp2-vocab", "'vocab' splits the vocabulary over tensor parallel"),
+    ("tp2-", "unknown option ''"),
+    ("tp2-zero3", "unknown option 'zero3'"),
+]
+
+
+@pytest.mark.parametrize("entry,fields,canonical,flags", GOOD)
+def test_good_names_parse_to_their_layout_and_flags(entry, fields, canonical, flags):
+    layout = parse_layout(entry)
+    assert (layout.dp, layout.tp, layout.pp, layout.micro_batches, layout.schedule, layout.optimizer_shard,
+            layout.recompute, layout.vocab_emb_dp) == fields
+    assert layout.devices == fields[0] * fields[1] * fields[2]
+    assert layout.name == canonical and parse_layout(canonical) == layout
+    assert layout.run_flags() == flags
+
+
+@pytest.mark.parametrize("entry,reason", BAD)
+def test_bad_names_say_why(entry, reason):
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        parse_layout(entry)
+
+
+@pytest.mark.parametrize("argv,reason", [
+    (["--layouts", "dp2,tp1"], "'tp1': tp size must be an integer >= 2"),
+    (["--layouts", "dp2,,tp2"], "empty entry"),
+    (["--layouts", "dp2xtp2,tp2xdp2"], "'tp2xdp2' is the same layout as 'dp2xtp2'"),
+    (["--layouts", "dp2", "--gpus", "1,2"], "drop --gpus"),
+    (["--layouts", "tp2", "--model-parallel", "2"], "drop --model-parallel"),
+    (["--layouts", "dp2", "--scaling", "weak"], "drop --scaling weak"),
+])
+def test_compare_refuses_a_bad_layout_list_with_one_line_and_writes_nothing(tmp_path, argv, reason):
+    out = tmp_path / "results"
+    proc = run_cli("bench.compare", *argv, "--backends", "torch_ddp", "--out", str(out))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("bench.compare: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert reason in proc.stderr
+    assert not out.exists()
+
+
+def test_a_layout_sweep_runs_each_layout_after_its_one_device_references():
+    args = compare_parser().parse_args(["--layouts", "dp2,pp2-mb4-1f1b,tp2", "--backends", "torch_ddp",
+                                        "--workloads", "mlm", "--batch-size", "8"])
+    args.scaling = "strong"  # main() sets it for --layouts
+    plan = sweep_plan(args)
+    assert [(n, lay.name, accum) for _, _, n, lay, accum in plan] == [
+        (1, "1 device", 1), (1, "1 device", 4), (2, "dp2", 1), (2, "pp2-mb4-1f1b", 1), (2, "tp2", 1)]
+    cmd = run_command(args, "torch_ddp", "mlm", 2, "rid", "layouts-x", plan[3][3], plan[3][4])
+    tail = cmd[cmd.index("--sweep-id") + 2:]
+    # The layout's own flags, once each; the sweep's batch is the global batch of every run.
+    assert tail[-8:] == ["--grad-accum", "1", "--pipeline-stages", "2", "--micro-batches", "4",
+                         "--pipeline-schedule", "1f1b"]
+    for flag in ("--model-parallel", "--micro-batches", "--grad-accum", "--pipeline-stages"):
+        assert cmd.count(flag) <= 1, flag
+    assert cmd[cmd.index("--scaling") + 1] == "strong" and cmd[cmd.index("--batch-size") + 1] == "8"
+    ref = run_command(args, "torch_ddp", "mlm", 1, "rid", "layouts-x", plan[1][3], plan[1][4])
+    assert ref[ref.index("--grad-accum") + 1] == "4" and "--pipeline-stages" not in ref
+
+
+# ----------------------------------------------------------------------------- report
+
+SWEEP = f"{LAYOUT_SWEEP_PREFIX}20261123T070000Z-abcdef"
+MIB = 2**20
+
+
+def _comm(all_reduce: int, send_recv: int) -> dict:
+    return {"all_reduce": {"bytes": all_reduce, "calls": 1, "time_s": 0.01},
+            "reduce_scatter": {"bytes": 0, "calls": 0, "time_s": None},
+            "all_gather": {"bytes": 0, "calls": 0, "time_s": None},
+            "send_recv": {"bytes": send_recv, "calls": 8, "time_s": None}}
+
+
+def _record(index: int, layout: LayoutName, grad_accum: int, sps: float | None, status: str = "ok",
+            peaks: list[int] | None = None, metrics: dict | None = None, error: str | None = None) -> dict:
+    n = layout.devices
+    lay = {k: getattr(layout, k) for k in LayoutName.__dataclass_fields__}
+    lay["per_rank"] = [{"rank": r, "dp": 0, "tp": 0, "pp": r, "holds": "?"} for r in range(n)]
+    record = skeleton(f"20261123T07{index:02d}00Z-torch_3d-mlm-n{n}-{index:06x}", "torch_3d", "mlm", n,
+                      f"2026-11-23T07:{index:02d}:00+00:00", sweep_id=SWEEP, data="real", scaling="strong",
+                      strategy="DeviceMesh layout", framework="torch", framework_version="2.13.0",
+                      device_kind="cpu", virtual=True, threads_per_device=1, layout=lay,
+                      config={"grad_accum": grad_accum}, global_batch=8)
+    if status != "ok":
+        record.update(status=status, error=error, duration_s=1.0)
+    else:
+        step = 8 / sps
+        record.update(status="ok", measured_steps=2, per_device_batch=8 // layout.dp, samples_per_s=sps,
+                      tokens_per_s=sps * 128, step_time_s=dict.fromkeys(("mean", "p50", "p90", "min", "max"), step)
+                      | {"std": 0.0}, data_wait_fraction=0.01, params=4_578_573, flops_per_sample=10**9,
+                      achieved_flops=sps * 10**9, peak_memory_bytes=max(peaks), peak_memory_per_rank=peaks,
+                      loss={"first": 10.5, "last": 10.4, "curve": [[0, 10.5], [1, 10.45], [2, 10.4]]},
+                      backend_metrics=metrics, duration_s=20.0)
+    assert validate_record(record) == [], record["run_id"]
+    return record
+
+
+def layout_records() -> list[dict]:
+    state = {"params": 18 * MIB, "grads": 18 * MIB, "optimizer": 36 * MIB}
+    half = {k: v // 2 for k, v in state.items()}
+    return [
+        _record(0, LayoutName(), 1, 40.0, peaks=[300 * MIB], metrics={"state_bytes_per_rank": [state]}),
+        _record(1, LayoutName(), 4, 32.0, peaks=[280 * MIB], metrics={"state_bytes_per_rank": [state]}),
+        _record(2, parse_layout("dp2"), 1, 60.0, peaks=[310 * MIB, 312 * MIB],
+                metrics={"state_bytes_per_rank": [state, state], "comm_per_step": [_comm(18 * MIB, 0)] * 2}),
+        _record(3, parse_layout("pp2-mb4-1f1b"), 1, 48.0, peaks=[200 * MIB, 180 * MIB],
+                metrics={"state_bytes_per_rank": [half, half],
+                         "bubble": {"analytic": 0.2, "measured_per_stage": [0.25, 0.3]},
+                         "comm_per_step": [_comm(0, 3 * MIB), _comm(0, 3 * MIB)]}),
+        _record(4, parse_layout("tp2-vocab"), 1, None, status="unsupported",
+                error="--no-vocab-emb-dp: torch_3d does not split the embedding's vocabulary yet"),
+        _record(5, parse_layout("dp2xtp2"), 1, None, status="failed", error="worker rank 3 exited with signal 9"),
+    ]
+
+
+def test_layout_table_holds_each_layout_with_its_reference_and_reason():
+    records = layout_records()
+    frame = layout_frame(records)
+    columns, rows = layout_table(frame, {r["run_id"]: r for r in records}, "mlm")
+    table = {row[0]: dict(zip(columns, row)) for row in rows}
+    assert set(table) == {"1 device", "1 device, 4 micro-batches", "dp2", "pp2-mb4-1f1b",
+                          "tp2-vocab", "dp2xtp2"}
+    # Efficiency against the 1-device run of the same global batch AND micro-batches.
+    assert table["dp2"]["efficiency vs 1 device"] == f"{60 / (2 * 40):.2f}"
+    assert table["pp2-mb4-1f1b"]["efficiency vs 1 device"] == f"{48 / (2 * 32):.2f}"
+    assert table["1 device, 4 micro-batches"]["efficiency vs 1 device"] == "1.00"
+    assert table["dp2"]["samples/s"] == "60.0"
+    assert table["dp2"]["peak memory max (MiB)"] == "312.0"
+    assert table["pp2-mb4-1f1b"]["peak memory per rank (MiB)"] == "200.0, 180.0"
+    assert table["pp2-mb4-1f1b"]["params+grads+optimizer per rank (MiB)"] == "9.0+9.0+18.0, 9.0+9.0+18.0"
+    assert table["pp2-mb4-1f1b"]["bubble analytic"] == "20.0%"
+    assert table["pp2-mb4-1f1b"]["bubble measured per stage"] == "25.0%, 30.0%"
+    assert table["pp2-mb4-1f1b"]["communication per step per rank (MiB)"] == "send_recv 3, 3"
+    assert table["dp2"]["communication per step per rank (MiB)"] == "all_reduce 18, 18"
+    assert table["dp2"]["bubble analytic"] == ""
+    assert table["tp2-vocab"]["status"] == "unsupported" and "vocabulary yet" in table["tp2-vocab"]["reason / notes"]
+    assert table["dp2xtp2"]["status"] == "failed" and table["dp2xtp2"]["reason / notes"].endswith("signal 9")
+    assert table["dp2xtp2"]["samples/s"] == "" and table["dp2xtp2"]["efficiency vs 1 device"] == ""
+
+
+def test_report_draws_the_layout_figure_from_the_records(tmp_path):
+    records = layout_records()
+    for r in records:
+        write_record(r, tmp_path)
+    blocks, plots = build_report(load_records(tmp_path), str(tmp_path))
+    markdown = to_markdown(blocks)
+    assert "### Layouts of `mlm`" in markdown and "![mlm: layouts](plots/mlm-layouts.png)" in markdown
+    [plot] = [p for p in plots["mlm"] if p.slug == "mlm-layouts"]
+    ok = {"1 device": 40.0, "1 device, 4 micro-batches": 32.0, "dp2": 60.0, "pp2-mb4-1f1b": 48.0}
+    assert dict(plot.data["samples/s"]) == ok
+    assert dict(plot.data["ideal samples/s"]) == {"1 device": 40.0, "1 device, 4 micro-batches": 32.0,
+                                                  "dp2": 80.0, "pp2-mb4-1f1b": 64.0}
+    assert dict(plot.data["peak memory max (MiB)"]) == {"1 device": 300.0, "1 device, 4 micro-batches":
+                                                        280.0, "dp2": 312.0, "pp2-mb4-1f1b": 200.0}
+    assert dict(plot.data["peak memory per rank (MiB)"])["pp2-mb4-1f1b"] == [200.0, 180.0]
+    assert dict(plot.data["params+grads+optimizer max (MiB)"])["pp2-mb4-1f1b"] == 36.0
+    speed, memory = plot.figure.axes[:2]
+    assert [p.get_height() for p in speed.patches] == list(ok.values())
+    assert [t.get_text() for t in speed.get_xticklabels()] == list(ok)
+    assert plot.png()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Layout runs are not points of the device-count figures: several layouts share one N.
+    assert [p.slug for p in plots["mlm"]] == ["mlm-layouts"]
+    # The run table above gives the layout runs the same efficiency as the layout table.
+    runs_table = markdown.split("## Workload `mlm`")[1].split("### Layouts")[0]
+    header, _, *rows = [[c.strip() for c in line.split("|")[1:-1]] for line in runs_table.splitlines()
+                        if line.startswith("|")]
+    column = header.index("scaling efficiency")
+    assert sorted(row[column] for row in rows) == ["", "", "0.75", "0.75", "1.00", "1.00"]
+    assert "nothing to plot against devices" in markdown
+
+
+# ----------------------------------------------------------------------------- parity
+
+def _run(curve: list[float], status: str = "ok", error: str | None = None, final: dict | None = None) -> dict:
+    record = {"status": status, "error": error, "loss": {"curve": [[s, v] for s, v in enumerate(curve)]}}
+    return record | ({"backend_metrics": {pc.FINAL_PARAMS: final}} if final else {})
+
+
+ONE = [10.5, 10.4, 10.2, 10.0]
+FINAL = {"encoder.0.query.weight": {"norm": 12.5, "sum": -0.25, "size": 16384},
+         "embeddings.word.weight": {"norm": 80.0, "sum": 3.0, "size": 3_906_816},
+         "encoder.0.key.bias": {"norm": 3e-6, "sum": 1e-7, "size": 128}}
+
+
+def _by_name(checks: list[pc.Check]) -> dict[str, pc.Check]:
+    return {c.name.split(": ", 1)[1]: c for c in checks}
+
+
+def test_parity_passes_a_layout_that_changes_nothing_but_rounding():
+    near = [v * (1 + 3e-7) for v in ONE]
+    final = {k: {**v, "norm": v["norm"] * (1 + 1e-6), "sum": v["sum"] * (1 - 2e-6)} for k, v in FINAL.items()}
+    # Rounding alone: a near-cancelling sum moves by 1e-3 of itself, a bias only rounding moves by half its norm.
+    final["encoder.0.query.weight"]["sum"] *= 1 + 1e-3
+    final["encoder.0.key.bias"] = {"norm": 4.5e-6, "sum": -1e-7, "size": 128}
+    checks = _by_name(pc.layout_checks("mlm", "torch_3d tp2", _run(ONE, final=FINAL), _run(near, final=final)))
+    assert [c.status for c in checks.values()] == ["pass", "pass", "pass"]
+    assert "relative difference 3.0e-07" in checks["loss at step 0 = 1 device"].detail
+    assert "1 weight(s) that only rounding moves not compared" in checks["final parameters = 1 device"].detail
+
+
+def test_parity_fails_a_layout_whose_curve_or_parameters_drift():
+    drift = ONE[:2] + [ONE[2] * (1 + 1e-3), ONE[3]]
+    checks = _by_name(pc.layout_checks("mlm", "torch_3d pp2-mb4", _run(ONE), _run(drift)))
+    assert checks["loss at step 0 = 1 device"].status == "pass"
+    assert checks["loss over 4 steps = 1 device"].status == "fail"
+    assert "at step 2" in checks["loss over 4 steps = 1 device"].detail
+    # Without final parameters in the records the check says what is missing, and counts as neither.
+    assert checks["final parameters = 1 device"].status == "skip"
+    assert pc.FINAL_PARAMS in checks["final parameters = 1 device"].detail
+    off = {**FINAL, "encoder.0.query.weight": {"norm": 12.5 * 1.01, "sum": -0.25, "size": 16384}}
+    checks = _by_name(pc.layout_checks("mlm", "torch_3d dp2", _run(ONE, final=FINAL), _run(ONE, final=off)))
+    assert checks["final parameters = 1 device"].status == "fail"
+    assert "encoder.0.query.weight" in checks["final parameters = 1 device"].detail
+    # A shard's worth of elements shifted by 1e-3 each moves the sum, not (measurably) the norm: still caught.
+    shifted = {**FINAL, "embeddings.word.weight": {"norm": 80.0, "sum": 3.0 + 1e-3 * 3_906_816 / 2,
+                                                   "size": 3_906_816}}
+    checks = _by_name(pc.layout_checks("mlm", "torch_3d tp2", _run(ONE, final=FINAL), _run(ONE, final=shifted)))
+    assert checks["final parameters = 1 device"].status == "fail"
+    # The measured envelope widens the tolerance where the reference itself is sensitive.
+    envelope = [0.0, 0.0, 6e-4, 6e-4]
+    checks = _by_name(pc.layout_checks("mlm", "torch_3d pp2-mb4", _run(ONE), _run(drift), envelope))
+    assert checks["loss over 4 steps = 1 device"].status == "pass"
+
+
+def test_parity_step0_and_status_of_a_layout():
+    checks = _by_name(pc.layout_checks("mlm", "torch_3d dp2", _run(ONE), _run([10.6] + ONE[1:])))
+    assert checks["loss at step 0 = 1 device"].status == "fail"
+    [skip] = pc.layout_checks("mlm", "torch_3d tp2-vocab", _run(ONE), _run([], "unsupported", "no vocab split"))
+    assert skip.status == "skip" and "no vocab split" in skip.detail
+    [fail] = pc.layout_checks("mlm", "torch_3d dp2xtp2", _run(ONE), _run([], "failed", "rank 3 died"))
+    assert fail.status == "fail"
+    [ref] = pc.layout_checks("mlm", "torch_3d dp2", _run([], "failed", "reference died"), _run(ONE))
+    assert ref.status == "fail" and "1-device run failed" in ref.detail
+
+
+def test_parity_refuses_a_bad_layout_list(tmp_path):
+    proc = run_cli("bench.parity", "--layouts", "dp2,pp2-mb", "--backends", "torch_ddp", "--out", str(tmp_path / "p"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown option 'mb'" in proc.stderr
+    assert not (tmp_path / "p").exists()
+
+
+# ----------------------------------------------------------------------------- one real sweep
+
+@pytest.mark.skipif(importlib.util.find_spec("backends.torch_3d") is None, reason="backends.torch_3d is not built")
+def test_a_layout_sweep_leaves_one_record_per_layout_and_reference(tmp_path, data_dir):
+    out = tmp_path / "results"
+    proc = run_cli("bench.compare", "--layouts", "dp2,tp2", "--workloads", "mlm", "--steps", "3",
+                   "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--model-size", "tiny",
+                   "--out", str(out), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = load_records(out)
+    assert all(r["sweep_id"].startswith(LAYOUT_SWEEP_PREFIX) for r in records)
+    by_name = {row.layout: row for row in layout_frame(records).itertuples()}
+    assert set(by_name) == {"1 device", "dp2", "tp2"}, proc.stdout
+    for name, row in by_name.items():
+        record = next(r for r in records if r["run_id"] == row.run_id)
+        assert record["status"] == "ok", (name, record["error"])
+        assert record["backend"] == "torch_3d" and record["global_batch"] == 8
+        assert len(record["layout"]["per_rank"]) == record["devices"] == (1 if name == "1 device" else 2)
+        assert len(record["peak_memory_per_rank"]) == record["devices"]
+        assert row.efficiency == row.efficiency  # every layout found its 1-device run
+    assert by_name["tp2"].devices == 2 and next(r for r in records if r["run_id"] == by_name["tp2"].run_id)[
+        "layout"]["tp"] == 2
+    assert "dp2" in proc.stdout and "tp2" in proc.stdout
+    summary = (out / "summary.csv").read_text()
+    assert summary.count("\n") == 4
+    assert json.loads((out / "runs" / f"{by_name['dp2'].run_id}.json").read_text())["layout"]["dp"] == 2
+    assert Path(out / "logs").is_dir()
