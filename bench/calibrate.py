@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bench import compare
@@ -87,7 +88,7 @@ def print_table(console: Console, records: list[dict]) -> None:
             continue
         seen.add(key)
         if r["status"] != "ok":
-            table.add_row(*key[:2], str(key[2]), *[""] * 11, f"{r['status']}: {(r.get('error') or '')[:60]}")
+            table.add_row(*key[:2], str(key[2]), *[""] * 11, escape(f"{r['status']}: {(r.get('error') or '')[:60]}"))
             continue
         bd = (r.get("backend_metrics") or {}).get("breakdown") or {}
         gc = (r.get("backend_metrics") or {}).get("grad_comm") or {}

@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -198,11 +199,12 @@ def print_table(console: Console, frame) -> None:
         table.add_column(col, justify="left" if left else "right")
     for row in frame.itertuples():
         # "synthetic" beside an eval of 1.0000, which would otherwise read as the dataset's accuracy
+        # An error quotes worker logs, whose "[file.cc:537]" rich would otherwise read as markup.
         table.add_row(row.workload, row.backend, _devices_cell(row), str(row.data or "?"), row.status,
                       _fmt(row.samples_per_s, "{:.1f}"), _fmt(row.scaling_efficiency, "{:.2f}"),
                       _fmt(row.mfu, "{:.1%}"), _fmt(row.step_time_p50, "{:.4f}"),
                       _fmt(row.data_wait_fraction, "{:.1%}"), _fmt(row.eval_value, "{:.4f}"),
-                      (row.error or "") if row.status != "ok" else "")
+                      escape(row.error or "") if row.status != "ok" else "")
     console.print(table)
 
 
@@ -214,7 +216,7 @@ def print_layout_table(console: Console, records: list[dict]) -> None:
     for row in layout_frame(records).itertuples():
         table.add_row(row.workload, row.backend, row.layout, str(row.devices), row.status,
                       _fmt(row.samples_per_s, "{:.1f}"), _fmt(row.efficiency, "{:.2f}"),
-                      (by_id[row.run_id].get("error") or "") if row.status != "ok" else "")
+                      escape(by_id[row.run_id].get("error") or "") if row.status != "ok" else "")
     console.print(table)
 
 

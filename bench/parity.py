@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bench import parity_checks as pc
@@ -107,7 +108,7 @@ def print_table(checks: list[pc.Check]) -> None:
     for col in ("workload", "check", "result", "detail"):
         table.add_column(col)
     for c in checks:
-        table.add_row(c.workload, c.name, c.status, c.detail)
+        table.add_row(c.workload, c.name, c.status, escape(c.detail))
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 

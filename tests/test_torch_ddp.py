@@ -11,7 +11,7 @@ import torch
 
 from backends.torch_common.models import build_model
 from backends.torch_common.trainer import CHECKPOINT_EXT, TorchTrainer
-from backends.torch_ddp.backend import plan_over, process_group_backend
+from backends.torch_ddp.backend import first_failure, plan_over, process_group_backend, worker_output_tail
 from common.checkpoints import valid_checkpoints
 from common.config import RunConfig
 from common.data.batches import TrainBatches
@@ -183,6 +183,38 @@ def test_a_sweep_records_a_dead_rank_and_goes_on(tmp_path, data_dir):
     assert failed["duration_s"] < 120 and validate_record(failed) == []
     assert len(pd.read_csv(out / "summary.csv")) == 2
 
+
+# What torchrun 2.13 wrote when rank 1 aborted (its report shortened): worker lines, agent lines, report.
+TORCHRUN_LOG = """W1123 10:40:59.185000 4346 torch/distributed/run.py:874] *****************************************
+step 1/10 rank-0 loss 2.3
+terminate called without an active exception
+W1123 10:41:00.413000 4346 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 4351 closing signal
+E1123 10:41:00.446000 4346 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+    raise ChildFailedError(
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 4352)  (SIGABRT)
+======================================================
+"""
+
+
+def test_a_failed_run_says_what_the_failing_rank_printed(tmp_path):
+    """The report gives only the signal; the worker's own last words name the cause."""
+    log = tmp_path / "torchrun.log"
+    log.write_text(TORCHRUN_LOG)
+    assert first_failure(log) == ", rank 1 exited with code -6 (signal 6) first"
+    assert worker_output_tail(log) == "step 1/10 rank-0 loss 2.3 | terminate called without an active exception"
+    # A Python exception: torch tags each rank's traceback, and the failing rank's lines are the ones
+    tagged = "[rank1]: ValueError: bad batch\n[rank0]: RuntimeError: Connection closed by peer\n"
+    log.write_text(TORCHRUN_LOG.replace("terminate called without an active exception\n", tagged))
+    assert worker_output_tail(log, "1") == "[rank1]: ValueError: bad batch"
+    log.write_text("no report: torchrun itself failed\n")
+    assert worker_output_tail(log) == ""
 
 def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):
     """What a sweep's timeout does: SIGTERM to bench.run must take torchrun and its ranks down."""

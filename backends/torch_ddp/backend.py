@@ -46,18 +46,44 @@ def process_group_backend(device_kind: str, virtual: bool) -> str:
     return "nccl" if device_kind == "cuda" and not virtual else "gloo"
 
 
+def failed_rank(log: Path) -> tuple[str, str] | None:
+    """(rank, exit code) of torchrun's root-cause report, when it has one."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    cause = text.rpartition("Root Cause")[2]
+    rank, code = re.search(r"rank\s*:\s*(\d+)", cause), re.search(r"exitcode\s*:\s*(-?\d+)", cause)
+    return (rank[1], code[1]) if rank and code else None
+
+
 def first_failure(log: Path) -> str:
     """', rank R exited with code C' from torchrun's root-cause report, when it has one."""
+    failed = failed_rank(log)
+    if failed is None:
+        return ""
+    rank, code = failed
+    signal_note = f" (signal {-int(code)})" if int(code) < 0 else ""
+    return f", rank {rank} exited with code {code}{signal_note} first"
+
+
+# torchrun's agent: its log lines ("E1123 10:41:00.446 4346 torch/distributed/elastic/...") and the
+# ChildFailedError traceback and report it ends with.
+_AGENT_LINE = re.compile(r"^[DIWEF]\d{4} [\d:.]+ +\d+ torch/distributed/")
+
+
+def worker_output_tail(log: Path, rank: str | None = None, lines: int = 4) -> str:
+    """The workers' last output before torchrun's failure report: where a rank says why it failed (a
+    Python exception, "terminate called ...") while the report itself only gives the signal. torch tags
+    a rank's Python traceback "[rankR]:"; when the failing rank left such lines, those are the ones."""
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return ""
-    cause = text.rpartition("Root Cause")[2]
-    rank, code = re.search(r"rank\s*:\s*(\d+)", cause), re.search(r"exitcode\s*:\s*(-?\d+)", cause)
-    if not (rank and code):
-        return ""
-    signal_note = f" (signal {-int(code[1])})" if int(code[1]) < 0 else ""
-    return f", rank {rank[1]} exited with code {code[1]}{signal_note} first"
+    before_report = text.rpartition("ChildFailedError")[0].rpartition("Traceback (most recent call last)")[0]
+    output = [ln for ln in before_report.splitlines() if ln.strip() and not _AGENT_LINE.match(ln)]
+    own = [ln for ln in output if rank is not None and ln.startswith(f"[rank{rank}]:")]
+    return " | ".join((own or output)[-lines:])[-1500:]
 
 
 # A port picked free can still be taken by a process outside parbench before torchrun binds it:
@@ -149,8 +175,9 @@ class TorchDDP(TorchBackend):
             if rc == 0 or cfg.multi_node or cfg.master_port or not port_taken(log, offset):
                 break
         if rc != 0 or not result_path.is_file():
+            workers_said = worker_output_tail(log, (failed_rank(log) or (None,))[0])
             raise RunFailed(f"torchrun exited with code {rc}{rendezvous_failure(log, cfg)}{first_failure(log)}: "
-                            f"{log_tail(log)}")
+                            + (f"last worker output: {workers_said}" if workers_said else log_tail(log)))
         return json.loads(result_path.read_text())
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
