@@ -4,7 +4,8 @@ torch.compile and TensorFlow's tf.function/XLA compile when a step first meets a
 is run through CompileLog.run, which reads the framework's own count of compiled graphs before and
 after it: a step that raised the count compiled, and its wall time is compile time
 (`backend_metrics.compile_s`). A compile inside the measured window (step index >= warm-up) is named
-in `recompiled_in_measured_window`, since its time is then in the throughput figures.
+in `recompiled_in_measured_window`, and common.loop leaves that step out of the measured steps
+(compiled_last_step), as it does the warm-up.
 """
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ class CompileLog:
             self.steps.append({"step": self._step, "graphs": new, "wall_s": time.perf_counter() - t0})
         self._step += 1
         return loss
+
+    def compiled_last_step(self) -> bool:
+        """Whether the step run last compiled graphs."""
+        return bool(self.steps) and self.steps[-1]["step"] == self._step - 1
 
     def metrics(self) -> dict:
         late = [c["step"] for c in self.steps if c["step"] >= self.warmup_steps]

@@ -62,6 +62,8 @@ class Trainer(Protocol):
     def backend_metrics(self) -> dict:
         """What is specific to the strategy (phase times, compile time...), for the record."""
 
+    # Optional: compiled_last_step() -> bool, whether the step just run compiled graphs (torch.compile,
+    #   tf.function): such a step is compile time, and leaves the measured window (aggregate_ranks).
     # Optional, for --breakdown-steps (a trainer without them gets no breakdown):
     # probe_step(batch, lr) -> {"forward_backward_s", "grad_comm_s", "optimizer_s", "grad_comm_bytes"}, one
     #   step with the device synchronised between its phases; probe_source: what timed them;
@@ -156,6 +158,8 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     fault_at = _fault_step(trainer.rank)
 
     step_times, data_wait, losses, history = [], [], [], []
+    compiled_steps: list[int] = []  # positions in step_times of measured steps that compiled
+    compiled_last_step = getattr(trainer, "compiled_last_step", None)
     digests = SampleDigests()
     best, evals_since_best, stopped_early = -math.inf, 0, False
     began = last_report = clock()
@@ -169,6 +173,8 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         t2 = clock()
         digests.add(batch)
         if step - start >= cfg.warmup_steps:
+            if compiled_last_step is not None and compiled_last_step():
+                compiled_steps.append(len(step_times))
             step_times.append(t2 - t0)
             data_wait.append(t1 - t0)
         done = step + 1
@@ -204,7 +210,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     # After the measured window and the evaluation: the probe steps change neither.
     probing = cfg.breakdown_steps and hasattr(trainer, "probe_step")
     probes = _probe_steps(trainer, cfg, train, done, clock) if probing else []
-    mine = {"step_times": step_times, "data_wait": data_wait, "measured_time": float(np.sum(step_times)),
+    mine = {"step_times": step_times, "data_wait": data_wait, "compiled_steps": compiled_steps,
             "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(), "sample_digests": digests.hex(),
             "backend_metrics": trainer.backend_metrics(),
             "host": rank_host(cfg.nnodes, cfg.node_rank, cfg.master_addr)}

@@ -86,5 +86,6 @@ def compile_notes(record: dict) -> list[str]:
     late = metrics.get("recompiled_in_measured_window")
     if not late:
         return []
-    return [f"steps {late} (counted from the first step of this run) compiled graphs inside the measured window: "
-            "their compile time is in the throughput and step times (raise --warmup-steps)"]
+    return [f"steps {late} (counted from the first step of this run) compiled graphs after the warm-up: they are "
+            "left out of the measured steps like the warm-up, their time is in compile_s (a recompile in a long "
+            "run, e.g. a new shape, costs that run's wall time all the same)"]

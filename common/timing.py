@@ -18,13 +18,18 @@ def aggregate_ranks(per_rank: list[dict]) -> dict:
     """Combine the measured windows of all ranks.
 
     A step is as slow as its slowest rank, so the step time of step i is the max over ranks;
-    throughput divides all samples processed by the longest measured window of any rank.
+    throughput divides all samples processed by the longest measured window of any rank. A step in
+    which any rank compiled (`compiled_steps`: positions in `step_times`) is compile time, not
+    throughput (CONVENTIONS 2.3): it leaves every rank's window.
     """
-    steps = [np.asarray(r["step_times"], dtype=np.float64) for r in per_rank]
+    compiled = sorted({i for r in per_rank for i in r.get("compiled_steps", ())})
+    steps = [np.delete(np.asarray(r["step_times"], dtype=np.float64), compiled) for r in per_rank]
+    waits = [np.delete(np.asarray(r["data_wait"], dtype=np.float64), compiled) for r in per_rank]
     n = min(len(s) for s in steps)
     slowest = np.max(np.stack([s[:n] for s in steps]), axis=0) if n else np.zeros(0)
-    window = max(float(r["measured_time"]) for r in per_rank)
-    wait = [float(np.sum(r["data_wait"])) / max(float(r["measured_time"]), 1e-12) for r in per_rank]
+    windows = [float(np.sum(s)) for s in steps]
+    window = max(windows)
+    wait = [float(np.sum(w)) / max(t, 1e-12) for w, t in zip(waits, windows)]
     stride = max(1, -(-n // MAX_SAMPLES))
     return {
         "measured_steps": int(n),

@@ -78,8 +78,8 @@ def test_scaling_efficiency_within_groups(tmp_path):
 
 
 def test_aggregate_takes_the_slowest_rank():
-    fast = {"step_times": [1.0, 1.0], "data_wait": [0.1, 0.1], "measured_time": 2.0}
-    slow = {"step_times": [1.0, 3.0], "data_wait": [0.0, 0.0], "measured_time": 4.0}
+    fast = {"step_times": [1.0, 1.0], "data_wait": [0.1, 0.1]}
+    slow = {"step_times": [1.0, 3.0], "data_wait": [0.0, 0.0]}
     agg = aggregate_ranks([fast, slow])
     assert agg["measured_steps"] == 2
     assert agg["measured_time_s"] == 4.0
@@ -87,6 +87,14 @@ def test_aggregate_takes_the_slowest_rank():
     assert agg["step_times_s"] == [1.0, 3.0]
     assert agg["data_wait_fraction"] == pytest.approx((0.1 + 0.0) / 2)
     assert summarize([]) is None
+
+
+def test_a_step_in_which_any_rank_compiled_leaves_every_rank_window():
+    compiled = {"step_times": [9.0, 1.0, 1.0], "data_wait": [0.0, 0.1, 0.1], "compiled_steps": [0]}
+    other = {"step_times": [2.0, 1.0, 3.0], "data_wait": [0.0, 0.0, 0.0], "compiled_steps": []}
+    agg = aggregate_ranks([compiled, other])
+    assert agg["measured_steps"] == 2 and agg["step_times_s"] == [1.0, 3.0]
+    assert agg["measured_time_s"] == 4.0 and agg["data_wait_fraction"] == pytest.approx((0.2 / 2 + 0.0) / 2)
 
 
 @pytest.mark.parametrize("path", ["results/.summary.lock", "results/summary.csv", "results/runs/r.json",

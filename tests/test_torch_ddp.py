@@ -166,6 +166,20 @@ def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
     assert np.isfinite(outcome["loss"]["last"]) and outcome["loss"]["last"] < outcome["loss"]["first"]
 
 
+
+def test_a_step_that_compiles_after_the_warmup_leaves_the_measured_window(tmp_path, data_dir):
+    """CONVENTIONS 2.3: compilation steps are not throughput, even when --warmup-steps is too short for them.
+    dynamo's eager backend: the same graph capture and compile count as inductor, without its minutes."""
+    cfg = _in_process_config(tmp_path, total_steps=4, warmup_steps=0, compile="default", skip_eval=True)
+    train = load_split("cnn", "train", "real", data_dir, CNN, 0)
+    torch.manual_seed(0)
+    model = build_model("cnn", CNN)
+    trainer = TorchTrainer(torch.compile(model, backend="eager"), model, cfg, torch.device("cpu"))
+    outcome = run_loop(trainer, cfg, TrainBatches(train, CNN, 0, 32, 1, 0), None)
+    assert trainer.backend_metrics()["recompiled_in_measured_window"] == [0]
+    assert outcome["steps_done"] == 4 and outcome["measured_steps"] == 3
+    assert outcome["measured_time_s"] == pytest.approx(sum(outcome["step_times_s"]), abs=1e-5)  # rounded to 1 us
+
 @pytest.mark.timeout(600)
 def test_a_sweep_records_a_dead_rank_and_goes_on(tmp_path, data_dir):
     """Rank 1 of the 2-device run dies after step 2 while rank 0 waits in the next all-reduce: torchrun

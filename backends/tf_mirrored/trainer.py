@@ -173,6 +173,9 @@ class KerasTrainer:
             self.skipped_steps += 1  # an overflow: the optimizer skipped the update and halved the scale
         return loss
 
+    def compiled_last_step(self) -> bool:
+        return self.compile_log.compiled_last_step()
+
     def sync(self) -> None:
         if self.device_kind == "cuda":
             tf.test.experimental.sync_devices()

@@ -98,6 +98,9 @@ class TorchTrainer:
             return self.compile_log.run(lambda: self._train_step(batch, lr))
         return self._train_step(batch, lr)
 
+    def compiled_last_step(self) -> bool:
+        return self.compile_log.compiled_last_step()
+
     def _train_step(self, batch: StepBatch, lr: float) -> float:
         total = self._forward_backward(batch, lr)
         self._optimizer_step()
