@@ -18,7 +18,7 @@ from common.errors import BadInput
 from common.initial_weights import initial_weights
 from common.results import validate_record
 from common.spec import BERT_SIZES, CNN
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 TINY, MINI, BASE = BERT_SIZES["tiny"], BERT_SIZES["mini"], BERT_SIZES["base"]
 
@@ -255,6 +255,24 @@ def test_compile_raises_the_jit_level_and_takes_the_same_steps(mlm_runs, tmp_pat
     curve, default = (np.array(r["loss"]["curve"])[:, 1] for r in (record, _record(mlm_runs[1])))
     np.testing.assert_allclose(curve, default, rtol=1e-4)
 
+
+
+def test_fp16_scales_the_loss_and_skips_the_steps_that_overflow(mlm_runs, tmp_path):
+    """--precision fp16: O1 float16 matmuls (the first loss moves off float32's, within float16's precision) and
+    a dynamic loss scale from 2^24 that halves at each overflow, whose step leaves the weights alone."""
+    proc = _bench(tmp_path, "mlm", 1, 16, "--precision", "fp16")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = _record(tmp_path)
+    metrics = record["backend_metrics"]
+    assert record["status"] == "ok" and validate_record(record) == []
+    skipped = metrics["loss_scale_skipped_steps"]
+    assert 1 <= skipped <= 6 and metrics["loss_scale_final"] == 2.0 ** (24 - skipped)  # no growth in 6 steps
+    first, fp32_first = record["loss"]["first"], _record(mlm_runs[1])["loss"]["first"]
+    assert first != fp32_first and first == pytest.approx(fp32_first, rel=1e-3)
+    assert any(note.startswith("--precision fp16: amp.auto_mixed_precision O1") for note in record["notes"])
+    # O1's rewrite imports the cells it rewrote from source files: in the run's folder, not the user's cwd
+    assert list((tmp_path / "logs" / record["run_id"] / "amp-rank0" / "rewritten_network").glob("*.py"))
+    assert not (REPO / "rewritten_network").exists()
 
 def test_cnn_end_to_end_on_two_workers(tmp_path, data_dir, foreign_python_path):
     """The CNN used to time out here: MindSpore's oneDNN ran every convolution through a reference

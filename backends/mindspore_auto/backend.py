@@ -193,11 +193,10 @@ class MindSporeAuto(Backend):
             raise Unsupported(f"--parallel-mode {pcfg.mode} (model parallel {pcfg.model_parallel}, pipeline stages "
                               f"{pcfg.pipeline_stage}) requires Ascend or GPU: MindSpore runs only DATA_PARALLEL "
                               "on CPU")
-        if cfg.precision != "fp32":
-            # fp16 would take amp.auto_mixed_precision and amp.DynamicLossScaler in TrainStep, and models.py
-            # written for it: its float32 constants (the -1e9 attention mask bias is -inf in float16) are not.
-            raise Unsupported(f"--precision {cfg.precision}: mindspore_auto trains in fp32 only (its models hold "
-                              "float32 constants; no mixed precision or loss scaling is wired in)")
+        if cfg.precision == "amp":
+            raise Unsupported("--precision amp (bfloat16): MindSpore 2.10 has no bfloat16 CPU kernels for the "
+                              "models' convolutions and matmuls, and bfloat16 on its GPU and Ascend paths is "
+                              "untried here; --precision fp16 is float16 with loss scaling")
         if cfg.compile not in ("", "default"):
             raise Unsupported(f"--compile {cfg.compile} is a torch.compile mode; MindSpore's jit levels have no modes")
         if cfg.sync_bn:
@@ -264,6 +263,11 @@ class MindSporeAuto(Backend):
                   "the train step is a compiled graph (GRAPH_MODE) at MindSpore's default jit level"),
                  "cross-entropy is a log-sum-exp of primitives; a prediction counts as correct when the "
                  "label's logit equals the row maximum (ties count, where argmax would pick one)"]
+        if cfg.precision == "fp16":
+            notes.append("--precision fp16: amp.auto_mixed_precision O1 (float16 Conv2D, MatMul, BatchMatMul, Dense; "
+                         "the rest float32) with amp.DynamicLossScaler at DynamicLossScaleManager's defaults (from "
+                         "2^24, doubled after 2000 finite steps, halved and the update skipped on overflow: "
+                         "backend_metrics.loss_scale_skipped_steps)")
         if p.mode != "data":
             notes.append("every process loads the whole global batch (full_batch) and the compiler splits it")
         if cfg.workload == "cnn" and p.data_parallel > 1:

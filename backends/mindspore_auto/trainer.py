@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, amp, nn, ops
 from mindspore.communication import GlobalComm
 from mindspore.experimental.optim import AdamW
 
@@ -33,6 +33,22 @@ EVAL_CHUNK_ROWS = {"cnn": 256, "mlm": 32}
 # --compile: MindSpore's O1 adds its common graph optimizations and automatic operator fusion to the
 # graph the train step always is in GRAPH_MODE (O0, mindspore.jit's default: only the passes correctness needs).
 COMPILED_JIT_LEVEL = "O1"
+# --precision fp16: MindSpore's own defaults, those of amp.DynamicLossScaleManager (torch and Keras keep theirs).
+LOSS_SCALE_START, LOSS_SCALE_FACTOR, LOSS_SCALE_WINDOW = 2.0 ** 24, 2, 2000
+
+
+def float16_matmuls(loss_net: nn.Cell, scratch: Path) -> nn.Cell:
+    """--precision fp16, amp O1: Conv2D, MatMul, BatchMatMul and Dense in float16, cast back to float32 after;
+    the rest (softmax and its -1e9 mask bias, LayerNorm, the loss) stays float32, as torch's autocast keeps it.
+    MindSpore's rewrite writes the rewritten cells' source to ./rewritten_network and imports it from there:
+    it runs in `scratch` (the run's folder), never in the user's working directory."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    here = os.getcwd()
+    os.chdir(scratch)
+    try:
+        return amp.auto_mixed_precision(loss_net, "O1", dtype=ms.float16)
+    finally:
+        os.chdir(here)
 
 
 class ScaledLoss(nn.Cell):
@@ -61,17 +77,38 @@ class TrainLoss(nn.Cell):
 
 
 class TrainStep(nn.Cell):
-    def __init__(self, scaled_loss: nn.Cell, optimizer: AdamW, grad_reducer: nn.Cell):
+    """One optimizer step. With a loss scaler (fp16) the loss is multiplied by its scale before the
+    gradients, which are unscaled after the all-reduce; a step whose reduced gradients overflowed
+    (the same on every rank) leaves the weights alone, and the scaler halves its scale."""
+
+    def __init__(self, scaled_loss: nn.Cell, optimizer: AdamW, grad_reducer: nn.Cell,
+                 loss_scaler: amp.DynamicLossScaler | None = None):
         super().__init__(auto_prefix=False)
         self.scaled_loss, self.optimizer, self.grad_reducer = scaled_loss, optimizer, grad_reducer
         self.grad_fn = ops.value_and_grad(scaled_loss, None, optimizer.parameters)
         self.lr = optimizer.lrs[0]
+        self.loss_scaler = loss_scaler
 
     def construct(self, lr, scale, *inputs):
+        if self.loss_scaler is not None:
+            return self._loss_scaled_step(lr, scale, *inputs)
         value, grads = self.grad_fn(scale, *inputs)
         grads = self.grad_reducer(grads)
         grads = ops.depend(grads, ops.assign(self.lr, lr))
         self.optimizer(grads)
+        return value
+
+    def _loss_scaled_step(self, lr, scale, *inputs):
+        loss_scale = self.loss_scaler.scale_value * 1.0  # read before adjust() changes it
+        value, grads = self.grad_fn(scale * loss_scale, *inputs)
+        value = value / loss_scale
+        grads = self.grad_reducer(grads)
+        finite = amp.all_finite(grads)
+        if finite:
+            grads = self.loss_scaler.unscale(grads)
+            grads = ops.depend(grads, ops.assign(self.lr, lr))
+            self.optimizer(grads)
+        self.loss_scaler.adjust(finite)
         return value
 
 
@@ -132,6 +169,9 @@ class MindSporeTrainer:
         self.data_parallel_mode = pcfg.mode == "data"
         self.rank, self.world = (process_rank, processes) if self.data_parallel_mode else (0, 1)
         self.loss_net, self.columns = loss_net, INPUT_COLUMNS[cfg.workload]
+        self.loss_scaler = (amp.DynamicLossScaler(LOSS_SCALE_START, LOSS_SCALE_FACTOR, LOSS_SCALE_WINDOW)
+                            if cfg.precision == "fp16" else None)
+        self.skipped_steps = 0
         o = cfg.optim
         train_net = TrainLoss(loss_net)
         if pcfg.pipeline_stage > 1:
@@ -139,7 +179,8 @@ class MindSporeTrainer:
         scaled = ScaledLoss(train_net, cfg.grad_accum)
         params = loss_net.trainable_params()
         self.optimizer = AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
-        self.step_cell = TrainStep(scaled, self.optimizer, build_grad_reducer(pcfg, processes, params))
+        self.step_cell = TrainStep(scaled, self.optimizer, build_grad_reducer(pcfg, processes, params),
+                                   self.loss_scaler)
         self.step_cell.set_train(True)
         if cfg.compile:
             self.step_cell.set_jit_config(ms.JitConfig(jit_level=COMPILED_JIT_LEVEL))
@@ -188,7 +229,10 @@ class MindSporeTrainer:
     # ------------------------------------------------------------------ Trainer protocol
 
     def train_step(self, batch: StepBatch, lr: float) -> float:
+        scale_before = self._loss_scale()
         value = float(self.step_cell(*self._step_inputs(batch, lr)).asnumpy())
+        if scale_before is not None and self._loss_scale() < scale_before:
+            self.skipped_steps += 1  # an overflow: the update was skipped and the scale halved
         if self.data_parallel_mode:
             return value / self.world  # this rank's share of the global mean
         if self.pcfg.pipeline_stage > 1:
@@ -305,8 +349,14 @@ class MindSporeTrainer:
             raise RuntimeError(f"checkpoint {path} lacks {', '.join(missing[:5])}")
         return step
 
+    def _loss_scale(self) -> float | None:
+        return float(self.loss_scaler.scale_value.asnumpy()) if self.loss_scaler is not None else None
+
     def backend_metrics(self) -> dict:
-        return {}  # the worker fills backend_metrics on rank 0, where the strategy's facts are at hand
+        """The precision's facts; the worker adds the strategy's on rank 0, where they are at hand."""
+        if self.loss_scaler is None:
+            return {}
+        return {"loss_scale_final": self._loss_scale(), "loss_scale_skipped_steps": self.skipped_steps}
 
     def peak_memory_bytes(self) -> int:
         if self.cfg.device_kind != "cpu":

@@ -15,7 +15,7 @@ from mindspore.communication import get_group_size, get_rank, init
 from backends.mindspore_auto.data import DatasetBatches
 from backends.mindspore_auto.models import build_loss_net, param_count
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
-from backends.mindspore_auto.trainer import MindSporeTrainer
+from backends.mindspore_auto.trainer import MindSporeTrainer, float16_matmuls
 from common.config import RunConfig
 from common.data.batches import TrainBatches, eval_batches
 from common.data.datasets import TRAIN_SPLIT, load_split
@@ -93,6 +93,8 @@ def main(config_path: str, result_path: str) -> None:
     split = load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed)
     eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
     loss_net = build_loss_net(cfg.workload, cfg.spec, pcfg, run_initial_weights(cfg))
+    if cfg.precision == "fp16":
+        loss_net = float16_matmuls(loss_net, Path(config_path).parent / f"amp-rank{rank}")
     trainer = MindSporeTrainer(loss_net, cfg, pcfg, rank, processes)
     # DATA_PARALLEL: this rank's shard of each micro-batch; otherwise all of it, on every process.
     per_rank = cfg.per_device_batch if pcfg.mode == "data" else cfg.global_batch // cfg.grad_accum
@@ -102,8 +104,8 @@ def main(config_path: str, result_path: str) -> None:
 
     outcome = run_loop(trainer, cfg, DatasetBatches(train, cfg.feed_steps), eval_data)
     if rank % cfg.devices_per_node == 0:  # msrun numbers ranks node by node; each node's first keeps it
-        outcome["backend_metrics"] = {**compile_s, "parallel": pcfg.as_dict(), "processes": processes,
-                                      "trainable_params": param_count(loss_net)}
+        outcome["backend_metrics"] = {**(outcome["backend_metrics"] or {}), **compile_s, "parallel": pcfg.as_dict(),
+                                      "processes": processes, "trainable_params": param_count(loss_net)}
         write_json_atomic(Path(result_path), outcome)
     mark_finished()
 
