@@ -33,7 +33,7 @@ def probe_repeated_device(model: TimedDataParallel, core: torch.nn.Module, cfg: 
         grads = []
         for runner in (core, model):
             core.zero_grad(set_to_none=True)
-            loss, _ = loss_and_correct(runner, cfg.workload, batch)
+            loss, _ = loss_and_correct(runner, cfg.workload, batch, count_correct=False)
             loss.backward()
             grads.append([p.grad.clone() for p in core.parameters()])
         core.zero_grad(set_to_none=True)
