@@ -171,6 +171,7 @@ class MindSporeTrainer:
         self.loss_net, self.columns = loss_net, INPUT_COLUMNS[cfg.workload]
         self.loss_scaler = (amp.DynamicLossScaler(LOSS_SCALE_START, LOSS_SCALE_FACTOR, LOSS_SCALE_WINDOW)
                             if cfg.precision == "fp16" else None)
+        self._scale_seen = self._loss_scale()  # the scale after the last step: one read per step
         self.skipped_steps = 0
         o = cfg.optim
         train_net = TrainLoss(loss_net)
@@ -229,10 +230,12 @@ class MindSporeTrainer:
     # ------------------------------------------------------------------ Trainer protocol
 
     def train_step(self, batch: StepBatch, lr: float) -> float:
-        scale_before = self._loss_scale()
         value = float(self.step_cell(*self._step_inputs(batch, lr)).asnumpy())
-        if scale_before is not None and self._loss_scale() < scale_before:
-            self.skipped_steps += 1  # an overflow: the update was skipped and the scale halved
+        if self._scale_seen is not None:
+            scale = self._loss_scale()
+            if scale < self._scale_seen:
+                self.skipped_steps += 1  # an overflow: the update was skipped and the scale halved
+            self._scale_seen = scale
         if self.data_parallel_mode:
             return value / self.world  # this rank's share of the global mean
         if self.pcfg.pipeline_stage > 1:

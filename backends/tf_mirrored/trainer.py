@@ -75,6 +75,8 @@ class KerasTrainer:
                 # overflow with the step skipped, doubled after 2000 clean steps), as torch's GradScaler
                 self.optimizer = keras.optimizers.LossScaleOptimizer(self.optimizer)
             self.optimizer.build(model.trainable_variables)
+        # The scale after the last step: one read per step
+        self._scale_seen = float(self.optimizer.dynamic_scale.numpy()) if self.loss_scaling else None
         self.skipped_steps = 0
         self.checkpoint = tf.train.Checkpoint(model=model, optimizer=self.optimizer)
         # --compile: XLA compiles each replica's forward and backward on its own device. Not the whole step,
@@ -164,13 +166,15 @@ class KerasTrainer:
 
     def train_step(self, batch: StepBatch, lr: float) -> float:
         self.optimizer.learning_rate = lr  # a variable assign, outside the graph: no retracing
-        scale_before = float(self.optimizer.dynamic_scale.numpy()) if self.loss_scaling else None
         def step() -> float:
             shares = self._step(tuple(batch.micro), tf.constant(batch.denominator, tf.float32))
             return float(sum(float(s) for s in self.strategy.experimental_local_results(shares)))
         loss = self.compile_log.run(step) if self.cfg.compile else step()
-        if scale_before is not None and float(self.optimizer.dynamic_scale.numpy()) < scale_before:
-            self.skipped_steps += 1  # an overflow: the optimizer skipped the update and halved the scale
+        if self._scale_seen is not None:
+            scale = float(self.optimizer.dynamic_scale.numpy())
+            if scale < self._scale_seen:
+                self.skipped_steps += 1  # an overflow: the optimizer skipped the update and halved the scale
+            self._scale_seen = scale
         return loss
 
     def compiled_last_step(self) -> bool:

@@ -87,6 +87,9 @@ class TorchTrainer:
         # float16 gradients underflow: the loss is scaled up, the scale halved (and the step skipped)
         # whenever a gradient overflows, grown again after 2000 clean steps (torch's defaults).
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")
+        # The scale after the last step: one read per step, at its end. Read before scaler.step() as well,
+        # it would wait for the backward on a GPU in the middle of every step.
+        self._scale_seen = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.skipped_steps = 0
         self.compile_log = CompileLog(cfg.compile, cfg.warmup_steps, "torch._dynamo counters['stats']"
                                       "['unique_graphs'] before and after each step", graphs_compiled)
@@ -110,11 +113,13 @@ class TorchTrainer:
         return float(total) / batch.denominator  # waits for the device: the step is done
 
     def _optimizer_step(self) -> None:
-        scale_before = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        if scale_before is not None and self.scaler.get_scale() < scale_before:
-            self.skipped_steps += 1  # an overflow: GradScaler skipped the update and lowered the scale
+        if self._scale_seen is not None:
+            scale = self.scaler.get_scale()
+            if scale < self._scale_seen:
+                self.skipped_steps += 1  # an overflow: GradScaler skipped the update and lowered the scale
+            self._scale_seen = scale
 
     def _forward_backward(self, batch: StepBatch, lr: float) -> torch.Tensor:
         """The step up to the optimizer: gradients of every micro-batch (DDP reduces them); the loss sum."""

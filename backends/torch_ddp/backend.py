@@ -175,7 +175,8 @@ class TorchDDP(TorchBackend):
             if rc == 0 or cfg.multi_node or cfg.master_port or not port_taken(log, offset):
                 break
         if rc != 0 or not result_path.is_file():
-            workers_said = worker_output_tail(log, (failed_rank(log) or (None,))[0])
+            failed = failed_rank(log)
+            workers_said = worker_output_tail(log, failed[0] if failed else None)
             raise RunFailed(f"torchrun exited with code {rc}{rendezvous_failure(log, cfg)}{first_failure(log)}: "
                             + (f"last worker output: {workers_said}" if workers_said else log_tail(log)))
         return json.loads(result_path.read_text())
