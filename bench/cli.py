@@ -127,7 +127,9 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
                    help="auto: CUDA when present, else virtual CPU devices")
     g.add_argument("--tf-mode", choices=("mirrored", "multi_worker"),
                    help="tf_mirrored: one process over N logical devices (default), or one process per device")
-    g.add_argument("--tf-tensorboard", metavar="DIR", help="tf_mirrored: write a TensorBoard log of the run to DIR")
+    # --tf-tensorboard: the flag's name while only tf_mirrored wrote a log, kept as an alias.
+    g.add_argument("--tensorboard", "--tf-tensorboard", dest="tensorboard", metavar="DIR",
+                   help="write a TensorBoard log of the run to DIR (every backend; rank 0 writes it)")
     g.add_argument("--breakdown-steps", type=non_negative_int, default=0,
                    help="after training and evaluation, K probe steps timing forward+backward, gradient "
                         "communication, optimizer and data apart (backend_metrics.breakdown); default 0: none")

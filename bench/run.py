@@ -174,13 +174,13 @@ def build_config(args, run_id: str, plan) -> RunConfig:
         master_addr=args.master_addr or "", master_port=args.master_port or 0,
         init_perturbation=args.init_perturbation, init_perturbation_seed=args.init_perturbation_seed,
         breakdown_steps=args.breakdown_steps,
+        tensorboard_dir=str(Path(args.tensorboard).resolve()) if args.tensorboard else "",
     )
 
 
 def backend_options(args) -> dict:
     """Options one backend reads from RunConfig.backend_options (the others ignore them)."""
-    options = {"tf_mode": args.tf_mode,
-               "tensorboard_dir": str(Path(args.tf_tensorboard).resolve()) if args.tf_tensorboard else None}
+    options = {"tf_mode": args.tf_mode}
     return {**{k: v for k, v in options.items() if v}, **{k: getattr(args, k) for k in BACKEND_OPTIONS}}
 
 

@@ -58,6 +58,8 @@ class RunConfig:
     init_perturbation_seed: int = 1
     # Steps after the measured ones (and the evaluation) whose phases are timed apart (common.breakdown).
     breakdown_steps: int = 0
+    # --tensorboard: where rank 0 writes the run's TensorBoard log ("" none), an absolute path.
+    tensorboard_dir: str = ""
     # Several hosts: `devices` above is the world size, nnodes x devices per node. Node 0 hosts the
     # rendezvous at master_addr:master_port; one node runs on loopback with a port picked free.
     nnodes: int = 1

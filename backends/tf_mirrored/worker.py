@@ -88,8 +88,8 @@ def main(config_path: str, result_path: str) -> None:
         # Trainable = the spec's count; total adds BatchNorm's moving statistics (cnn).
         "trainable_params": trainable_param_count(model), "params_total": model.count_params(),
     }
-    if cfg.backend_options.get("tensorboard_dir"):
-        write_tensorboard(Path(cfg.backend_options["tensorboard_dir"]), outcome)
+    if cfg.tensorboard_dir:
+        write_tensorboard(Path(cfg.tensorboard_dir), outcome)
     write_json_atomic(Path(result_path), outcome)
 
 
