@@ -4,6 +4,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ipaddress
+import json
 import os
 import signal
 import socket
@@ -12,10 +13,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
-from common.errors import Cancelled
+from common.config import RunConfig
+from common.errors import EXIT_UNSUPPORTED, Cancelled, Unsupported
 from common.hostinfo import REPO_ROOT
 
 TERM_GRACE_S = 10.0
@@ -24,6 +27,9 @@ LOOPBACK = "127.0.0.1"
 # Ports handed out by free_port, one file per port naming the process that holds it (see _lease).
 PORT_LEASE_DIR = Path(tempfile.gettempdir()) / "parbench-ports"
 _my_leases: list[Path] = []
+# Beside a run's config: why a worker refused a configuration it could only find out about by trying
+# (common.worker writes it and exits EXIT_UNSUPPORTED).
+UNSUPPORTED_FILE = "unsupported.txt"
 
 
 class RunFailed(Exception):
@@ -222,3 +228,71 @@ def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]],
             for proc in procs:
                 _kill_group(proc, 0 if first_failed is not None else TERM_GRACE_S)
     return GroupExit([p.returncode for p in procs], first_failed)
+
+
+class Launcher(Protocol):
+    """How a backend starts its workers: a launcher (torchrun, msrun), a group of processes, or one."""
+
+    def start(self, worker: list[str]) -> int:
+        """Run `worker` (its entry point and arguments, without the interpreter) to its end; the exit code.
+        Raises RunFailed when the run is lost before that (timeout, a dead worker the launcher would wait out)."""
+
+    def failure(self, code: int) -> str:
+        """Why the run failed (exit `code`, or no result), from what the launcher and its workers left."""
+
+
+def launch(cfg: RunConfig, workdir: Path, entry: list[str], launcher: Launcher, result_name: str = "result.json",
+           read: Callable[[Path], dict] | None = None) -> dict:
+    """The one way every backend runs: the config beside the workers, `entry CONFIG RESULT` under
+    `launcher`, then the result (Unsupported when a worker refused by trying, RunFailed without a result).
+    `read` turns RESULT into the outcome where the workers leave it otherwise (raising RunFailed)."""
+    config_path, result_path = workdir / "config.json", workdir / result_name
+    cfg.save(config_path)
+    code = launcher.start([*entry, str(config_path), str(result_path)])
+    refused = workdir / UNSUPPORTED_FILE
+    if code == EXIT_UNSUPPORTED and refused.is_file():
+        raise Unsupported(refused.read_text().strip())
+    if code != 0 or (read is None and not result_path.is_file()):
+        raise RunFailed(launcher.failure(code))
+    return read(result_path) if read else json.loads(result_path.read_text())
+
+
+@dataclass
+class OneProcess:
+    """The worker as one child of this interpreter: it drives every device of the run itself."""
+    env: dict[str, str]
+    log: Path
+    timeout_s: float
+    what: str = "worker"
+
+    def start(self, worker: list[str]) -> int:
+        return run_supervised([sys.executable, *worker], child_env(self.env), self.log, self.timeout_s)
+
+    def failure(self, code: int) -> str:
+        return f"{self.what} exited with code {code}: {log_tail(self.log)}"
+
+
+@dataclass
+class ProcessGroup:
+    """One child per device of this node, ranks first_rank onwards, each with its own environment and log;
+    the first to fail takes the others down (run_supervised_group)."""
+    envs: list[dict[str, str]]
+    logs: list[Path]
+    first_rank: int
+    timeout_s: float
+    ended: GroupExit | None = field(default=None, init=False)
+
+    def start(self, worker: list[str]) -> int:
+        commands = [([sys.executable, *worker], child_env(env), log) for env, log in zip(self.envs, self.logs)]
+        self.ended = run_supervised_group(commands, self.timeout_s)
+        failed = self.ended.first_failed
+        return 0 if failed is None else self.ended.codes[failed]
+
+    def failure(self, code: int) -> str:
+        failed = self.ended.first_failed if self.ended else None
+        if failed is None:
+            return f"workers exited without a result: {log_tail(self.logs[0])}"
+        rank, code = self.first_rank + failed, self.ended.codes[failed]
+        signal_note = f" (signal {-code})" if code < 0 else ""
+        return (f"worker {rank} (rank {rank}) exited with code {code}{signal_note} first "
+                f"(this node's: {self.ended.codes}): {log_tail(self.logs[failed])}")

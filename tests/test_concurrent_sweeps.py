@@ -73,12 +73,13 @@ def test_a_port_stays_leased_while_its_holder_lives(tmp_path, monkeypatch):
 @pytest.mark.timeout(240)
 def test_torch_ddp_starts_again_when_its_rendezvous_port_is_taken(tmp_path, data_dir, monkeypatch):
     """A process outside parbench binds the picked port before torchrun does: the run moves to another."""
+    from backends.torch_common import launch as torch_launch
     from backends.torch_ddp import backend as ddp
     from bench import run as bench_run
 
     with socket.create_server(("127.0.0.1", 0)) as stranger:
         picks = iter([stranger.getsockname()[1]])
-        monkeypatch.setattr(ddp, "free_port", lambda: next(picks, None) or launch.free_port())
+        monkeypatch.setattr(torch_launch, "free_port", lambda: next(picks, None) or launch.free_port())
         args = bench_run.build_parser().parse_args([
             "--backend", "torch_ddp", "--workload", "cnn", "--devices", "1", "--steps", "2", "--warmup-steps", "1",
             "--skip-eval", "--data", "real", "--device-kind", "cpu", "--out", str(tmp_path)])

@@ -8,10 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from backends.torch_common.models import build_model
 from backends.torch_common.trainer import CHECKPOINT_EXT, TorchTrainer
-from backends.torch_ddp.backend import first_failure, plan_over, process_group_backend, worker_output_tail
+from backends.torch_common.launch import Torchrun, plan_over, process_group_backend
+from backends.torch_common.torchrun import failure_report
 from common.checkpoints import valid_checkpoints
 from common.config import RunConfig
 from common.data.batches import TrainBatches
@@ -198,37 +200,44 @@ def test_a_sweep_records_a_dead_rank_and_goes_on(tmp_path, data_dir):
     assert len(pd.read_csv(out / "summary.csv")) == 2
 
 
-# What torchrun 2.13 wrote when rank 1 aborted (its report shortened): worker lines, agent lines, report.
-TORCHRUN_LOG = """W1123 10:40:59.185000 4346 torch/distributed/run.py:874] *****************************************
-step 1/10 rank-0 loss 2.3
-terminate called without an active exception
-W1123 10:41:00.413000 4346 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 4351 closing signal
-E1123 10:41:00.446000 4346 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 1
-Traceback (most recent call last):
-  File "/venv/bin/torchrun", line 8, in <module>
-    raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
-======================================================
-Root Cause (first observed failure):
-[0]:
-  rank      : 1 (local_rank: 1)
-  exitcode  : -6 (pid: 4352)  (SIGABRT)
-======================================================
-"""
+def _failed_group(tmp_path: Path, error_file_message: str | None) -> ChildFailedError:
+    """torchrun's own exception for a group whose rank 1 failed first (rank 0 was stopped after it)."""
+    error_file = tmp_path / "error.json"
+    if error_file_message is not None:
+        error_file.write_text(json.dumps({"message": {"message": error_file_message,
+                                                      "extraInfo": {"timestamp": "100"}}}))
+    failures = {0: ProcessFailure(0, 4351, -15, str(tmp_path / "none.json")),
+                1: ProcessFailure(1, 4352, 1 if error_file_message else -6, str(error_file))}
+    failures[0].timestamp, failures[1].timestamp = 200, 100
+    return ChildFailedError("worker", failures)
 
 
-def test_a_failed_run_says_what_the_failing_rank_printed(tmp_path):
-    """The report gives only the signal; the worker's own last words name the cause."""
-    log = tmp_path / "torchrun.log"
-    log.write_text(TORCHRUN_LOG)
-    assert first_failure(log) == ", rank 1 exited with code -6 (signal 6) first"
-    assert worker_output_tail(log) == "step 1/10 rank-0 loss 2.3 | terminate called without an active exception"
-    # A Python exception: torch tags each rank's traceback, and the failing rank's lines are the ones
-    tagged = "[rank1]: ValueError: bad batch\n[rank0]: RuntimeError: Connection closed by peer\n"
-    log.write_text(TORCHRUN_LOG.replace("terminate called without an active exception\n", tagged))
-    assert worker_output_tail(log, "1") == "[rank1]: ValueError: bad batch"
-    log.write_text("no report: torchrun itself failed\n")
-    assert worker_output_tail(log) == ""
+def test_a_failed_run_says_which_rank_failed_first_and_why(tmp_path):
+    """From torchrun's exception and the failing rank's own output, not from torchrun's prose."""
+    launcher = Torchrun(_tiny_config(), 1, tmp_path)
+    rank1 = tmp_path / "ranks" / "run_x" / "attempt_0" / "1"
+    rank1.mkdir(parents=True)
+    (rank1 / "stderr.log").write_text("step 1/10\nterminate called without an active exception\n")
+    launcher.report_path.write_text(json.dumps(failure_report(_failed_group(tmp_path, None))))
+    assert launcher.failure(1) == ("torchrun exited with code 1, rank 1 exited with code -6 (signal 6) first: last "
+                                   "output: step 1/10 | terminate called without an active exception")
+    # A Python exception reaches the error file (errors.record) and is quoted from there.
+    launcher.report_path.write_text(json.dumps(failure_report(_failed_group(tmp_path, "ValueError: bad batch"))))
+    assert launcher.failure(1).startswith("torchrun exited with code 1, rank 1 exited with code 1 first: "
+                                          "ValueError: bad batch | last output: ")
+    # No report: torchrun itself failed before it could write one.
+    launcher.report_path.unlink()
+    assert launcher.failure(2).startswith("torchrun exited with code 2: ")
+    (rank1 / "stderr.log").unlink()
+    launcher.report_path.write_text(json.dumps(failure_report(_failed_group(tmp_path, None))))
+    assert launcher.failure(1).endswith("rank 1 exited with code -6 (signal 6) first (no error file, no output)")
+
+
+def _tiny_config() -> RunConfig:
+    return RunConfig(run_id="r", backend="torch_ddp", workload="cnn", devices=2, device_kind="cpu",
+                     threads_per_device=1, scaling="weak", batch_size=8, per_device_batch=8, grad_accum=1,
+                     data="synthetic", data_dir="", seed=0, total_steps=2, warmup_steps=1, out="")
+
 
 def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):
     """What a sweep's timeout does: SIGTERM to bench.run must take torchrun and its ranks down."""

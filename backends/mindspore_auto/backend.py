@@ -21,7 +21,7 @@ from common.calibration import bare_result, refuse_bare_options
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan
 from common.errors import Unsupported
-from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised
+from common.launch import LOOPBACK, RunFailed, child_env, free_port, launch, log_tail, run_supervised
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 BARE_SCRIPT = Path(__file__).with_name("bare.py")
@@ -168,6 +168,47 @@ def check_msrun_python(env: dict[str, str]) -> None:
                           f"run's {sys.executable}: run from a virtual environment (its bin/ has `python`)")
 
 
+class MSRun:
+    """msrun, one process per device (common.launch.Launcher). The harness watches the workers itself: msrun
+    would wait out its scheduler's node timeout for a dead one, and puts them out of reach of a group kill."""
+
+    def __init__(self, cfg: RunConfig, plan: DevicePlan, workdir: Path):
+        self.cfg, self.plan, self.workdir = cfg, plan, workdir
+        self.log_dir, self.pid_dir, self.log = workdir / "msrun", workdir / "worker-pids", workdir / MSRUN_LOG
+        self.cause: str | None = None
+
+    def worker_logs(self) -> str:
+        return msrun_log_tails(self.log_dir)
+
+    def start(self, worker: list[str]) -> int:
+        cfg = self.cfg
+        cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", *msrun_nodes(cfg), f"--log_dir={self.log_dir}",
+               "--join=True", f"--cluster_time_out={int(cfg.collective_timeout_s)}", *worker]
+        timeout = str(int(cfg.collective_timeout_s))
+        env = {"OMP_NUM_THREADS": str(max(1, self.plan.threads_per_device)),
+               "GLOG_v": "2",  # warnings and errors: INFO would bury a failure's cause in the logs
+               # A dead peer must end the run: without these the scheduler waits for lost nodes
+               # and the CPU collectives for their peers far longer than --collective-timeout.
+               "MS_NODE_TIMEOUT": timeout, "MS_CPU_COMM_OP_TIMEOUT": timeout, PID_DIR_ENV: str(self.pid_dir)}
+        if caps_conv_isa(cfg, self.plan):
+            env["ONEDNN_MAX_CPU_ISA"] = CPU_CONV_ISA_CAP
+        env = child_env(env)
+        check_msrun_python(env)
+        try:
+            return run_supervised(cmd, env, self.log, cfg.timeout_s, health=lambda: dead_worker(self.pid_dir, self.log))
+        except RunFailed as exc:
+            raise RunFailed(f"{exc}; {self.worker_logs()}") from None
+        finally:
+            self.cause = dead_worker(self.pid_dir, self.log)  # before the leftovers are killed below
+            kill_leftover_workers(self.pid_dir, self.workdir / "config.json")
+
+    def failure(self, code: int) -> str:
+        if code == 0:
+            return f"msrun exited without a result: {self.worker_logs()}"
+        because = f", {self.cause}" if self.cause else ""
+        return f"msrun exited with code {code}{because}: {self.worker_logs()}"
+
+
 class MindSporeAuto(Backend):
     name = "mindspore_auto"
     framework = "mindspore"
@@ -203,52 +244,19 @@ class MindSporeAuto(Backend):
             raise Unsupported("--sync-bn: mindspore_auto keeps BatchNorm statistics per rank")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
-        result_path = workdir / "result.json"
-        self.msrun(cfg, plan, workdir, WORKER_SCRIPT, result_path)
-        if not result_path.is_file():
-            raise RunFailed(f"msrun exited without a result: {msrun_log_tails(workdir / 'msrun')}")
-        return json.loads(result_path.read_text())
+        return launch(cfg, workdir, [str(WORKER_SCRIPT)], MSRun(cfg, plan, workdir))
 
     def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         refuse_bare_options(cfg, self.name)
-        result_path = workdir / "bare.json"
-        self.msrun(cfg, plan, workdir, BARE_SCRIPT, result_path)
-        ranks = [json.loads(p.read_text()) for p in sorted(workdir.glob("bare.json.rank*.json"))]
-        if len(ranks) != cfg.devices:
-            raise RunFailed(f"{len(ranks)} of {cfg.devices} bare ranks left a result: "
-                            f"{msrun_log_tails(workdir / 'msrun')}")
-        return bare_result(ranks, cfg.global_batch, ranks[0]["idiom"])
+        msrun = MSRun(cfg, plan, workdir)
 
-    def msrun(self, cfg: RunConfig, plan: DevicePlan, workdir: Path, script: Path, result_path: Path) -> None:
-        """Run `script CONFIG RESULT` under msrun, one process per device; RunFailed unless all went well."""
-        config_path = workdir / "config.json"
-        log_dir, pid_dir = workdir / "msrun", workdir / "worker-pids"
-        cfg.save(config_path)
-        cmd = [sys.executable, "-m", "mindspore.parallel.cluster.run", *msrun_nodes(cfg), f"--log_dir={log_dir}",
-               "--join=True", f"--cluster_time_out={int(cfg.collective_timeout_s)}",
-               str(script), str(config_path), str(result_path)]
-        timeout = str(int(cfg.collective_timeout_s))
-        env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)),
-               "GLOG_v": "2",  # warnings and errors: INFO would bury a failure's cause in the logs
-               # A dead peer must end the run: without these the scheduler waits for lost nodes
-               # and the CPU collectives for their peers far longer than --collective-timeout.
-               "MS_NODE_TIMEOUT": timeout, "MS_CPU_COMM_OP_TIMEOUT": timeout}
-        env[PID_DIR_ENV] = str(pid_dir)
-        if caps_conv_isa(cfg, plan):
-            env["ONEDNN_MAX_CPU_ISA"] = CPU_CONV_ISA_CAP
-        env = child_env(env)
-        check_msrun_python(env)
-        try:
-            rc = run_supervised(cmd, env, workdir / MSRUN_LOG, cfg.timeout_s,
-                                health=lambda: dead_worker(pid_dir, workdir / MSRUN_LOG))
-        except RunFailed as exc:
-            raise RunFailed(f"{exc}; {msrun_log_tails(log_dir)}") from None
-        finally:
-            cause = dead_worker(pid_dir, workdir / MSRUN_LOG)  # before the leftovers are killed below
-            kill_leftover_workers(pid_dir, config_path)
-        if rc != 0:
-            because = f", {cause}" if cause else ""
-            raise RunFailed(f"msrun exited with code {rc}{because}: {msrun_log_tails(log_dir)}")
+        def every_rank(result_path: Path) -> dict:  # each rank times its own loop and writes RESULT.rank<R>.json
+            ranks = [json.loads(p.read_text()) for p in sorted(workdir.glob(f"{result_path.name}.rank*.json"))]
+            if len(ranks) != cfg.devices:
+                raise RunFailed(f"{len(ranks)} of {cfg.devices} bare ranks left a result: {msrun.worker_logs()}")
+            return bare_result(ranks, cfg.global_batch, ranks[0]["idiom"])
+
+        return launch(cfg, workdir, [str(BARE_SCRIPT)], msrun, "bare.json", read=every_rank)
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         p = self.layout(cfg)

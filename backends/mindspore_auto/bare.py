@@ -20,6 +20,7 @@ from mindspore.experimental.optim import AdamW
 from backends.mindspore_auto.models import INPUT_COLUMNS, build_loss_net
 from backends.mindspore_auto.worker import mark_finished, start_worker
 from common.calibration import BareClock, rank_steps
+from common.config import RunConfig
 from common.initial_weights import run_initial_weights
 from common.results import write_json_atomic
 
@@ -67,7 +68,7 @@ class StepClock(ms.train.Callback):
 
 
 def main(config_path: str, result_path: str) -> None:
-    cfg, pcfg, rank, processes = start_worker(config_path)
+    cfg, pcfg, rank, processes = start_worker(RunConfig.load(Path(config_path)))
     columns = INPUT_COLUMNS[cfg.workload]
     steps = rank_steps(cfg, rank, processes)
     if cfg.workload == "cnn":

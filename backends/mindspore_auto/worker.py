@@ -16,12 +16,10 @@ from backends.mindspore_auto.data import DatasetBatches
 from backends.mindspore_auto.models import build_loss_net, param_count
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
 from backends.mindspore_auto.trainer import MindSporeTrainer, float16_matmuls
+from common import worker
 from common.config import RunConfig
-from common.data.batches import TrainBatches, eval_batches
-from common.data.datasets import TRAIN_SPLIT, load_split
-from common.initial_weights import run_initial_weights
-from common.loop import EVAL_BATCH, run_loop
-from common.results import write_json_atomic
+from common.data.batches import eval_batches
+from common.loop import EVAL_BATCH
 
 DEVICE_TARGETS = {"cpu": "CPU", "cuda": "GPU", "ascend": "Ascend"}
 PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.ParallelMode.SEMI_AUTO_PARALLEL,
@@ -69,11 +67,10 @@ def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
     )
 
 
-def start_worker(config_path: str) -> tuple[RunConfig, ParallelConfig, int, int]:
+def start_worker(cfg: RunConfig) -> tuple[RunConfig, ParallelConfig, int, int]:
     """One msrun worker joined to its group, graph mode on the run's device and threads, the parallel
     context set: (config, parallel config, rank, processes). The suite's worker and the bare loop share it."""
     register_pid()
-    cfg = RunConfig.load(Path(config_path))
     pcfg = parallel_config_from(cfg.backend_options, cfg.devices)
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device(DEVICE_TARGETS[cfg.device_kind])
@@ -86,29 +83,33 @@ def start_worker(config_path: str) -> tuple[RunConfig, ParallelConfig, int, int]
     return cfg, pcfg, rank, processes
 
 
-def main(config_path: str, result_path: str) -> None:
-    cfg, pcfg, rank, processes = start_worker(config_path)
+class MindSporeWorker(worker.Worker):
+    def start(self, cfg: RunConfig) -> worker.Process:
+        _, self.pcfg, rank, processes = start_worker(cfg)
+        keeps = rank % cfg.devices_per_node == 0  # msrun numbers ranks node by node
+        if self.pcfg.mode == "data":  # this rank's shard of each micro-batch
+            return worker.data_parallel_process(cfg, rank, processes, 0 if keeps else 1)
+        # semi_auto/auto: every process loads all of it (full_batch) and the compiler splits it.
+        return worker.Process(rank, processes, keeps_result=keeps, replica=0, replicas=1,
+                              samples=cfg.global_batch // cfg.grad_accum)
 
-    data_dir = Path(cfg.data_dir)
-    split = load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed)
-    eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
-    loss_net = build_loss_net(cfg.workload, cfg.spec, pcfg, run_initial_weights(cfg))
-    if cfg.precision == "fp16":
-        loss_net = float16_matmuls(loss_net, Path(config_path).parent / f"amp-rank{rank}")
-    trainer = MindSporeTrainer(loss_net, cfg, pcfg, rank, processes)
-    # DATA_PARALLEL: this rank's shard of each micro-batch; otherwise all of it, on every process.
-    per_rank = cfg.per_device_batch if pcfg.mode == "data" else cfg.global_batch // cfg.grad_accum
-    train = TrainBatches(split, cfg.spec, cfg.seed, per_rank, trainer.world, trainer.rank, cfg.grad_accum)
-    first_eval = next(eval_batches(eval_data, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH))
-    compile_s = trainer.compile(train.get(0), first_eval)
+    def trainer(self, cfg, process, data, weights):
+        loss_net = build_loss_net(cfg.workload, cfg.spec, self.pcfg, weights)
+        if cfg.precision == "fp16":
+            loss_net = float16_matmuls(loss_net, self.workdir / f"amp-rank{process.rank}")
+        trainer = MindSporeTrainer(loss_net, cfg, self.pcfg, process.rank, process.processes)
+        first_eval = next(eval_batches(data.eval, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH))
+        self.compile_s = trainer.compile(data.train.get(0), first_eval)
+        self.trainable = param_count(loss_net)
+        return trainer, DatasetBatches(data.train, cfg.feed_steps)
 
-    outcome = run_loop(trainer, cfg, DatasetBatches(train, cfg.feed_steps), eval_data)
-    if rank % cfg.devices_per_node == 0:  # msrun numbers ranks node by node; each node's first keeps it
-        outcome["backend_metrics"] = {**(outcome["backend_metrics"] or {}), **compile_s, "parallel": pcfg.as_dict(),
-                                      "processes": processes, "trainable_params": param_count(loss_net)}
-        write_json_atomic(Path(result_path), outcome)
-    mark_finished()
+    def metrics(self, process: worker.Process) -> dict:
+        return {**self.compile_s, "parallel": self.pcfg.as_dict(), "processes": process.processes,
+                "trainable_params": self.trainable}
+
+    def finish(self, process):
+        mark_finished()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    sys.exit(worker.main(MindSporeWorker()))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from common.calibration import refuse_bare_options
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
-from common.launch import LOOPBACK, RunFailed, child_env, free_port, log_tail, run_supervised, run_supervised_group
+from common.launch import LOOPBACK, Launcher, OneProcess, ProcessGroup, RunFailed, free_port, launch
 from common.nodes import address_towards, exchange
 
 WORKER = "backends.tf_mirrored.worker"
@@ -63,31 +62,27 @@ class TFMirrored(Backend):
             raise Unsupported(f"--compile {cfg.compile} is a torch.compile mode; XLA (jit_compile) has no modes")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
-        return self._run(cfg, plan, workdir, WORKER)
+        return launch(cfg, workdir, ["-m", WORKER], self._launcher(cfg, plan, workdir))
 
     def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         if mode_of(cfg) != "mirrored":
             raise Unsupported("the bare Keras loop runs MirroredStrategy in one process (--tf-mode mirrored)")
         refuse_bare_options(cfg, self.name)
-        return self._run(cfg, plan, workdir, "backends.tf_mirrored.bare")
+        return launch(cfg, workdir, ["-m", "backends.tf_mirrored.bare"], self._launcher(cfg, plan, workdir))
 
-    def _run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path, module: str) -> dict:
-        config_path, result_path = workdir / "config.json", workdir / "result.json"
-        cfg.save(config_path)
-        cmd = [sys.executable, "-m", module, str(config_path), str(result_path)]
+    def _launcher(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> Launcher:
         if mode_of(cfg) == "mirrored":
             # One process drives every device: its pools get the cores of all of them.
             env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device * cfg.devices))}
-            log = workdir / "worker.log"
-            rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
-            if rc != 0 or not result_path.is_file():
-                raise RunFailed(f"worker exited with code {rc}: {log_tail(log)}")
-        else:
-            self._run_workers(cmd, cfg, workdir, {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device))})
-            if not result_path.is_file():
-                first_log = workdir / f"worker-{cfg.first_rank_on_node}.log"
-                raise RunFailed(f"workers exited without a result: {log_tail(first_log)}")
-        return json.loads(result_path.read_text())
+            return OneProcess(env, workdir / "worker.log", cfg.timeout_s)
+        # One process per device; this node's workers are indices node_rank x per-node onwards, and the
+        # worker index is the rank: TF_CONFIG's task index orders the replicas.
+        cluster = {"worker": self._cluster(cfg)}
+        ranks = range(cfg.first_rank_on_node, cfg.first_rank_on_node + cfg.devices_per_node)
+        envs = [{"OMP_NUM_THREADS": str(max(1, plan.threads_per_device)),
+                 "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": rank}})}
+                for rank in ranks]
+        return ProcessGroup(envs, [workdir / f"worker-{rank}.log" for rank in ranks], ranks[0], cfg.timeout_s)
 
     @staticmethod
     def _cluster(cfg: RunConfig) -> list[str]:
@@ -103,24 +98,6 @@ class TFMirrored(Backend):
         except (TimeoutError, OSError, ValueError) as exc:
             raise RunFailed(f"TF_CONFIG exchange failed: {exc}") from None
         return [f"{node['address']}:{port}" for node in nodes for port in node["ports"]]
-
-    @classmethod
-    def _run_workers(cls, cmd: list[str], cfg: RunConfig, workdir: Path, env: dict[str, str]) -> None:
-        """One process per device; this node's workers are indices node_rank x per-node onwards."""
-        cluster = {"worker": cls._cluster(cfg)}
-        first = cfg.first_rank_on_node
-        commands = []
-        for index in range(first, first + cfg.devices_per_node):
-            tf_config = json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
-            commands.append((cmd, child_env({**env, "TF_CONFIG": tf_config}), workdir / f"worker-{index}.log"))
-        ended = run_supervised_group(commands, cfg.timeout_s)
-        failed = ended.first_failed
-        if failed is not None:
-            code, worker = ended.codes[failed], first + failed
-            signal_note = f" (signal {-code})" if code < 0 else ""
-            # The worker index is the rank: TF_CONFIG's task index orders the replicas.
-            raise RunFailed(f"worker {worker} (rank {worker}) exited with code {code}{signal_note} first "
-                            f"(this node's: {ended.codes}): {log_tail(workdir / f'worker-{worker}.log')}")
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         mode = mode_of(cfg)

@@ -16,11 +16,10 @@ import numpy as np
 import tensorflow as tf
 
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
-from backends.tf_mirrored.devices import configure_devices, physical_gpus
 from backends.tf_mirrored.models import build_model
 from backends.tf_mirrored.optimizer import TorchAdamW
-from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy
 from backends.tf_mirrored.weights import load_initial_weights
+from backends.tf_mirrored.worker import KerasWorker
 from common.calibration import BareClock, bare_result, rank_steps
 from common.config import RunConfig
 from common.initial_weights import run_initial_weights
@@ -53,10 +52,9 @@ def split_inputs(batch: dict):
 
 def main(config_path: str, result_path: str) -> None:
     cfg = RunConfig.load(Path(config_path))
-    gpus = len(physical_gpus()) if cfg.device_kind == "cuda" else 0
-    devices = configure_devices(cfg.device_kind, cfg.devices, cfg.devices * cfg.threads_per_device, cfg.devices)
-    strategy = build_strategy("mirrored", devices, all_reduce_implementation(cfg.device_kind, cfg.devices, gpus),
-                              cfg.collective_timeout_s)
+    suite = KerasWorker()
+    suite.start(cfg)  # the suite's own start: the same logical devices, threads and strategy
+    strategy = suite.strategy
     steps = rank_steps(cfg, 0, 1, cfg.devices)
     columns = {k: np.concatenate([s[k] for s in steps]) for k in steps[0]}
     dataset = (tf.data.Dataset.from_tensor_slices(columns).batch(cfg.global_batch, drop_remainder=True)
@@ -69,7 +67,8 @@ def main(config_path: str, result_path: str) -> None:
                                            beta_2=o.beta2, epsilon=o.eps),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     clock = BareClock(cfg.warmup_steps)
-    model.fit(dataset, epochs=1, steps_per_epoch=cfg.total_steps, callbacks=[StepClock(clock, gpus > 0)], verbose=0)
+    gpu = cfg.device_kind == "cuda"
+    model.fit(dataset, epochs=1, steps_per_epoch=cfg.total_steps, callbacks=[StepClock(clock, gpu)], verbose=0)
     write_json_atomic(Path(result_path), bare_result([clock.result()], cfg.global_batch, IDIOM))
 
 

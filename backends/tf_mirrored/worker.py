@@ -19,12 +19,8 @@ from backends.tf_mirrored.models import build_model, trainable_param_count
 from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy, mode_of
 from backends.tf_mirrored.trainer import KerasTrainer
 from backends.tf_mirrored.weights import load_initial_weights
+from common import worker
 from common.config import RunConfig
-from common.data.batches import TrainBatches
-from common.data.datasets import TRAIN_SPLIT, load_split
-from common.initial_weights import run_initial_weights
-from common.loop import run_loop
-from common.results import write_json_atomic
 
 # Keras' mixed policies: float16/bfloat16 compute, float32 variables. fp16 adds loss scaling (trainer).
 MIXED_POLICIES = {"amp": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -49,49 +45,42 @@ def write_tensorboard(log_dir: Path, outcome: dict) -> None:
             tf.summary.scalar("eval/loss", point["loss"], step=point["step"])
 
 
-def main(config_path: str, result_path: str) -> None:
-    cfg = RunConfig.load(Path(config_path))
-    mode = mode_of(cfg)
-    rank, world = _cluster_position(mode)
-    local = cfg.devices // world
-    intra_op = local * cfg.threads_per_device  # the cores of every device this process drives
+class KerasWorker(worker.Worker):
+    """`mirrored`: the only process, N logical devices. `multi_worker`: one of N processes, one device each."""
 
-    gpus_present = len(physical_gpus()) if cfg.device_kind == "cuda" else 0
-    devices = configure_devices(cfg.device_kind, local, intra_op, cfg.devices, first_device=rank * local)
-    implementation = all_reduce_implementation(cfg.device_kind, cfg.devices, gpus_present)
-    strategy = build_strategy(mode, devices, implementation, cfg.collective_timeout_s)
+    def start(self, cfg: RunConfig) -> worker.Process:
+        self.mode = mode_of(cfg)
+        rank, world = _cluster_position(self.mode)
+        local = cfg.devices // world
+        intra_op = local * cfg.threads_per_device  # the cores of every device this process drives
+        gpus_present = len(physical_gpus()) if cfg.device_kind == "cuda" else 0
+        devices = configure_devices(cfg.device_kind, local, intra_op, cfg.devices, first_device=rank * local)
+        self.implementation = all_reduce_implementation(cfg.device_kind, cfg.devices, gpus_present)
+        self.strategy = build_strategy(self.mode, devices, self.implementation, cfg.collective_timeout_s)
+        if cfg.precision in MIXED_POLICIES:
+            keras.config.set_dtype_policy(MIXED_POLICIES[cfg.precision])
+        local_rank = rank % (world // cfg.nnodes)
+        return worker.data_parallel_process(cfg, rank, world, local_rank, local_devices=local)
 
-    if cfg.precision in MIXED_POLICIES:
-        keras.config.set_dtype_policy(MIXED_POLICIES[cfg.precision])
-    data_dir = Path(cfg.data_dir)
-    train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
-                         cfg.spec, cfg.seed, cfg.per_device_batch * local, world, rank, cfg.grad_accum, local)
-    eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
-    keras.utils.set_random_seed(cfg.seed)
-    with strategy.scope():
-        model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
-        load_initial_weights(model, cfg.spec, run_initial_weights(cfg))
-    trainer = KerasTrainer(strategy, model, cfg, cfg.device_kind, rank, world)
-    feed = ReplicaBatches(train, strategy, local, cfg.feed_steps)
-    try:
-        outcome = run_loop(trainer, cfg, feed, eval_data)
-    finally:
-        feed.close()
-    if rank % (world // cfg.nnodes):  # every worker holds the aggregate; each node's first one keeps it
-        return
-    outcome["backend_metrics"] = {
-        **(outcome["backend_metrics"] or {}), "tf_mode": mode, "replicas_in_sync": strategy.num_replicas_in_sync,
-        "processes": world, "logical_devices": list(strategy.extended.worker_devices),
-        "all_reduce": f"CollectiveAllReduce ({implementation})",
-        "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
-        "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "TensorFlow default",
-        # Trainable = the spec's count; total adds BatchNorm's moving statistics (cnn).
-        "trainable_params": trainable_param_count(model), "params_total": model.count_params(),
-    }
-    if cfg.tensorboard_dir:
-        write_tensorboard(Path(cfg.tensorboard_dir), outcome)
-    write_json_atomic(Path(result_path), outcome)
+    def trainer(self, cfg, process, data, weights):
+        keras.utils.set_random_seed(cfg.seed)
+        with self.strategy.scope():
+            self.model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
+            load_initial_weights(self.model, cfg.spec, weights)
+        trainer = KerasTrainer(self.strategy, self.model, cfg, cfg.device_kind, process.rank, process.processes)
+        return trainer, ReplicaBatches(data.train, self.strategy, process.local_devices, cfg.feed_steps)
+
+    def metrics(self, process: worker.Process) -> dict:
+        return {
+            "tf_mode": self.mode, "replicas_in_sync": self.strategy.num_replicas_in_sync,
+            "processes": process.processes, "logical_devices": list(self.strategy.extended.worker_devices),
+            "all_reduce": f"CollectiveAllReduce ({self.implementation})",
+            "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "TensorFlow default",
+            # Trainable = the spec's count; total adds BatchNorm's moving statistics (cnn).
+            "trainable_params": trainable_param_count(self.model), "params_total": self.model.count_params(),
+        }
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    sys.exit(worker.main(KerasWorker()))

@@ -1,19 +1,19 @@
 """PyTorch's native layouts: FSDP2 x DTensor tensor parallel x torch.distributed.pipelining on a DeviceMesh.
 
 One process per device, launched, rendezvoused, supervised and reported exactly as torch_ddp's
-(it is torch_ddp's launch with another worker)."""
+(backends.torch_common's torchrun launch, with its own worker)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from backends.base import refuse_mindspore_mode
-from backends.torch_ddp.backend import TorchDDP
+from backends.torch_common.backend import TorchrunBackend
 from common.config import RunConfig
 from common.devices import DevicePlan
 from common.errors import Unsupported
 
 
-class Torch3D(TorchDDP):
+class Torch3D(TorchrunBackend):
     name = "torch_3d"
     strategy = "DeviceMesh layout (FSDP2 x DTensor TP x pipelining)"
     worker_module = "backends.torch_3d.worker"

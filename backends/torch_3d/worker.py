@@ -3,23 +3,19 @@ from __future__ import annotations
 
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from backends.torch_3d.parallelize import build_mesh, parallelize
 from backends.torch_3d.stages import FIRST_INPUT, stage_module
 from backends.torch_3d.trainer import LayoutTrainer, Placement
+from backends.torch_common import process_group
 from backends.torch_common.models import param_count
 from backends.torch_common.weights import initialised_model
-from backends.torch_ddp.worker import start_process_group
+from common import worker
 from common.config import RunConfig
-from common.data.batches import TrainBatches
-from common.data.datasets import TRAIN_SPLIT, load_split
-from common.initial_weights import run_initial_weights
-from common.loop import run_loop
-from common.results import write_json_atomic
 
 
 def tie_group(where: Placement, timeout) -> dist.ProcessGroup | None:
@@ -37,34 +33,33 @@ def tie_group(where: Placement, timeout) -> dist.ProcessGroup | None:
     return mine
 
 
-def main(config_path: str, result_path: str) -> None:
-    cfg, rank, world, local_rank, device = start_process_group(RunConfig.load(Path(config_path)))
-    layout = cfg.layout
-    stage = None
-    try:
-        backend = dist.get_backend()
-        mesh = build_mesh(layout, device.type, backend, cfg.collective_timeout_s)
-        where = Placement(layout, mesh, layout.coordinates(rank), FIRST_INPUT[cfg.workload])
-        where.tie_group = tie_group(where, timedelta(seconds=cfg.collective_timeout_s))
-        data_dir = Path(cfg.data_dir)
+class LayoutWorker(worker.Worker):
+    def start(self, cfg: RunConfig) -> worker.Process:
+        me = process_group.join_process_group(cfg)
+        layout = cfg.layout
+        mesh = build_mesh(layout, me.device.type, dist.get_backend(), cfg.collective_timeout_s)
+        self.where = Placement(layout, mesh, layout.coordinates(me.rank), FIRST_INPUT[cfg.workload])
+        self.where.tie_group = tie_group(self.where, timedelta(seconds=cfg.collective_timeout_s))
         # Every rank of one data-parallel replica (its tensor and pipeline ranks) is dealt the same samples.
-        train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
-                             cfg.spec, cfg.seed, cfg.per_device_batch, layout.dp, where.coords["dp"],
-                             cfg.accumulation)
-        eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
+        return worker.Process(me.rank, me.world, keeps_result=me.local_rank == 0, replica=self.where.coords["dp"],
+                              replicas=layout.dp, samples=cfg.per_device_batch, device=me.device)
+
+    def trainer(self, cfg, process, data, weights):
         torch.manual_seed(cfg.seed)
-        model = initialised_model(cfg.workload, cfg.spec, run_initial_weights(cfg)).to(device)
+        model = initialised_model(cfg.workload, cfg.spec, weights).to(process.device)
         trainable = param_count(model)
-        stage = parallelize(stage_module(cfg.workload, model, layout, where.coords["pp"]), layout, mesh)
-        trainer = LayoutTrainer(stage, cfg, device, rank, world, where, trainable)
-        outcome = run_loop(trainer, cfg, train, eval_data)
-        if local_rank == 0:  # every rank holds the aggregate; each node's first process keeps it
-            write_json_atomic(Path(result_path), outcome)
-        dist.barrier()  # finish together: gloo aborts a process whose peer tears down mid-work
-    finally:
-        del stage
-        dist.destroy_process_group()
+        stage = parallelize(stage_module(cfg.workload, model, cfg.layout, self.where.coords["pp"]), cfg.layout,
+                            self.where.mesh)
+        return LayoutTrainer(stage, cfg, process.device, process.rank, process.processes, self.where,
+                             trainable), data.train
+
+    def finish(self, process):
+        process_group.finish_together()
+
+    def stop(self, process):
+        process_group.leave_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    # record: a Python exception reaches torchrun's error file, and from there the run's failure report.
+    sys.exit(record(worker.main)(LayoutWorker()))

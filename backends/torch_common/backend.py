@@ -1,9 +1,15 @@
-"""What both torch backends say about themselves."""
+"""What the torch backends say about themselves, and how the one-process-per-device ones start."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from backends.base import Backend
+from backends.torch_common.launch import Torchrun, torch_device_plan
+from common.config import RunConfig
+from common.devices import DevicePlan
+from common.launch import launch
 
 
 class TorchBackend(Backend):
@@ -23,3 +29,24 @@ class TorchBackend(Backend):
             notes.append("--precision fp16: float16 autocast with torch.amp.GradScaler (dynamic loss scale from 2^16, "
                          "halved and the step skipped on overflow: backend_metrics.loss_scale_skipped_steps)")
         return notes
+
+
+class TorchrunBackend(TorchBackend):
+    """One process per device under torchrun (torch_ddp, torch_3d): its rendezvous, timeouts, restarts and
+    failure report; a backend names the module each rank runs."""
+    worker_module: str
+    bare_module: str | None = None
+
+    def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
+        return torch_device_plan(count, kind, threads_per_device)
+
+    def spans_hosts(self, cfg: RunConfig) -> bool:
+        return True
+
+    def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        return launch(cfg, workdir, ["-m", self.worker_module], Torchrun(cfg, plan.threads_per_device, workdir))
+
+    def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        if self.bare_module is None:
+            return super().run_bare(cfg, plan, workdir)
+        return launch(cfg, workdir, ["-m", self.bare_module], Torchrun(cfg, plan.threads_per_device, workdir))

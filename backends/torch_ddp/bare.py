@@ -4,16 +4,14 @@
 """
 from __future__ import annotations
 
-import os
 import sys
-from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from backends.torch_common import bare
+from backends.torch_common import bare, process_group
 from backends.torch_common.weights import initialised_model
 from common.calibration import bare_result, rank_steps
 from common.config import RunConfig
@@ -25,27 +23,21 @@ IDIOM = "bare DDP loop under torchrun (gloo on CPU, nccl on CUDA), tensors prepa
 
 def main(config_path: str, result_path: str) -> None:
     cfg = RunConfig.load(Path(config_path))
-    rank, world, local = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
-    cuda = cfg.device_kind == "cuda"
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(cfg.threads_per_device)
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=cfg.collective_timeout_s))
+    me = process_group.join_process_group(cfg)  # the suite's own rank start: device, threads, group, timeout
+    rank, world, device = me.rank, me.world, me.device
     try:
         core = initialised_model(cfg.workload, cfg.spec, run_initial_weights(cfg)).to(device)
-        model = DistributedDataParallel(core, device_ids=[local] if cuda else None)
+        model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
         batches = bare.as_tensors(rank_steps(cfg, rank, world), device)
         ranks: list = [None] * world
         dist.all_gather_object(ranks, bare.train(model, model.parameters(), batches, cfg, device))
         if rank == 0:
             write_json_atomic(Path(result_path), bare_result(ranks, cfg.global_batch, IDIOM))
-        dist.barrier()
         del model
+        process_group.finish_together()
     finally:
-        dist.destroy_process_group()
+        process_group.leave_process_group()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    record(main)(*sys.argv[1:3])

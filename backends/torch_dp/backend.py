@@ -2,22 +2,16 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import sys
 from pathlib import Path
 
 from backends.base import refuse_non_data_parallel
 from backends.torch_common.backend import TorchBackend
-from backends.torch_ddp.backend import cuda_device_names, plan_over
+from backends.torch_common.launch import cuda_device_names, plan_over
 from backends.torch_dp.timed import HOW
 from common.config import RunConfig
 from common.devices import DevicePlan
 from common.errors import Unsupported
-from common.launch import RunFailed, child_env, log_tail, run_supervised
-
-# The worker exits with this code, and writes the reason to unsupported.txt, when DataParallel
-# refuses the configuration at run time (the repeated-device probe on a single GPU).
-EXIT_UNSUPPORTED = 3
+from common.launch import OneProcess, launch
 
 
 def data_parallel_plan(count: int, kind: str, threads_per_device: int, gpu_names: list[str]) -> DevicePlan:
@@ -50,33 +44,21 @@ class TorchDP(TorchBackend):
                               "parallel_apply, and a compiled module does not replicate; compile runs on 1 device")
 
     def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
-        config_path, result_path = workdir / "config.json", workdir / "result.json"
-        cfg.save(config_path)
-        cmd = [sys.executable, "-m", "backends.torch_dp.bare", str(config_path), str(result_path)]
-        log = workdir / "bare.log"
-        rc = run_supervised(cmd, child_env({"OMP_NUM_THREADS": str(max(1, plan.threads_per_device))}), log,
-                            cfg.timeout_s)
-        if rc != 0 or not result_path.is_file():
-            raise RunFailed(f"bare torch loop exited with code {rc}: {log_tail(log)}")
-        return json.loads(result_path.read_text())
+        return launch(cfg, workdir, ["-m", "backends.torch_dp.bare"],
+                      OneProcess(self._env(plan), workdir / "bare.log", cfg.timeout_s, "bare torch loop"))
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
-        config_path, result_path = workdir / "config.json", workdir / "result.json"
-        cfg.save(config_path)
-        cmd = [sys.executable, "-m", "backends.torch_dp.worker", str(config_path), str(result_path)]
-        log = workdir / "worker.log"
-        env = {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device))}
-        rc = run_supervised(cmd, child_env(env), log, cfg.timeout_s)
-        if rc == EXIT_UNSUPPORTED and (workdir / "unsupported.txt").is_file():
-            raise Unsupported((workdir / "unsupported.txt").read_text().strip())
-        if rc != 0 or not result_path.is_file():
-            raise RunFailed(f"DataParallel worker exited with code {rc}: {log_tail(log)}")
-        outcome = json.loads(result_path.read_text())
+        outcome = launch(cfg, workdir, ["-m", "backends.torch_dp.worker"],
+                         OneProcess(self._env(plan), workdir / "worker.log", cfg.timeout_s, "DataParallel worker"))
         phases = (outcome.get("backend_metrics") or {}).get("phase_s_per_step")
         step = (outcome.get("step_time_s") or {}).get("mean")
         if phases and step:
             outcome["backend_metrics"]["phase_share_of_step"] = {k: v / step for k, v in phases.items()}
         return outcome
+
+    @staticmethod
+    def _env(plan: DevicePlan) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(max(1, plan.threads_per_device))}
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         notes = self.precision_notes(cfg)

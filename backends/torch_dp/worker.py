@@ -2,20 +2,15 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
 from backends.torch_common.trainer import TorchTrainer, compile_options, loss_and_correct
 from backends.torch_common.weights import initialised_model
-from backends.torch_dp.backend import EXIT_UNSUPPORTED
 from backends.torch_dp.timed import HOW, TimedDataParallel
+from common import worker
 from common.config import RunConfig
-from common.data.batches import TrainBatches
-from common.data.datasets import TRAIN_SPLIT, load_split
-from common.initial_weights import run_initial_weights
-from common.loop import run_loop
-from common.results import write_json_atomic
+from common.errors import Unsupported
 
 PROBE_RTOL = 1e-4
 
@@ -73,45 +68,42 @@ def wrap(core: torch.nn.Module, cfg: RunConfig) -> tuple[torch.nn.Module, list[i
     return TimedDataParallel(core, device_ids=device_ids, output_device=device_ids[0]), device_ids
 
 
-def main(config_path: str, result_path: str) -> int:
-    cfg = RunConfig.load(Path(config_path))
-    device = start_device(cfg)
-    data_dir = Path(cfg.data_dir)
-    # One process sees the whole global batch; DataParallel's scatter cuts micro-batch rows into
-    # contiguous chunks, chunk r being what rank r gets from TrainBatches in the other backends.
-    train = TrainBatches(load_split(cfg.workload, TRAIN_SPLIT, cfg.data, data_dir, cfg.spec, cfg.seed),
-                         cfg.spec, cfg.seed, cfg.per_device_batch * cfg.devices, 1, 0, cfg.grad_accum,
-                         cfg.devices)
-    eval_data = load_split(cfg.workload, cfg.eval_split, cfg.data, data_dir, cfg.spec, cfg.seed)
-    torch.manual_seed(cfg.seed)
-    core = initialised_model(cfg.workload, cfg.spec, run_initial_weights(cfg)).to(device)
-    model, device_ids = wrap(core, cfg)
-    if cfg.compile:  # one device only (the backend refuses more): DataParallel then calls the module itself
-        core.compile(**compile_options(cfg.compile))
+class DataParallelWorker(worker.Worker):
+    def start(self, cfg: RunConfig) -> worker.Process:
+        # One process sees the whole global batch; DataParallel's scatter cuts micro-batch rows into
+        # contiguous chunks, chunk r being what rank r gets from TrainBatches in the other backends.
+        return worker.Process(0, 1, keeps_result=True, replica=0, replicas=1,
+                              samples=cfg.per_device_batch * cfg.devices, local_devices=cfg.devices,
+                              device=start_device(cfg))
 
-    def metrics() -> dict:
-        per_device = [int(torch.cuda.max_memory_allocated(d)) for d in dict.fromkeys(device_ids)]
-        timed = isinstance(model, TimedDataParallel)
-        return {
-            "device_ids": device_ids,
-            "phase_s_per_step": model.phase_means(cfg.warmup_steps * cfg.grad_accum, cfg.grad_accum) if timed else None,
-            "phase_timing": HOW if timed else None,
-            "peak_memory_per_device": per_device,
-            # Outputs and the loss live on the first device: its excess is DataParallel's imbalance.
-            "memory_imbalance": max(per_device) / max(1, min(per_device)) if per_device else None,
-        }
+    def trainer(self, cfg, process, data, weights):
+        torch.manual_seed(cfg.seed)
+        core = initialised_model(cfg.workload, cfg.spec, weights).to(process.device)
+        model, device_ids = wrap(core, cfg)
+        if cfg.compile:  # one device only (the backend refuses more): DataParallel then calls the module itself
+            core.compile(**compile_options(cfg.compile))
 
-    trainer = TorchTrainer(model, core, cfg, device, metrics=metrics)
-    if len(set(device_ids)) < len(device_ids):
-        reason = probe_repeated_device(model, core, cfg, trainer.to_device(train.get(0).micro[0]))
-        if reason:
-            (Path(result_path).parent / "unsupported.txt").write_text(reason)
-            return EXIT_UNSUPPORTED
-        model.phase_log.clear()
-    outcome = run_loop(trainer, cfg, train, eval_data)
-    write_json_atomic(Path(result_path), outcome)
-    return 0
+        def metrics() -> dict:
+            per_device = [int(torch.cuda.max_memory_allocated(d)) for d in dict.fromkeys(device_ids)]
+            timed = isinstance(model, TimedDataParallel)
+            return {
+                "device_ids": device_ids,
+                "phase_s_per_step": model.phase_means(cfg.warmup_steps * cfg.grad_accum, cfg.grad_accum)
+                if timed else None,
+                "phase_timing": HOW if timed else None,
+                "peak_memory_per_device": per_device,
+                # Outputs and the loss live on the first device: its excess is DataParallel's imbalance.
+                "memory_imbalance": max(per_device) / max(1, min(per_device)) if per_device else None,
+            }
+
+        trainer = TorchTrainer(model, core, cfg, process.device, metrics=metrics)
+        if len(set(device_ids)) < len(device_ids):
+            reason = probe_repeated_device(model, core, cfg, trainer.to_device(data.train.get(0).micro[0]))
+            if reason:
+                raise Unsupported(reason)
+            model.phase_log.clear()
+        return trainer, data.train
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(worker.main(DataParallelWorker()))
