@@ -1,0 +1,59 @@
+"""The intervals a sweep with repeats reports, on fixed numbers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.stats import Interval, point_throughput, ratio_interval, throughput_interval, verdict
+
+
+def _runs(speeds: list[float], steps: int = 20, noise: float = 0.02, seed: int = 0) -> list[list[float]]:
+    """Per-step times of runs whose mean step is 1/speed (32 samples a step), with step-to-step noise."""
+    rng = np.random.default_rng(seed)
+    return [list(32 / s * np.exp(rng.normal(0, noise, steps))) for s in speeds]
+
+
+def test_runs_without_spread_give_an_interval_of_one_point():
+    runs = [[0.5] * 10, [0.5] * 10, [0.5] * 10]
+    assert throughput_interval(runs, 32) == Interval(64.0, 64.0, 64.0)
+
+
+def test_the_point_is_the_median_run_and_one_disturbed_run_moves_it_least():
+    runs = [[0.5] * 5, [0.4] * 5, [2.0] * 5]  # 64, 80 and a run on a busy machine at 16 samples/s
+    assert point_throughput(runs, 32) == pytest.approx(64.0)
+
+
+def test_the_interval_holds_the_spread_between_runs_not_only_within_them():
+    steady = throughput_interval(_runs([100, 100, 100]), 32)
+    drifting = throughput_interval(_runs([90, 100, 110]), 32)
+    assert steady.low <= steady.value <= steady.high
+    assert drifting.high - drifting.low > 3 * (steady.high - steady.low)
+    assert drifting.low <= 100 <= drifting.high
+
+
+def test_the_same_seed_gives_the_same_interval():
+    runs = _runs([95, 100, 104])
+    assert throughput_interval(runs, 32, seed=3) == throughput_interval(runs, 32, seed=3)
+
+
+def test_efficiency_carries_the_noise_of_both_rows():
+    one, two = _runs([100, 101, 99], seed=1), _runs([150, 160, 140], seed=2)
+    eff = ratio_interval((two, 32 * 2), (one, 32), scale=1 / 2)
+    assert eff.value == pytest.approx(point_throughput(two, 64) / (2 * point_throughput(one, 32)))
+    assert eff.low < eff.value < eff.high
+    assert eff.low == pytest.approx(1.5, abs=0.2) and eff.high == pytest.approx(1.6, abs=0.2)
+
+
+def test_only_a_difference_beyond_the_noise_is_ranked():
+    before = _runs([100, 102, 98], seed=4)
+    assert verdict(ratio_interval((_runs([70, 71, 69], seed=5), 32), (before, 32))) == "slower"
+    assert verdict(ratio_interval((_runs([130, 128, 131], seed=6), 32), (before, 32))) == "faster"
+    assert verdict(ratio_interval((_runs([99, 103, 100], seed=7), 32), (before, 32))) == "no difference"
+    # A threshold: 5% slower is within a 10% allowance.
+    assert verdict(ratio_interval((_runs([95, 95, 95], noise=0.001, seed=8), 32),
+                                  (_runs([100, 100, 100], noise=0.001, seed=9), 32)), threshold=0.10) == "no difference"
+
+
+def test_overlapping_intervals_are_no_difference():
+    assert Interval(10, 9, 11).overlaps(Interval(11.5, 10.5, 12))
+    assert not Interval(10, 9, 10.4).overlaps(Interval(11.5, 10.5, 12))
