@@ -1,0 +1,57 @@
+"""Rows measured several times: intervals, efficiency, 'no difference', and a folder against a baseline."""
+from __future__ import annotations
+
+import numpy as np
+
+from bench.reporting.intervals import baseline_frame, busy, interval_frame, same_speed
+
+
+def _record(devices: int, speed: float, seed: int, backend: str = "torch_ddp", load: float = 0.3) -> dict:
+    """An ok record of the tiny MLM, weak scaling (global batch 32 x devices), measured at `speed` samples/s."""
+    batch = 32 * devices
+    steps = (batch / speed * np.exp(np.random.default_rng(seed).normal(0, 0.02, 30))).tolist()
+    return {"run_id": f"{backend}-{devices}-{seed}", "status": "ok", "workload": "mlm", "backend": backend,
+            "strategy": backend, "devices": devices, "device_kind": "cpu", "scaling": "weak", "global_batch": batch,
+            "data": "synthetic", "config": {"precision": "fp32", "model_size": "tiny"},
+            "layout": {"dp": devices, "tp": 1, "pp": 1, "micro_batches": 1, "schedule": "gpipe",
+                       "optimizer_shard": False, "recompute": False, "vocab_emb_dp": True},
+            "step_times_s": steps, "host": {"cores": 2},
+            "load": {"loadavg_1m_before": load, "loadavg_1m_after": 1.0, "cpu_steal_share": 0.0}}
+
+
+def test_repeats_of_a_row_give_one_line_with_intervals_and_efficiency():
+    records = [_record(1, s, i) for i, s in enumerate((100, 104, 97))]
+    records += [_record(2, s, 10 + i) for i, s in enumerate((160, 150, 170))]
+    frame = interval_frame(records).set_index("devices")
+    assert frame.loc[1, "runs"] == 3 and frame.loc[2, "runs"] == 3
+    one, two = frame.loc[1], frame.loc[2]
+    assert one.samples_per_s_low <= one.samples_per_s <= one.samples_per_s_high
+    assert two.efficiency == two.samples_per_s / (2 * one.samples_per_s)
+    assert two.efficiency_low < two.efficiency < two.efficiency_high
+    assert np.isnan(one.efficiency_low) or one.efficiency_low <= 1 <= one.efficiency_high
+
+
+def test_two_backends_inside_each_others_noise_are_not_ranked():
+    a = interval_frame([_record(1, s, i) for i, s in enumerate((100, 110, 92))]).iloc[0]
+    b = interval_frame([_record(1, s, 5 + i, "tf_mirrored") for i, s in enumerate((103, 96, 108))]).iloc[0]
+    c = interval_frame([_record(1, s, 9 + i, "mindspore_auto") for i, s in enumerate((60, 61, 59))]).iloc[0]
+    assert same_speed(a, b) and not same_speed(a, c)
+
+
+def test_a_baseline_flags_a_slowdown_and_not_a_rerun():
+    before = [_record(1, s, i) for i, s in enumerate((100, 102, 98))]
+    rerun = [_record(1, s, 20 + i) for i, s in enumerate((99, 103, 100))]
+    slower = [_record(1, s, 30 + i) for i, s in enumerate((70, 72, 69))]
+    assert baseline_frame(rerun, before).verdict.tolist() == ["no difference"]
+    flagged = baseline_frame(slower, before).iloc[0]
+    assert flagged.verdict == "slower" and flagged.ratio_high < 1 and abs(flagged.ratio - 0.7) < 0.03
+    # Rows only one folder has are not compared.
+    assert baseline_frame([_record(2, 150, 40)], before).empty
+
+
+def test_a_run_on_a_busy_machine_is_marked():
+    assert not busy(_record(1, 100, 0, load=2.5))
+    assert busy(_record(1, 100, 0, load=3.5))  # more than 1.5 runnable processes per core before it started
+    stolen = _record(1, 100, 0)
+    stolen["load"]["cpu_steal_share"] = 0.2
+    assert busy(stolen)
