@@ -37,6 +37,7 @@ from common.data.batches import TrainBatches
 from common.data.datasets import TRAIN_SPLIT, load_split, resolve_data_mode
 from common.data.files import resolve_data_dir
 from common.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_UNSUPPORTED, BadInput, Cancelled, Unsupported
+from common.hostinfo import load_over, machine_load
 from common.launch import RunFailed, cancel_on_signals
 from common.layout import Layout
 from common.nodes import check_node_options, describe_nodes
@@ -263,8 +264,10 @@ def run(args, run_id: str, workdir: Path) -> int:
         return run_bare(backend, cfg, plan, workdir)
     print(f"{run_id}: {backend.strategy_name(cfg)} on {plan.description}, {cfg.data} data, "
           f"{cfg.total_steps} steps of global batch {cfg.global_batch}; progress in {workdir}", file=sys.stderr)
+    load_before = machine_load()
     try:
         outcome = backend.run(cfg, plan, workdir)
+        record["load"] = load_over(load_before, machine_load())
         record.update(measured_fields(cfg, outcome, record["flops_per_sample"]))
         record.update(utilisation(cfg, plan, record))
         record["notes"] += compile_notes(record)

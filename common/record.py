@@ -5,7 +5,7 @@ from dataclasses import asdict
 
 from common.config import RunConfig
 from common.devices import DevicePlan
-from common.hostinfo import git_sha, host_info, package_versions
+from common.hostinfo import git_sha, host_info, package_versions, performance_env
 from common.peak_flops import PRECISION_MATH, mfu
 from common.results import REQUIRED_FIELDS, SCHEMA_VERSION
 from common.spec import training_flops_per_sample
@@ -16,7 +16,7 @@ def skeleton(run_id: str, backend: str, workload: str, devices: int, started_at:
     record = dict.fromkeys(REQUIRED_FIELDS)
     record.update(schema_version=SCHEMA_VERSION, run_id=run_id, backend=backend, workload=workload,
                   devices=devices, started_at=started_at, host=host_info(), versions=package_versions(),
-                  git_sha=git_sha(), notes=[], config={}, mfu=None)
+                  git_sha=git_sha(), environment=performance_env(), notes=[], config={}, mfu=None)
     record.update(known)
     return record
 
