@@ -21,7 +21,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from bench import compare
-from bench.cli import positive_int
 from common.calibration import BARE_RESULTS, HARNESS_BOUND_BELOW, calibration_entry
 from common.devices import default_threads_per_device
 from common.results import RUN_RECORDS, new_run_id, write_record, write_summary
@@ -32,9 +31,8 @@ DEFAULT_BREAKDOWN_STEPS = 3
 def build_parser():
     p = compare.build_parser()
     p.prog, p.description = "bench.calibrate", __doc__.split("\n\n")[0]
-    p.add_argument("--repeats", type=positive_int, default=2,
-                   help="suite and bare runs per configuration, alternated (default 2)")
-    p.set_defaults(breakdown_steps=DEFAULT_BREAKDOWN_STEPS)
+    # bench.compare's --repeats: here each repeat is a suite run and a bare run, alternated.
+    p.set_defaults(breakdown_steps=DEFAULT_BREAKDOWN_STEPS, repeats=2)
     return p
 
 

@@ -29,14 +29,23 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bench import run as bench_run
-from bench.cli import OneLineParser, add_run_options, backend_names, int_list, name_list, workload_names
+from bench.cli import OneLineParser, add_run_options, backend_names, int_list, name_list, positive_int, workload_names
 from bench.layouts import LayoutName, layout_list, reference_accumulations
+from bench.reporting.intervals import interval_frame, same_speed
 from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame
 from common.devices import default_threads_per_device
 from common.errors import BadInput, Cancelled
 from common.launch import TERM_GRACE_S, cancel_on_signals, child_env, log_tail
 from common.record import skeleton
-from common.results import load_records, new_run_id, summary_frame, utc_now, write_record, write_summary
+from common.results import (
+    load_records,
+    new_run_id,
+    summary_frame,
+    utc_now,
+    write_atomic,
+    write_record,
+    write_summary,
+)
 
 # The run options bench.compare forwards to every bench.run, as (attribute, flag, kind).
 _FORWARD = [(a.dest, a.option_strings[0],
@@ -61,6 +70,9 @@ def build_parser() -> OneLineParser:
     p.add_argument("--backends", type=name_list(backend_names()),
                    help=f"default: every backend; with --layouts, {LAYOUT_BACKEND}")
     p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="run every row R times, the rows interleaved in each repeat (order reversed every other "
+                        "repeat), and report each row's median and 95%% interval (README: Reading a comparison)")
     add_run_options(p)
     return p
 
@@ -242,6 +254,36 @@ def sweep_plan(args) -> list[tuple[str, str, int, LayoutName | None, int]]:
     return [(w, b, lay.devices, lay, accum) for w in args.workloads for b in args.backends for lay, accum in runs]
 
 
+def repeat_order(rows: int, repeats: int) -> list[tuple[int, int]]:
+    """(repeat, row) in the order they run: every row once per repeat, so that a drift of the machine
+    spreads over all rows instead of landing on the last ones; every other repeat in reverse, so that
+    a steady drift favours no row."""
+    return [(r, i) for r in range(repeats) for i in (range(rows) if r % 2 == 0 else reversed(range(rows)))]
+
+
+def print_interval_table(console: Console, frame) -> None:
+    """Each row's median samples/s and efficiency with their 95% intervals over the repeats. Within one
+    workload and device count, a row whose interval overlaps the fastest row's is 'no difference' from it,
+    not ranked below it."""
+    table = Table(title="parbench repeats: median and 95% interval (two-level bootstrap over runs and steps)")
+    for col in ("workload", "backend", "layout", "N", "runs", "samples/s [95% interval]", "efficiency [95% interval]",
+                "vs fastest of its N", "busy runs"):
+        table.add_column(col, justify="left" if col in ("workload", "backend", "layout", "vs fastest of its N")
+                         else "right")
+    for _, group in frame.groupby(["workload", "devices"], sort=True):
+        fastest = group.loc[group.samples_per_s.idxmax()]
+        for _, row in group.sort_values("samples_per_s", ascending=False).iterrows():
+            ratio = row.samples_per_s / fastest.samples_per_s
+            rank = ("fastest" if row.name == fastest.name else
+                    "no difference" if same_speed(row, fastest) else f"{ratio:.2f}x")
+            eff = ("" if row.efficiency is None or row.efficiency != row.efficiency else
+                   f"{row.efficiency:.2f} [{row.efficiency_low:.2f}, {row.efficiency_high:.2f}]")
+            table.add_row(row.workload, row.backend, row.layout or "", str(row.devices), str(row.runs),
+                          f"{row.samples_per_s:.1f} [{row.samples_per_s_low:.1f}, {row.samples_per_s_high:.1f}]",
+                          eff, rank, str(row.busy_runs) if row.busy_runs else "")
+    console.print(table)
+
+
 def cancelled(exc: Cancelled | SweepCancelled, out: Path, run_ids: list[str], planned: int, console) -> int:
     """One line: what was cancelled, what was kept. A run the signal cut short has no record (bench.run
     writes none, and its logs go); the records of runs that finished stay, with a summary of them."""
@@ -283,22 +325,30 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = out / "logs" / sweep_id
     log_dir.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=True)
-    console.print(f"{sweep_id}: {len(plan)} runs, {args.threads_per_device} thread(s) per virtual CPU device")
+    order = repeat_order(len(plan), args.repeats)
+    repeats = f" ({len(plan)} rows x {args.repeats} repeats)" if args.repeats > 1 else ""
+    console.print(f"{sweep_id}: {len(order)} runs{repeats}, {args.threads_per_device} thread(s) per virtual CPU "
+                  "device")
     run_ids = []
     started = time.monotonic()
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=console) as progress:
-            task = progress.add_task("sweep", total=len(plan))
-            for i, (workload, backend, devices, layout, grad_accum) in enumerate(plan):
+            task = progress.add_task("sweep", total=len(order))
+            for repeat, i in order:
+                workload, backend, devices, layout, grad_accum = plan[i]
+                if repeat and i in invalid:  # a configuration error is recorded once, not once per repeat
+                    progress.advance(task)
+                    continue
                 what = f"{layout.name} (N={devices}, accumulating {grad_accum})" if layout else f"N={devices}"
-                progress.update(task, description=f"{backend} {workload} {what}")
+                progress.update(task, description=f"{backend} {workload} {what}"
+                                + (f", repeat {repeat + 1}/{args.repeats}" if args.repeats > 1 else ""))
                 run_ids.append(run_one(args, backend, workload, devices, sweep_id, log_dir, layout, grad_accum,
                                        invalid.get(i)))
                 progress.advance(task)
         write_summary(out)
     except (Cancelled, SweepCancelled) as exc:
-        return cancelled(exc, out, run_ids, len(plan), console)
+        return cancelled(exc, out, run_ids, len(order), console)
     mine = [r for r in load_records(out) if r["run_id"] in set(run_ids)]
     # Off a terminal rich assumes 80 columns, which would cut backend names in logs.
     table_console = Console(width=None if sys.stdout.isatty() else 160)
@@ -306,8 +356,14 @@ def main(argv: list[str] | None = None) -> int:
         print_layout_table(table_console, mine)
     else:
         print_table(table_console, summary_frame(mine))
-    console.print(f"{len(plan)} runs in {time.monotonic() - started:.0f} s; records in {out / 'runs'}, "
-                  f"summary {out / 'summary.csv'}")
+    written = ""
+    if args.repeats > 1:
+        intervals = interval_frame(mine)
+        print_interval_table(table_console, intervals)
+        path = write_atomic(out / f"intervals-{sweep_id}.csv", intervals.to_csv(index=False).encode())
+        written = f", intervals {path}"
+    console.print(f"{len(run_ids)} runs in {time.monotonic() - started:.0f} s; records in {out / 'runs'}, "
+                  f"summary {out / 'summary.csv'}{written}")
     return 0
 
 

@@ -72,7 +72,10 @@ def interval_frame(records: list[dict]) -> pd.DataFrame:
         speed = throughput_interval(*_measured(runs))
         fields = dict(zip(ROW_KEYS, key))
         one = rows.get(_one_device(key))
-        eff = (ratio_interval(_measured(runs), _measured(one), scale=1 / fields["devices"]) if one else None)
+        if fields["devices"] == 1:  # the reference itself: 1 by definition, not a ratio of two noisy draws
+            eff = Interval(1.0, 1.0, 1.0)
+        else:
+            eff = ratio_interval(_measured(runs), _measured(one), scale=1 / fields["devices"]) if one else None
         lines.append({**fields, "runs": len(runs), "busy_runs": sum(busy(r) for r in runs),
                       "samples_per_s": speed.value, "samples_per_s_low": speed.low, "samples_per_s_high": speed.high,
                       "efficiency": eff.value if eff else None, "efficiency_low": eff.low if eff else None,
