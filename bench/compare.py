@@ -23,6 +23,7 @@ from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -31,7 +32,7 @@ from rich.table import Table
 from bench import run as bench_run
 from bench.cli import OneLineParser, add_run_options, backend_names, int_list, name_list, positive_int, workload_names
 from bench.layouts import LayoutName, layout_list, reference_accumulations
-from bench.reporting.intervals import interval_frame, same_speed
+from bench.reporting.intervals import interval_frame, ranked
 from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame
 from common.devices import default_threads_per_device
 from common.errors import BadInput, Cancelled
@@ -270,17 +271,12 @@ def print_interval_table(console: Console, frame) -> None:
                 "vs fastest of its N", "busy runs"):
         table.add_column(col, justify="left" if col in ("workload", "backend", "layout", "vs fastest of its N")
                          else "right")
-    for _, group in frame.groupby(["workload", "devices"], sort=True):
-        fastest = group.loc[group.samples_per_s.idxmax()]
-        for _, row in group.sort_values("samples_per_s", ascending=False).iterrows():
-            ratio = row.samples_per_s / fastest.samples_per_s
-            rank = ("fastest" if row.name == fastest.name else
-                    "no difference" if same_speed(row, fastest) else f"{ratio:.2f}x")
-            eff = ("" if row.efficiency is None or row.efficiency != row.efficiency else
-                   f"{row.efficiency:.2f} [{row.efficiency_low:.2f}, {row.efficiency_high:.2f}]")
-            table.add_row(row.workload, row.backend, row.layout or "", str(row.devices), str(row.runs),
-                          f"{row.samples_per_s:.1f} [{row.samples_per_s_low:.1f}, {row.samples_per_s_high:.1f}]",
-                          eff, rank, str(row.busy_runs) if row.busy_runs else "")
+    for row in ranked(frame).itertuples():
+        eff = ("" if pd.isna(row.efficiency) else
+               f"{row.efficiency:.2f} [{row.efficiency_low:.2f}, {row.efficiency_high:.2f}]")
+        table.add_row(row.workload, row.backend, row.layout or "", str(row.devices), str(row.runs),
+                      f"{row.samples_per_s:.1f} [{row.samples_per_s_low:.1f}, {row.samples_per_s_high:.1f}]",
+                      eff, row.vs_fastest, str(row.busy_runs) if row.busy_runs else "")
     console.print(table)
 
 

@@ -1,8 +1,13 @@
 """python -m bench.report [--results results/] [--workload W] [--backends a,b] [--since DATE]
+                        [--baseline DIR [--fail-on-regression PCT]]
 
 Reads the run records under RESULTS/runs and writes RESULTS/report.md, a self-contained
 RESULTS/report.html and the figures under RESULTS/plots/. Bad input (no such folder, no records left
 after filtering, a bad date) is one line on stderr and exit 2, with nothing written.
+
+With --baseline, the rows both folders measured are compared (README: Reading a comparison); with
+--fail-on-regression PCT the exit status is 1 when a row is slower than the baseline by more than PCT
+percent beyond the noise, so that the command can guard a CI pipeline.
 """
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.cli import OneLineParser, backend_names, name_list, workload_names
+from bench.reporting.comparison import baseline_section, regressions
 from bench.reporting.compose import PLOTS_DIR, build_report
 from bench.reporting.document import Image, to_markdown
 from bench.reporting.html import to_html
@@ -33,7 +39,21 @@ def build_parser() -> OneLineParser:
     p.add_argument("--workload", choices=workload_names(), help="only this workload")
     p.add_argument("--backends", type=name_list(backend_names()), help="only these backends, e.g. torch_ddp,torch_dp")
     p.add_argument("--since", type=iso_datetime, help="only runs started at or after this ISO date/datetime (UTC)")
+    p.add_argument("--baseline", metavar="DIR", help="a results folder to compare with: the same rows side by side, "
+                   "the ratio with its 95%% interval, regressions and improvements beyond the noise flagged")
+    p.add_argument("--fail-on-regression", type=percentage, metavar="PCT",
+                   help="with --baseline: exit 1 when a row is slower by more than PCT%% beyond the noise")
     return p
+
+
+def percentage(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
+    if not 0 <= value < 100:
+        raise argparse.ArgumentTypeError(f"must be in [0, 100), got {text}")
+    return value
 
 
 def _started(record: dict) -> datetime | None:
@@ -84,8 +104,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     results = Path(args.results)
+    if args.fail_on_regression is not None and not args.baseline:
+        parser.error("--fail-on-regression needs --baseline")
+    records, skipped = _records(parser, results, args)
+    blocks, _ = build_report(records, str(results), describe_filters(args), skipped=skipped)
+    slower = None
+    if args.baseline:
+        baseline, _ = _records(parser, Path(args.baseline), args, what="--baseline")
+        section, _, frame = baseline_section(records, baseline, args.baseline)
+        blocks += section
+        slower = regressions(frame, (args.fail_on_regression or 0) / 100)
+    written = write_report(results, blocks)
+    print(f"report: {written[0]}, {written[1]} and {len(written) - 2} figure(s) in {results / PLOTS_DIR}")
+    if slower is not None:
+        print(f"against {args.baseline}: {len(frame)} row(s) in common, {len(slower)} slower beyond the noise"
+              + (f" and {args.fail_on_regression:g}%" if args.fail_on_regression else "")
+              + "".join(f"\n  slower: {r.workload} {r.backend} N={r.devices} x{r.ratio:.3f} "
+                        f"[{r.ratio_low:.3f}, {r.ratio_high:.3f}]" for r in slower.itertuples()))
+        if args.fail_on_regression is not None and len(slower):
+            return 1
+    return 0
+
+
+def _records(parser, results: Path, args, what: str = "--results") -> tuple[list[dict], int]:
+    """The valid records of a results folder that pass the filters, and how many were left out as invalid."""
     if results.exists() and not results.is_dir():
-        parser.error(f"--results {results}: is a file, not a results directory (the folder holding runs/)")
+        parser.error(f"{what} {results}: is a file, not a results directory (the folder holding runs/)")
     if not results.is_dir():
         parser.error(f"no results directory {results}")
     loaded = load_records(results)
@@ -94,10 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         filters = describe_filters(args)
         parser.error(f"no run records in {results / 'runs'}" + (f" match {filters}" if filters and valid else ""))
-    blocks, _ = build_report(records, str(results), describe_filters(args), skipped=len(loaded) - len(valid))
-    written = write_report(results, blocks)
-    print(f"report: {written[0]}, {written[1]} and {len(written) - 2} figure(s) in {results / PLOTS_DIR}")
-    return 0
+    return records, len(loaded) - len(valid)
 
 
 if __name__ == "__main__":

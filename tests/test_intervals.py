@@ -55,3 +55,44 @@ def test_a_run_on_a_busy_machine_is_marked():
     stolen = _record(1, 100, 0)
     stolen["load"]["cpu_steal_share"] = 0.2
     assert busy(stolen)
+
+
+def _folder(path, speeds: list[float], seed: int):
+    """A results folder with repeats of the 1-device torch_ddp MLM row at `speeds`, records the report accepts."""
+    from common.record import skeleton
+    from common.results import validate_record, write_record
+
+    for i, speed in enumerate(speeds):
+        fields = _record(1, speed, seed + i)
+        record = skeleton(f"2026112{i}T100000Z-torch_ddp-mlm-n1-{seed:03d}{i:03d}", "torch_ddp", "mlm", 1,
+                          f"2026-11-23T10:0{i}:00+00:00", sweep_id="sweep-x", framework="torch",
+                          framework_version="2.13.0", warmup_steps=1, seed=0, virtual=True, threads_per_device=1,
+                          per_device_batch=32)
+        step = float(np.mean(fields["step_times_s"]))
+        record.update({k: fields[k] for k in ("strategy", "device_kind", "scaling", "global_batch", "data", "config",
+                                              "layout", "step_times_s", "load")},
+                      status="ok", measured_steps=30, samples_per_s=32 / step, tokens_per_s=32 * 128 / step,
+                      step_time_s={"mean": step, "p50": step, "p90": step, "min": step, "max": step, "std": 0.0},
+                      data_wait_fraction=0.0, params=1, flops_per_sample=1, achieved_flops=1.0,
+                      peak_memory_bytes=1, loss={"first": 10.0, "last": 9.0, "curve": [[1, 10.0], [2, 9.0]]},
+                      eval=None, duration_s=1.0)
+        assert validate_record(record) == []
+        write_record(record, path)
+    return path
+
+
+def test_report_against_a_baseline_fails_on_a_regression_only(tmp_path):
+    from bench import report
+
+    before = _folder(tmp_path / "before", [100, 102, 98], 0)
+    rerun = _folder(tmp_path / "rerun", [99, 103, 100], 10)
+    slower = _folder(tmp_path / "slower", [70, 72, 69], 20)
+    assert report.main(["--results", str(rerun), "--baseline", str(before), "--fail-on-regression", "5"]) == 0
+    assert report.main(["--results", str(slower), "--baseline", str(before), "--fail-on-regression", "5"]) == 1
+    markdown = (slower / "report.md").read_text()
+    assert "## Against the baseline" in markdown and "| slower |" in markdown
+    assert "## Repeated rows: medians and 95% intervals" in markdown
+    assert (slower / "plots" / "mlm-baseline-loss.png").is_file() and (slower / "plots" / "mlm-repeats.png").is_file()
+    # 30% slower is within a 40% allowance: reported as slower, not failed.
+    assert report.main(["--results", str(slower), "--baseline", str(before), "--fail-on-regression", "40"]) == 0
+    assert "| slower |" in (slower / "report.md").read_text()

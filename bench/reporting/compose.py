@@ -7,15 +7,14 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from bench.reporting.calibration import breakdown_blocks, calibration_blocks
-from bench.reporting.document import Block, Heading, Image, Table, Text
+from bench.reporting.comparison import repeats_section
+from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
 from bench.reporting.layout_plot import layout_plot
 from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
 from bench.reporting.plots import PLOTTERS, Plot, mark_absent
 from bench.reporting.series import DATA_NAMES, Series, build_series
 from bench.reporting.tables import workload_table
 from common.results import STATUSES, summary_frame
-
-PLOTS_DIR = "plots"
 
 
 def _join(values) -> str:
@@ -163,5 +162,6 @@ def build_report(records: list[dict], results: str, filters: str = "", skipped: 
         extra, layout_plots = layout_section(workload, layouts, records_by_id)
         blocks += section + extra
         plots[workload] += layout_plots
-    blocks += calibration_blocks(records) + breakdown_blocks(records)
+    repeated, plots["repeats"] = repeats_section(records)
+    blocks += repeated + calibration_blocks(records) + breakdown_blocks(records)
     return blocks, plots

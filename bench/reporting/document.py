@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PLOTS_DIR = "plots"  # the figures' folder, relative to the report
+
 
 @dataclass(frozen=True)
 class Heading:

@@ -90,6 +90,19 @@ def same_speed(a: pd.Series, b: pd.Series) -> bool:
         Interval(b.samples_per_s, b.samples_per_s_low, b.samples_per_s_high))
 
 
+def ranked(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows by workload, device count and speed, with `vs_fastest`: 'fastest', 'no difference' where a
+    row's interval overlaps the fastest row's of its workload and device count, else its speed over it."""
+    lines = []
+    for _, group in frame.groupby(["workload", "devices"], sort=True):
+        fastest = group.loc[group.samples_per_s.idxmax()]
+        for _, row in group.sort_values("samples_per_s", ascending=False).iterrows():
+            lines.append({**row.to_dict(), "vs_fastest": "fastest" if row.name == fastest.name else
+                          "no difference" if same_speed(row, fastest) else
+                          f"{row.samples_per_s / fastest.samples_per_s:.2f}x"})
+    return pd.DataFrame(lines, columns=[*frame.columns, "vs_fastest"])
+
+
 def baseline_frame(records: list[dict], baseline: list[dict], threshold: float = 0.0) -> pd.DataFrame:
     """The rows both folders measured: this folder's samples/s over the baseline's, the ratio's interval,
     and 'slower' / 'faster' only where the whole interval lies beyond 1 -/+ threshold."""
