@@ -44,6 +44,7 @@ from common.nodes import check_node_options, describe_nodes
 from common.record import compile_notes, describe_config, measured_fields, skeleton, utilisation
 from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_json_atomic, write_record
 from common.spec import DEFAULTS, model_spec
+from common.tensorboard import check_available as check_tensorboard
 
 
 def build_parser() -> OneLineParser:
@@ -248,6 +249,8 @@ def run(args, run_id: str, workdir: Path) -> int:
             raise BadInput(f"--nnodes {cfg.nnodes}: {backend.strategy_name(cfg)} runs on one host; several hosts "
                            "need torch_ddp, tf_mirrored --tf-mode multi_worker or mindspore_auto")
         backend.check(cfg, plan)
+        if cfg.tensorboard_dir:
+            check_tensorboard()
     except BadInput as exc:
         print(f"bench.run: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -19,6 +19,7 @@ from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
 from common.data.datasets import SplitData
 from common.nodes import hosts_table, rank_host
 from common.spec import DEFAULTS, learning_rate
+from common.tensorboard import write_run_log
 from common.timing import aggregate_ranks
 
 # Fault injection for tests of resume and failure handling: a rank exits hard right after this
@@ -222,7 +223,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     timing = aggregate_ranks(ranks)
     # Every rank takes part in the link probe's collectives.
     probed = _breakdown(trainer, probes, (timing["step_time_s"] or {}).get("p50")) if probes else {}
-    return {
+    outcome = {
         **probed,
         **timing,
         "start_step": start,
@@ -241,3 +242,6 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         "train_wall_s": clock() - began,
         "hosts": hosts_table([r["host"] for r in ranks]),
     }
+    if cfg.tensorboard_dir and trainer.rank == 0:
+        write_run_log(cfg, outcome)
+    return outcome

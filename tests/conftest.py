@@ -43,3 +43,28 @@ def foreign_python_path(tmp_path) -> str:
         shim.write_text("#!/bin/sh\necho 'the foreign python ran' >&2\nexit 1\n")
         shim.chmod(0o755)
     return os.pathsep.join([str(shim_dir), os.environ.get("PATH", "")])
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of a TensorBoard log, read back by TensorBoard's own reader (the plugin-aware one:
+    summaries are written as tensors with the scalars plugin's metadata, as TensorBoard's UI reads them)."""
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, float(make_ndarray(e.tensor_proto))) for e in events.Tensors(tag)]
+            for tag in events.Tags()["tensors"]}
+
+
+def assert_tensorboard_log_is_the_record(log_root: Path, record: dict) -> None:
+    """--tensorboard: the run's log under LOG_ROOT/<run id> holds the record's loss curve and evaluations."""
+    scalars = tensorboard_scalars(log_root / record["run_id"])
+    loss = dict(scalars["train/loss"])
+    assert [[step, pytest.approx(value, rel=1e-6)] for step, value in record["loss"]["curve"]] == \
+        [[step, loss[step]] for step, _ in record["loss"]["curve"]]
+    assert len(scalars["perf/step_time_s"]) == len(record["step_times_s"])
+    assert [s for s, _ in scalars["train/learning_rate"]] == [s for s, _ in record["loss"]["curve"]]
+    evals = [(p["step"], pytest.approx(p["value"], rel=1e-6)) for p in record.get("eval_history") or []]
+    metric = [tag for tag in scalars if tag.startswith("eval/") and tag != "eval/loss"]
+    assert [(s, v) for s, v in scalars[metric[0]]] == evals if evals else not metric

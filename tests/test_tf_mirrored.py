@@ -28,7 +28,7 @@ from common.data.batches import TrainBatches  # noqa: E402
 from common.data.datasets import TRAIN_SPLIT, load_split  # noqa: E402
 from common.results import validate_record  # noqa: E402
 from common.spec import model_spec  # noqa: E402
-from tests.conftest import run_cli  # noqa: E402
+from tests.conftest import assert_tensorboard_log_is_the_record, run_cli  # noqa: E402
 
 
 def _config(workload: str, devices: int, per_device_batch: int, grad_accum: int) -> RunConfig:
@@ -173,7 +173,7 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", workload, "--devices", "2",
                    "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--data", "real",
                    "--data-dir", str(data_dir), "--tf-mode", mode, "--collective-timeout", "120",
-                   "--timeout", "400", "--out", str(tmp_path), "--tf-tensorboard", str(tmp_path / "tb"))
+                   "--timeout", "400", "--out", str(tmp_path), "--tensorboard", str(tmp_path / "tb"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = (tmp_path / "runs").glob("*.json")
     record = json.loads(path.read_text())
@@ -186,4 +186,4 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     assert metrics["trainable_params"] == record["params"] == model_spec(workload).param_count()
     assert record["measured_steps"] == 4 and len(record["loss"]["curve"]) == 6
     assert record["eval"]["count"] > 0 and np.isfinite(record["loss"]["last"])
-    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert_tensorboard_log_is_the_record(tmp_path / "tb", record)

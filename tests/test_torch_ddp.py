@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from backends.torch_common.models import build_model
-from backends.torch_common.trainer import CHECKPOINT_EXT, TorchTrainer
 from backends.torch_common.launch import Torchrun, plan_over, process_group_backend
+from backends.torch_common.models import build_model
 from backends.torch_common.torchrun import failure_report
+from backends.torch_common.trainer import CHECKPOINT_EXT, TorchTrainer
 from common.checkpoints import valid_checkpoints
 from common.config import RunConfig
 from common.data.batches import TrainBatches
@@ -22,7 +22,7 @@ from common.errors import Unsupported
 from common.loop import FAULT_AFTER_STEP_ENV, FAULT_MARKER_ENV, FAULT_RANK_ENV, run_loop
 from common.results import validate_record
 from common.spec import CNN
-from tests.conftest import run_cli
+from tests.conftest import assert_tensorboard_log_is_the_record, run_cli
 
 # One optimizer step, same global batch: only the order of float32 summation differs
 # (all-reduce of two halves vs one sum), so parameters agree to float32 rounding.
@@ -76,9 +76,15 @@ RESUME_RUN = ["--workload", "cnn", "--devices", "2", "--batch-size", "16", "--st
 def uninterrupted(tmp_path_factory, data_dir):
     """The reference for the resume tests: (record, checkpoint dir) of a run nothing interrupts."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    p, full = _run(tmp / "out", *RESUME_RUN, "--checkpoint-dir", str(tmp / "full"))
+    p, full = _run(tmp / "out", *RESUME_RUN, "--checkpoint-dir", str(tmp / "full"), "--tensorboard", str(tmp / "tb"))
     assert p.returncode == 0, p.stderr
     return full, tmp / "full"
+
+
+def test_the_tensorboard_log_is_the_records(uninterrupted):
+    """--tensorboard: rank 0 of the 2-rank run logs the global loss curve, learning rate and step times."""
+    full, full_ckpt = uninterrupted
+    assert_tensorboard_log_is_the_record(full_ckpt.parent / "tb", full)
 
 
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):

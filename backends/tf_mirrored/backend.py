@@ -2,7 +2,6 @@
 default), or MultiWorkerMirroredStrategy with one process per device through TF_CONFIG (`multi_worker`)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from importlib import metadata
 from pathlib import Path
@@ -55,9 +54,6 @@ class TFMirrored(Backend):
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         refuse_non_data_parallel(cfg, self.name)
-        # TensorFlow 2.21 no longer pulls TensorBoard in; find out before training, not after.
-        if cfg.tensorboard_dir and importlib.util.find_spec("tensorboard") is None:
-            raise Unsupported("--tf-tensorboard needs the tensorboard package: pip install tensorboard")
         if cfg.compile not in ("", "default"):
             raise Unsupported(f"--compile {cfg.compile} is a torch.compile mode; XLA (jit_compile) has no modes")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
 
 import keras
 import tensorflow as tf
@@ -32,17 +31,6 @@ def _cluster_position(mode: str) -> tuple[int, int]:
         return 0, 1
     tf_config = json.loads(os.environ["TF_CONFIG"])
     return int(tf_config["task"]["index"]), len(tf_config["cluster"]["worker"])
-
-
-def write_tensorboard(log_dir: Path, outcome: dict) -> None:
-    """The run's global loss curve and evaluations, written after training so that logging costs
-    nothing inside the timed steps and shows all ranks' loss, not rank 0's share."""
-    with tf.summary.create_file_writer(str(log_dir)).as_default():
-        for step, loss in outcome["loss"]["curve"]:
-            tf.summary.scalar("train/loss", loss, step=step)
-        for point in outcome["eval_history"]:
-            tf.summary.scalar(f"eval/{outcome['eval']['metric']}", point["value"], step=point["step"])
-            tf.summary.scalar("eval/loss", point["loss"], step=point["step"])
 
 
 class KerasWorker(worker.Worker):
