@@ -9,20 +9,30 @@ from common.errors import Unsupported
 
 @dataclass(frozen=True)
 class Entry:
+    """What the harness may know of a backend without importing its framework: where it lives, what it
+    needs installed, and what it supports, so that a sweep can check every planned run before any starts."""
     module: str | None   # None while the backend is not built
     cls: str
     framework: str       # the top-level import the backend needs
     extra: str           # pip install 'parbench[extra]'
     pending: str = ""    # the issue that builds it, while module is None
+    # Run options only this backend takes (bench.cli declares them; bench.run refuses them elsewhere).
+    options: tuple[str, ...] = ()
+    # Runs layouts beyond data parallelism (common.layout: tensor, pipeline, sharded state...); the others
+    # refuse those flags by name.
+    layouts: bool = False
 
 
 BACKENDS = {
     "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
-    "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch"),
-    "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch"),
-    "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf"),
-    "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore"),
+    "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",)),
+    "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", layouts=True),
+    "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),
+    "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
+                            options=("parallel_mode",), layouts=True),
 }
+# Every run option that belongs to one backend.
+BACKEND_ONLY = frozenset(option for entry in BACKENDS.values() for option in entry.options)
 
 
 def load_backend(name: str):

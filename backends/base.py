@@ -7,7 +7,6 @@ from pathlib import Path
 from common.config import RunConfig
 from common.devices import DevicePlan
 from common.errors import Unsupported
-from common.layout import refuse_layout
 
 
 class Backend:
@@ -49,16 +48,3 @@ class Backend:
     def measured_notes(self, record: dict) -> list[str]:
         """Notes that only the run's own measurements can write (e.g. where its step time went)."""
         return []
-
-
-def refuse_mindspore_mode(cfg: RunConfig, backend: str) -> None:
-    """--parallel-mode picks one of MindSpore's parallel modes; no other backend has them."""
-    mode = cfg.backend_options.get("parallel_mode", "data")
-    if mode != "data":
-        raise Unsupported(f"--parallel-mode {mode}: a MindSpore parallel mode (mindspore_auto), not {backend}'s")
-
-
-def refuse_non_data_parallel(cfg: RunConfig, backend: str) -> None:
-    """A data-parallel-only backend refuses every layout flag beyond the default, by name."""
-    refuse_mindspore_mode(cfg, backend)
-    refuse_layout(cfg.layout, backend)

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 
-from backends import BACKENDS
+from backends import BACKEND_ONLY, BACKENDS
 from common.config import COMPILE_MODES, PRECISIONS, SCALING_MODES
-from common.layout import SCHEDULES
+from common.layout import OPTIONS as LAYOUT_OPTIONS
+from common.layout import LayoutOption
 from common.spec import BERT_SIZES, WORKLOADS
 
 
@@ -41,15 +43,22 @@ def positive_float(text: str) -> float:
     return value
 
 
-def relative_size(text: str) -> float:
-    """A relative perturbation: a number in [0, 1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
-    return value
+def number_below(high: float, what: str = "a number"):
+    """argparse type: a number in [0, high)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not 0.0 <= value < high:
+            raise argparse.ArgumentTypeError(f"must be in [0, {high:g}), got {text}")
+        return value
+    parse.__name__ = what
+    return parse
+
+
+relative_size = number_below(1.0)  # a relative perturbation
+percentage = number_below(100.0, "a percentage")
 
 
 positive_int = _int_at_least(1)
@@ -85,77 +94,116 @@ def int_list(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def add_run_options(p: argparse.ArgumentParser) -> None:
-    """Options every run takes, so bench.compare can pass them through unchanged."""
-    g = p.add_argument_group("run options")
-    g.add_argument("--steps", type=positive_int, help="optimizer steps (default: a short throughput run)")
-    g.add_argument("--epochs", type=positive_float, help="train for this many epochs instead of --steps")
-    g.add_argument("--warmup-steps", type=non_negative_int, help="steps excluded from timing (default 5)")
-    g.add_argument("--batch-size", type=positive_int,
-                   help="per-device batch (weak scaling) or global batch (strong scaling)")
-    g.add_argument("--scaling", choices=SCALING_MODES,
-                   help="weak: per-device batch fixed; strong: global batch fixed "
-                        "(default: strong with --epochs, else weak)")
-    g.add_argument("--data", choices=("auto", "real", "synthetic"), default="auto",
-                   help="real files, learnable synthetic data, or real when present (default)")
-    g.add_argument("--data-dir", help="data directory (default $PARBENCH_DATA_DIR or ~/.cache/parbench)")
-    g.add_argument("--seed", type=non_negative_int, default=0)
-    g.add_argument("--out", default="results", help="results directory (default results/)")
-    g.add_argument("--model-size", choices=tuple(BERT_SIZES), default="tiny", help="BERT size for mlm")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="amp: bfloat16 autocast; fp16: float16 with dynamic loss scaling (GPUs without bf16)")
-    g.add_argument("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
-                   help="compiled execution: torch.compile (MODE: " + ", ".join(COMPILE_MODES) + "), XLA "
-                        "jit_compile for tf_mirrored, MindSpore's jit level; compile time is recorded apart")
-    g.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
-    g.add_argument("--sync-bn", action="store_true", help="synchronise BatchNorm statistics across devices")
-    g.add_argument("--eval-every", type=non_negative_int, default=0, help="evaluate every K steps")
-    g.add_argument("--skip-eval", action="store_true",
-                   help="no evaluation at the end (throughput or correctness runs); eval is null in the record")
-    g.add_argument("--patience", type=non_negative_int, default=0,
-                   help="stop after this many evaluations without improvement (needs --eval-every)")
-    g.add_argument("--checkpoint-every", type=non_negative_int, default=0, help="checkpoint every K steps")
-    g.add_argument("--checkpoint-dir", help="checkpoint directory (default OUT/checkpoints/<run key>, "
-                   "in a sweep OUT/checkpoints/<sweep id>/<run key>)")
-    g.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
-    g.add_argument("--max-restarts", type=non_negative_int, default=0,
-                   help="torch_ddp: restart the workers up to K times after a failure, from the newest valid "
-                        "checkpoint (needs --checkpoint-every)")
-    g.add_argument("--threads-per-device", type=positive_int,
-                   help="CPU threads per virtual device (default 1 for bench.run; compare: cores / max N)")
-    g.add_argument("--device-kind", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: CUDA when present, else virtual CPU devices")
-    g.add_argument("--tf-mode", choices=("mirrored", "multi_worker"),
-                   help="tf_mirrored: one process over N logical devices (default), or one process per device")
+@dataclass(frozen=True)
+class RunOption:
+    """One option every run takes, declared once: bench.run adds it, bench.compare passes it on to each run.
+    `backend`: the option is that backend's alone (bench.run refuses it for the others; a sweep passes it to
+    the backends that declare it in the registry)."""
+    flags: tuple[str, ...]
+    kwargs: dict = field(default_factory=dict)
+    layout: bool = False  # a parallel-layout option (common.layout.OPTIONS): a --layouts entry sets it
+
+    @property
+    def dest(self) -> str:
+        return self.kwargs.get("dest") or self.flags[0][2:].replace("-", "_")
+
+    def forward(self, value) -> list[str]:
+        """bench.run's arguments for `value` of this option ([] for an unset one)."""
+        action = self.kwargs.get("action")
+        if action is argparse.BooleanOptionalAction:  # --x / --no-x: both values must reach bench.run
+            return [self.flags[0] if value else f"--no-{self.flags[0][2:]}"]
+        if action == "store_true":
+            return [self.flags[0]] if value else []
+        return [] if value is None else [self.flags[0], str(value)]
+
+
+def _option(*flags: str, **kwargs) -> RunOption:
+    return RunOption(flags, kwargs)
+
+
+def _layout_option(o: LayoutOption) -> RunOption:
+    if isinstance(o.default, bool):
+        kind = {"action": argparse.BooleanOptionalAction if o.default else "store_true"}
+    elif o.choices:
+        kind = {"choices": o.choices}
+    else:
+        kind = {"type": positive_int}
+    return RunOption((o.flag,), {**kind, "default": o.default, "dest": o.field, "help": o.help}, layout=True)
+
+
+RUN_OPTIONS = (
+    _option("--steps", type=positive_int, help="optimizer steps (default: a short throughput run)"),
+    _option("--epochs", type=positive_float, help="train for this many epochs instead of --steps"),
+    _option("--warmup-steps", type=non_negative_int, help="steps excluded from timing (default 5)"),
+    _option("--batch-size", type=positive_int, help="per-device batch (weak scaling) or global batch (strong scaling)"),
+    _option("--scaling", choices=SCALING_MODES, help="weak: per-device batch fixed; strong: global batch fixed "
+            "(default: strong with --epochs, else weak)"),
+    _option("--data", choices=("auto", "real", "synthetic"), default="auto",
+            help="real files, learnable synthetic data, or real when present (default)"),
+    _option("--data-dir", help="data directory (default $PARBENCH_DATA_DIR or ~/.cache/parbench)"),
+    _option("--seed", type=non_negative_int, default=0),
+    _option("--out", default="results", help="results directory (default results/)"),
+    _option("--model-size", choices=tuple(BERT_SIZES), default="tiny", help="BERT size for mlm"),
+    _option("--precision", choices=PRECISIONS, default="fp32",
+            help="amp: bfloat16 autocast; fp16: float16 with dynamic loss scaling (GPUs without bf16)"),
+    _option("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
+            help="compiled execution: torch.compile (MODE: " + ", ".join(COMPILE_MODES) + "), XLA jit_compile for "
+                 "tf_mirrored, MindSpore's jit level; compile time is recorded apart"),
+    _option("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step"),
+    _option("--sync-bn", action="store_true", help="synchronise BatchNorm statistics across devices"),
+    _option("--eval-every", type=non_negative_int, default=0, help="evaluate every K steps"),
+    _option("--skip-eval", action="store_true",
+            help="no evaluation at the end (throughput or correctness runs); eval is null in the record"),
+    _option("--patience", type=non_negative_int, default=0,
+            help="stop after this many evaluations without improvement (needs --eval-every)"),
+    _option("--checkpoint-every", type=non_negative_int, default=0, help="checkpoint every K steps"),
+    _option("--checkpoint-dir", help="checkpoint directory (default OUT/checkpoints/<run key>, in a sweep "
+            "OUT/checkpoints/<sweep id>/<run key>)"),
+    _option("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir"),
+    _option("--threads-per-device", type=positive_int,
+            help="CPU threads per virtual device (default 1 for bench.run; compare: cores / max N)"),
+    _option("--device-kind", choices=("auto", "cpu", "cuda"), default="auto",
+            help="auto: CUDA when present, else virtual CPU devices"),
     # --tf-tensorboard: the flag's name while only tf_mirrored wrote a log, kept as an alias.
-    g.add_argument("--tensorboard", "--tf-tensorboard", dest="tensorboard", metavar="DIR",
-                   help="write a TensorBoard log of the run to DIR (every backend; rank 0 writes it)")
-    g.add_argument("--breakdown-steps", type=non_negative_int, default=0,
-                   help="after training and evaluation, K probe steps timing forward+backward, gradient "
-                        "communication, optimizer and data apart (backend_metrics.breakdown); default 0: none")
-    g.add_argument("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)")
-    g.add_argument("--collective-timeout", type=positive_float, default=300.0,
-                   help="limit for any rendezvous or collective (s)")
-    m = p.add_argument_group("parallel layout (torch_3d, mindspore_auto; data-parallel backends refuse all but "
-                             "the defaults); data parallel = devices / (model parallel x pipeline stages), "
-                             "--batch-size is per data-parallel replica and micro-batch")
-    m.add_argument("--parallel-mode", choices=("data", "semi_auto", "auto"), default="data",
-                   help="mindspore_auto only: MindSpore DATA_PARALLEL, SEMI_AUTO_PARALLEL or AUTO_PARALLEL")
-    m.add_argument("--model-parallel", type=positive_int, default=1, help="devices each layer is split over")
-    m.add_argument("--pipeline-stages", type=positive_int, default=1, help="pipeline stages the layers are cut into")
-    m.add_argument("--micro-batches", type=positive_int, default=1, help="micro-batches per pipeline step")
-    m.add_argument("--pipeline-schedule", choices=SCHEDULES, default="gpipe",
-                   help="pipeline schedule: all forwards then all backwards (gpipe), or one forward one backward")
-    m.add_argument("--optimizer-shard", action="store_true",
-                   help="shard parameters, gradients and optimizer state over data-parallel devices (FSDP/ZeRO)")
-    m.add_argument("--recompute", action="store_true", help="recompute layer activations in the backward pass")
-    m.add_argument("--vocab-emb-dp", action=argparse.BooleanOptionalAction, default=True,
-                   help="replicate the embedding table (default) or split its vocabulary over model-parallel devices")
+    _option("--tensorboard", "--tf-tensorboard", dest="tensorboard", metavar="DIR",
+            help="write a TensorBoard log of the run to DIR/<run id> (every backend; rank 0 writes it)"),
+    _option("--breakdown-steps", type=non_negative_int, default=0,
+            help="after training and evaluation, K probe steps timing forward+backward, gradient communication, "
+                 "optimizer and data apart (backend_metrics.breakdown); default 0: none"),
+    _option("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)"),
+    _option("--collective-timeout", type=positive_float, default=300.0,
+            help="limit for any rendezvous or collective (s)"),
+    *(_layout_option(o) for o in LAYOUT_OPTIONS),
+    # One backend's own (backends.BACKENDS[...].options).
+    _option("--max-restarts", type=non_negative_int, default=0,
+            help="torch_ddp: restart the workers up to K times after a failure, from the newest valid checkpoint "
+                 "(needs --checkpoint-every)"),
+    _option("--tf-mode", choices=("mirrored", "multi_worker"),
+            help="tf_mirrored: one process over N logical devices (default), or one process per device"),
+    _option("--parallel-mode", choices=("data", "semi_auto", "auto"), default="data",
+            help="mindspore_auto: MindSpore DATA_PARALLEL, SEMI_AUTO_PARALLEL or AUTO_PARALLEL"),
+)
+assert {o.dest for o in RUN_OPTIONS} >= BACKEND_ONLY, "a backend declares an option bench.cli does not"
+LAYOUT_GROUP = ("parallel layout (torch_3d, mindspore_auto; data-parallel backends refuse all but the defaults); data "
+                "parallel = devices / (model parallel x pipeline stages), --batch-size is per data-parallel replica "
+                "and micro-batch")
 
 
-# The run options that reach a backend through RunConfig.backend_options.
-BACKEND_OPTIONS = ("parallel_mode", "model_parallel", "pipeline_stages", "micro_batches", "pipeline_schedule",
-                   "optimizer_shard", "recompute", "vocab_emb_dp")
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """Options every run takes (RUN_OPTIONS), so bench.compare can pass them through unchanged."""
+    groups = {"run": p.add_argument_group("run options"), "layout": p.add_argument_group(LAYOUT_GROUP),
+              "backend": p.add_argument_group("options of one backend (the registry says whose)")}
+    for option in RUN_OPTIONS:
+        where = "layout" if option.layout else "backend" if option.dest in BACKEND_ONLY else "run"
+        groups[where].add_argument(*option.flags, **option.kwargs)
+
+
+def forwarded(args, backends_options: tuple[str, ...], skip: tuple[str, ...] = ()) -> list[str]:
+    """bench.run's arguments for the run options in `args`, leaving out `skip` (dests) and the options of
+    another backend than the one whose `backends_options` (its registry declaration) are given."""
+    return [token for option in RUN_OPTIONS if option.dest not in skip
+            and (option.dest not in BACKEND_ONLY or option.dest in backends_options)
+            for token in option.forward(getattr(args, option.dest))]
 
 
 def backend_names() -> tuple[str, ...]:

@@ -11,7 +11,6 @@ global batch for each micro-batch count among them (pp<N>-mb<K> <-> 1 device --g
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import secrets
@@ -29,14 +28,26 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from backends import BACKENDS
 from bench import run as bench_run
-from bench.cli import OneLineParser, add_run_options, backend_names, int_list, name_list, positive_int, workload_names
-from bench.layouts import LayoutName, layout_list, reference_accumulations
+from bench.cli import (
+    RUN_OPTIONS,
+    OneLineParser,
+    add_run_options,
+    backend_names,
+    forwarded,
+    int_list,
+    name_list,
+    positive_int,
+    workload_names,
+)
+from bench.layouts import layout_list, reference_accumulations
 from bench.reporting.intervals import interval_frame, ranked
 from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame
 from common.devices import default_threads_per_device
 from common.errors import BadInput, Cancelled
 from common.launch import TERM_GRACE_S, cancel_on_signals, child_env, log_tail
+from common.layout import Layout
 from common.record import skeleton
 from common.results import (
     load_records,
@@ -48,15 +59,9 @@ from common.results import (
     write_summary,
 )
 
-# The run options bench.compare forwards to every bench.run, as (attribute, flag, kind).
-_FORWARD = [(a.dest, a.option_strings[0],
-             "bool" if isinstance(a, argparse.BooleanOptionalAction) else "flag" if a.nargs == 0 else "value")
-            for a in (lambda p: (add_run_options(p), p._actions)[1])(argparse.ArgumentParser())
-            if a.option_strings and a.dest != "help"]
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of --timeout
 # The run options a --layouts entry sets (and bench.compare then refuses on its own command line).
-LAYOUT_OPTIONS = ("model_parallel", "pipeline_stages", "micro_batches", "pipeline_schedule", "optimizer_shard",
-                  "recompute", "vocab_emb_dp")
+SET_BY_LAYOUTS = tuple(o.dest for o in RUN_OPTIONS if o.layout)
 LAYOUT_BACKEND = "torch_3d"
 
 
@@ -79,20 +84,12 @@ def build_parser() -> OneLineParser:
 
 
 def run_command(args, backend: str, workload: str, devices: int, run_id: str, sweep_id: str,
-                layout: LayoutName | None = None, grad_accum: int = 1) -> list[str]:
+                layout: Layout | None = None, grad_accum: int = 1) -> list[str]:
     """bench.run with the sweep's options; for a layout, its own layout flags and --grad-accum instead."""
     cmd = [sys.executable, "-m", "bench.run", "--backend", backend, "--workload", workload,
            "--devices", str(devices), "--run-id", run_id, "--sweep-id", sweep_id]
-    for dest, flag, kind in _FORWARD:
-        if layout and dest in LAYOUT_OPTIONS + ("grad_accum",):
-            continue
-        value = getattr(args, dest)
-        if kind == "flag":
-            cmd += [flag] if value else []
-        elif kind == "bool":  # --x / --no-x: both values must reach bench.run
-            cmd += [flag if value else f"--no-{flag[2:]}"]
-        elif value is not None:
-            cmd += [flag, str(value)]
+    # A backend's own options reach that backend only (the registry says whose they are).
+    cmd += forwarded(args, BACKENDS[backend].options, skip=(*SET_BY_LAYOUTS, "grad_accum") if layout else ())
     if layout:
         cmd += ["--grad-accum", str(grad_accum), *layout.run_flags()]
     return cmd
@@ -142,7 +139,7 @@ class SweepCancelled(Exception):
         self.cancelled, self.run_id, self.record_written = cancelled, run_id, record_written
 
 
-def run_one(args, backend, workload, devices, sweep_id, log_dir: Path, layout: LayoutName | None = None,
+def run_one(args, backend, workload, devices, sweep_id, log_dir: Path, layout: Layout | None = None,
             grad_accum: int = 1, invalid: str | None = None) -> str:
     run_id = new_run_id(backend, workload, devices)
     if invalid:  # bad input for this run only (the sweep refused input bad for every run)
@@ -236,21 +233,21 @@ def print_layout_table(console: Console, records: list[dict]) -> None:
 def check_layout_options(parser: OneLineParser, args) -> None:
     """--layouts fixes the devices, the layout flags and the scaling mode: refuse what would contradict it."""
     defaults = build_parser().parse_args([])
-    given = [dest for dest in LAYOUT_OPTIONS if getattr(args, dest, None) != getattr(defaults, dest, None)]
+    given = [o for o in RUN_OPTIONS if o.layout and getattr(args, o.dest) != getattr(defaults, o.dest)]
     if given:
-        parser.error(f"--layouts sets the layout of every run; drop --{given[0].replace('_', '-')}")
+        parser.error(f"--layouts sets the layout of every run; drop {given[0].flags[0]}")
     if args.devices:
         parser.error("--layouts sets the device count of every run (dp x tp x pp); drop --gpus/--devices")
     if args.scaling == "weak":
         parser.error("--layouts compares layouts at one global batch (strong scaling); drop --scaling weak")
 
 
-def sweep_plan(args) -> list[tuple[str, str, int, LayoutName | None, int]]:
+def sweep_plan(args) -> list[tuple[str, str, int, Layout | None, int]]:
     """(workload, backend, devices, layout, grad_accum) per run: device counts, or the layouts, each after
     the 1-device runs it is measured against (one per micro-batch count: pp<N>-mb<K> <-> --grad-accum K)."""
     if not args.layouts:
         return [(w, b, n, None, args.grad_accum) for w in args.workloads for b in args.backends for n in args.devices]
-    runs = [(LayoutName(), args.grad_accum * k) for k in reference_accumulations(args.layouts)]
+    runs = [(Layout(), args.grad_accum * k) for k in reference_accumulations(args.layouts)]
     runs += [(lay, args.grad_accum) for lay in args.layouts]
     return [(w, b, lay.devices, lay, accum) for w in args.workloads for b in args.backends for lay, accum in runs]
 

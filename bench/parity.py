@@ -30,8 +30,9 @@ from rich.table import Table
 
 from bench import parity_checks as pc
 from bench.cli import OneLineParser, backend_names, name_list, positive_float, positive_int, workload_names
-from bench.layouts import LayoutName, layout_list, reference_accumulations
+from bench.layouts import layout_list, reference_accumulations
 from common.launch import RunFailed, child_env, run_supervised
+from common.layout import Layout
 from common.results import write_json_atomic
 from common.spec import model_spec, training_flops_per_sample
 
@@ -64,7 +65,7 @@ def build_parser() -> OneLineParser:
 
 
 def run_command(args, backend: str, workload: str, devices: int, run_id: str, probe: int = 0,
-                layout: LayoutName | None = None, grad_accum: int = 1) -> list[str]:
+                layout: Layout | None = None, grad_accum: int = 1) -> list[str]:
     """bench.run at `devices` devices; the global batch is 2b either way (1 device: 2 micro-batches; a
     layout: its own flags, the 1-device reference `grad_accum` micro-batches).
     `probe` k > 0: initial weights perturbed by PROBE_PERTURBATION, draw k."""
@@ -84,7 +85,7 @@ def run_command(args, backend: str, workload: str, devices: int, run_id: str, pr
 
 
 def run_one(args, backend: str, workload: str, devices: int, stamp: str, probe: int = 0,
-            layout: LayoutName | None = None, grad_accum: int = 1) -> dict:
+            layout: Layout | None = None, grad_accum: int = 1) -> dict:
     """The run's record; a stand-in `failed` record when bench.run left none (it died, or timed out)."""
     what = f"n{devices}" if layout is None else layout.name if devices > 1 else f"n1-accum{grad_accum}"
     run_id = f"parity-{stamp}-{backend}-{workload}-{what}" + (f"-probe{probe}" if probe else "")
@@ -123,7 +124,7 @@ def _probes(args, backend: str, workload: str, stamp: str, console: Console, gra
     probes = []
     for k in pc.PROBE_SEEDS:
         console.print(f"{workload} {backend} N=1, initial weights perturbed (draw {k}) ...")
-        layout = LayoutName() if grad_accum else None
+        layout = Layout() if grad_accum else None
         probes.append(run_one(args, backend, workload, 1, stamp, probe=k, layout=layout, grad_accum=grad_accum or 1))
         console.print(f"  {probes[-1]['status']} ({probes[-1].get('duration_s') or 0:.0f} s)")
     return probes
@@ -142,7 +143,7 @@ def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[li
         references = {}
         for k in reference_accumulations(args.layouts):
             console.print(f"{workload} {backend} 1 device, {k} micro-batch(es) ...")
-            references[k] = run_one(args, backend, workload, 1, stamp, layout=LayoutName(), grad_accum=k)
+            references[k] = run_one(args, backend, workload, 1, stamp, layout=Layout(), grad_accum=k)
             console.print(f"  {references[k]['status']} ({references[k].get('duration_s') or 0:.0f} s)")
         first = references[min(references)]
         probes = _probes(args, backend, workload, stamp, console, min(references)) if first.get("status") == "ok" \
@@ -154,7 +155,7 @@ def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[li
             console.print(f"{workload} {backend} {layout.name} ({layout.devices} devices) ...")
             done[layout.name] = run_one(args, backend, workload, layout.devices, stamp, layout=layout)
             console.print(f"  {done[layout.name]['status']} ({done[layout.name].get('duration_s') or 0:.0f} s)")
-            checks += pc.layout_checks(workload, f"{backend} {layout.name}", references[layout.accumulation],
+            checks += pc.layout_checks(workload, f"{backend} {layout.name}", references[layout.accumulation()],
                                        done[layout.name], envelope)
         runs[backend] = {"references": {str(k): r.get("run_id") for k, r in references.items()},
                          "layouts": {n: r.get("run_id") for n, r in done.items()},

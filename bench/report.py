@@ -16,7 +16,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from bench.cli import OneLineParser, backend_names, name_list, workload_names
+from bench.cli import OneLineParser, backend_names, name_list, percentage, workload_names
 from bench.reporting.comparison import baseline_section, regressions
 from bench.reporting.compose import PLOTS_DIR, build_report
 from bench.reporting.document import Image, to_markdown
@@ -44,16 +44,6 @@ def build_parser() -> OneLineParser:
     p.add_argument("--fail-on-regression", type=percentage, metavar="PCT",
                    help="with --baseline: exit 1 when a row is slower by more than PCT%% beyond the noise")
     return p
-
-
-def percentage(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a percentage, got {text!r}") from None
-    if not 0 <= value < 100:
-        raise argparse.ArgumentTypeError(f"must be in [0, 100), got {text}")
-    return value
 
 
 def _started(record: dict) -> datetime | None:

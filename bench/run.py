@@ -17,11 +17,12 @@ import shutil
 import sys
 import time
 import traceback
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from backends import load_backend
+from backends import BACKEND_ONLY, BACKENDS, load_backend
 from bench.cli import (
-    BACKEND_OPTIONS,
+    RUN_OPTIONS,
     OneLineParser,
     add_run_options,
     backend_names,
@@ -39,7 +40,8 @@ from common.data.files import resolve_data_dir
 from common.errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_UNSUPPORTED, BadInput, Cancelled, Unsupported
 from common.hostinfo import load_over, machine_load
 from common.launch import RunFailed, cancel_on_signals
-from common.layout import Layout
+from common.layout import OPTIONS as LAYOUT_OPTIONS
+from common.layout import Layout, refuse_layout
 from common.nodes import check_node_options, describe_nodes
 from common.record import compile_notes, describe_config, measured_fields, skeleton, utilisation
 from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_json_atomic, write_record
@@ -86,8 +88,7 @@ def check_options(args) -> None:
         raise BadInput("--skip-eval contradicts --eval-every")
     if args.resume and not (args.checkpoint_dir or args.checkpoint_every):
         raise BadInput("--resume needs --checkpoint-dir or --checkpoint-every")
-    if args.max_restarts and args.backend != "torch_ddp":
-        raise BadInput(f"--max-restarts: only torch_ddp restarts its workers (torchrun), not {args.backend}")
+    check_backend_options(args)
     if args.max_restarts and not args.checkpoint_every:
         raise BadInput("--max-restarts needs --checkpoint-every: a restart resumes from the newest checkpoint")
     check_node_options(args.nnodes, args.node_rank, args.master_addr, args.master_port)
@@ -99,15 +100,20 @@ def check_options(args) -> None:
         raise BadInput(f"--out {out}: not writable")
 
 
-def checked_layout(args) -> Layout:
-    """The parallel layout, validated once for every backend, before any backend is asked about it."""
-    layout = Layout.from_options(backend_options(args), world_size(args))
-    accumulation = args.grad_accum * layout.micro_batches
-    batch_size = args.batch_size or DEFAULTS[args.workload].per_device_batch
-    per_device = per_device_batch_for(scaling_of(args), batch_size, layout.dp, accumulation)
-    layout.validate(model_spec(args.workload, args.model_size), per_device * layout.dp * accumulation,
-                    args.grad_accum)
-    return layout
+def check_backend_options(args) -> None:
+    """An option of one backend (the registry's declaration) given to another is bad input, by name."""
+    takes = BACKENDS[args.backend].options
+    for option in RUN_OPTIONS:
+        if option.dest in BACKEND_ONLY and option.dest not in takes \
+                and getattr(args, option.dest) != option.kwargs.get("default"):
+            owners = [name for name, entry in BACKENDS.items() if option.dest in entry.options]
+            raise BadInput(f"{option.flags[0]}: an option of {', '.join(owners)}, not of {args.backend}")
+
+
+def check_layout_supported(backend: str, layout: Layout) -> None:
+    """A backend that runs data parallel only (the registry's declaration) refuses every other layout flag."""
+    if not BACKENDS[backend].layouts:
+        refuse_layout(layout, backend, [name for name, entry in BACKENDS.items() if entry.layouts])
 
 
 def scaling_of(args) -> str:
@@ -118,19 +124,30 @@ def world_size(args) -> int:
     return args.nnodes * args.devices
 
 
-def check_run(args) -> tuple[Layout, int, Path, str]:
+@dataclass(frozen=True)
+class Checked:
+    """What check_run established, for build_config: the run is checked once."""
+    layout: Layout
+    per_device_batch: int
+    data_dir: Path
+    data: str
+
+
+def check_run(args) -> Checked:
     """Every check of a run that needs no framework and no data loaded: bench.compare calls it for each
-    run it plans, before the sweep starts. Returns (layout, per-device batch, data dir, data mode)."""
+    run it plans, before the sweep starts. The parallel layout is validated here, once, for every backend."""
     check_options(args)
     defaults = DEFAULTS[args.workload]
-    layout = checked_layout(args)
+    layout = Layout.for_devices(world_size(args), **{o.field: getattr(args, o.field) for o in LAYOUT_OPTIONS})
     per_device = per_device_batch_for(scaling_of(args), args.batch_size or defaults.per_device_batch,
-                                      layout.dp, args.grad_accum * layout.micro_batches)
+                                      layout.dp, layout.accumulation(args.grad_accum))
+    layout.validate(model_spec(args.workload, args.model_size),
+                    per_device * layout.dp * layout.accumulation(args.grad_accum), args.grad_accum)
     data_dir = resolve_data_dir(args.data_dir)
     data = resolve_data_mode(args.data, args.workload, data_dir)
     if not args.epochs:
         check_warmup(args, args.steps or defaults.default_steps)
-    return layout, per_device, data_dir, data
+    return Checked(layout, per_device, data_dir, data)
 
 
 def check_warmup(args, total: int) -> int:
@@ -140,17 +157,17 @@ def check_warmup(args, total: int) -> int:
     return warmup
 
 
-def build_config(args, run_id: str, plan) -> RunConfig:
+def build_config(args, run_id: str, plan, checked: Checked | None = None) -> RunConfig:
+    checked = checked or check_run(args)
     defaults = DEFAULTS[args.workload]
     batch_size = args.batch_size or defaults.per_device_batch
     world = world_size(args)
-    layout, per_device, data_dir, data = check_run(args)
-    accumulation = args.grad_accum * layout.micro_batches
+    layout, per_device = checked.layout, checked.per_device_batch
     spec = model_spec(args.workload, args.model_size)
     # Loading the train split here validates the files before any worker starts, and gives
     # the epoch length that --epochs needs.
-    train = TrainBatches(load_split(args.workload, TRAIN_SPLIT, data, data_dir, spec, args.seed),
-                         spec, args.seed, per_device, layout.dp, 0, accumulation)
+    train = TrainBatches(load_split(args.workload, TRAIN_SPLIT, checked.data, checked.data_dir, spec, args.seed),
+                         spec, args.seed, per_device, layout.dp, 0, layout.accumulation(args.grad_accum))
     total = math.ceil(args.epochs * train.steps_per_epoch) if args.epochs else (args.steps or defaults.default_steps)
     warmup = check_warmup(args, total)
     key = f"{args.backend}-{args.workload}-n{world}-seed{args.seed}"
@@ -164,14 +181,14 @@ def build_config(args, run_id: str, plan) -> RunConfig:
     return RunConfig(
         run_id=run_id, backend=args.backend, workload=args.workload, devices=world,
         device_kind=plan.kind, threads_per_device=plan.threads_per_device, scaling=scaling_of(args),
-        batch_size=batch_size, per_device_batch=per_device, grad_accum=args.grad_accum, data=data,
-        data_dir=str(data_dir), seed=args.seed, total_steps=total, warmup_steps=warmup, out=args.out,
+        batch_size=batch_size, per_device_batch=per_device, grad_accum=args.grad_accum, data=checked.data,
+        data_dir=str(checked.data_dir), seed=args.seed, total_steps=total, warmup_steps=warmup, out=args.out,
         model_size=args.model_size, precision=args.precision, sync_bn=args.sync_bn, virtual=plan.virtual,
         compile=args.compile or "",
         eval_every=args.eval_every, skip_eval=args.skip_eval, patience=args.patience,
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, max_restarts=args.max_restarts, timeout_s=args.timeout,
-        collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
+        collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id, layout=layout,
         backend_options=backend_options(args), nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr or "", master_port=args.master_port or 0,
         init_perturbation=args.init_perturbation, init_perturbation_seed=args.init_perturbation_seed,
@@ -181,9 +198,11 @@ def build_config(args, run_id: str, plan) -> RunConfig:
 
 
 def backend_options(args) -> dict:
-    """Options one backend reads from RunConfig.backend_options (the others ignore them)."""
-    options = {"tf_mode": args.tf_mode}
-    return {**{k: v for k, v in options.items() if v}, **{k: getattr(args, k) for k in BACKEND_OPTIONS}}
+    """The options only this run's backend takes, for its workers (RunConfig.backend_options); those
+    RunConfig has a field of its own for (--max-restarts) stay there."""
+    own_fields = {f.name for f in fields(RunConfig)}
+    return {o: getattr(args, o) for o in BACKENDS[args.backend].options
+            if o not in own_fields and getattr(args, o) is not None}
 
 
 def _finish(record: dict, out: str, status: str, error: str | None, t0: float) -> Path:
@@ -238,16 +257,17 @@ def run(args, run_id: str, workdir: Path) -> int:
                       **describe_nodes(args.nnodes, args.node_rank, args.devices, args.master_addr,
                                        args.master_port))
     try:
-        check_run(args)  # before the framework loads: a bad-input line is not buried in its import warnings
+        checked = check_run(args)  # before the framework loads: a bad-input line is not buried in its warnings
         backend = load_backend(args.backend)
         record.update(strategy=backend.strategy, framework=backend.framework,
                       framework_version=backend.framework_version())
         plan = backend.plan_devices(args.devices, args.device_kind, args.threads_per_device or 1)
-        cfg = build_config(args, run_id, plan)
+        cfg = build_config(args, run_id, plan, checked)
         record.update(describe_config(cfg, plan, backend))
         if cfg.multi_node and not backend.spans_hosts(cfg):
             raise BadInput(f"--nnodes {cfg.nnodes}: {backend.strategy_name(cfg)} runs on one host; several hosts "
                            "need torch_ddp, tf_mirrored --tf-mode multi_worker or mindspore_auto")
+        check_layout_supported(args.backend, cfg.layout)
         backend.check(cfg, plan)
         if cfg.tensorboard_dir:
             check_tensorboard()

@@ -52,6 +52,9 @@ class RunConfig:
     timeout_s: float = 3600.0
     collective_timeout_s: float = 300.0
     sweep_id: str = ""
+    # The parallel layout, validated once by bench.run (common.layout); data parallel is what tp x pp leave.
+    layout: Layout = field(default_factory=Layout)
+    # The options only this run's backend takes (backends.BACKENDS[...].options), e.g. tf_mode.
     backend_options: dict = field(default_factory=dict)
     # bench.parity's sensitivity probe: initial weights scaled by (1 + init_perturbation x N(0, 1)).
     init_perturbation: float = 0.0
@@ -81,14 +84,9 @@ class RunConfig:
         return self.nnodes > 1
 
     @property
-    def layout(self) -> Layout:
-        """The parallel layout: data parallel takes the devices that tensor and pipeline parallel leave."""
-        return Layout.from_options(self.backend_options, self.devices)
-
-    @property
     def accumulation(self) -> int:
         """Micro-batches per optimizer step: --grad-accum, or the pipeline's --micro-batches."""
-        return self.grad_accum * self.layout.micro_batches
+        return self.layout.accumulation(self.grad_accum)
 
     @property
     def feed_steps(self) -> int:
@@ -123,7 +121,10 @@ class RunConfig:
     def load(cls, path: Path) -> RunConfig:
         raw = json.loads(Path(path).read_text())
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in raw.items() if k in known})
+        loaded = {k: v for k, v in raw.items() if k in known}
+        if isinstance(loaded.get("layout"), dict):
+            loaded["layout"] = Layout.from_record(loaded["layout"])
+        return cls(**loaded)
 
 
 def per_device_batch_for(scaling: str, batch_size: int, devices: int, grad_accum: int) -> int:

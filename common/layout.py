@@ -4,16 +4,66 @@ The harness builds it once from the command line and validates it before any wor
 a backend translates it in one place (mindspore_auto's ParallelConfig, torch_3d's mesh) or,
 when it cannot honour a part of it, refuses that part by flag name. Ranks are laid out on a
 ("pp", "dp", "tp") grid, tensor parallel innermost: rank = (stage x dp + dp index) x tp + tp index.
+
+Each layout option is declared once, in OPTIONS: its field, bench.run's flag, its default and help,
+and its part of a layout's name (bench.compare --layouts dp2xtp2-rc). The command line, the flags a
+sweep passes on, the flags a backend refuses by name, and the names are all derived from it.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import asdict, dataclass, fields
 
 from common.errors import BadInput, Unsupported
 from common.spec import BertSpec, CnnSpec
 
 SCHEDULES = ("gpipe", "1f1b")
 MESH_DIMS = ("pp", "dp", "tp")
+
+
+@dataclass(frozen=True)
+class LayoutOption:
+    """One layout option: a count (a mesh dimension or the micro-batches), a choice, or a switch."""
+    field: str
+    flag: str
+    help: str
+    default: int | str | bool
+    choices: tuple[str, ...] = ()
+    dim: str = ""      # a mesh dimension: its name part is <dim><N> (N >= 2)
+    token: str = ""    # its name part among a name's options: a count's prefix (mb<K>) or the word that sets it
+    needs: str = ""    # the dimension a name must have for the token to mean anything ...
+    needs_why: str = ""  # ... and how a bad name is told so
+
+    @property
+    def is_count(self) -> bool:
+        return isinstance(self.default, int) and not isinstance(self.default, bool)
+
+    def flag_for(self, value) -> str:
+        """How a user types this value on bench.run's command line ("" for the default)."""
+        if value == self.default:
+            return ""
+        if isinstance(self.default, bool):
+            return self.flag if value else f"--no-{self.flag[2:]}"
+        return f"{self.flag} {value}"
+
+
+OPTIONS = (
+    LayoutOption("tp", "--model-parallel", "devices each layer is split over", 1, dim="tp"),
+    LayoutOption("pp", "--pipeline-stages", "pipeline stages the layers are cut into", 1, dim="pp"),
+    LayoutOption("micro_batches", "--micro-batches", "micro-batches per pipeline step", 1, token="mb", needs="pp",
+                 needs_why="needs a pipeline (pp<N>)"),
+    LayoutOption("schedule", "--pipeline-schedule", "pipeline schedule: all forwards then all backwards (gpipe), "
+                 "or one forward one backward", "gpipe", choices=SCHEDULES, needs="pp",
+                 needs_why="needs a pipeline (pp<N>)"),
+    LayoutOption("optimizer_shard", "--optimizer-shard", "shard parameters, gradients and optimizer state over "
+                 "data-parallel devices (FSDP/ZeRO); in a name, fsdp<N> instead of dp<N>", False),
+    LayoutOption("recompute", "--recompute", "recompute layer activations in the backward pass", False, token="rc"),
+    LayoutOption("vocab_emb_dp", "--vocab-emb-dp", "replicate the embedding table (default) or split its "
+                 "vocabulary over model-parallel devices", True, token="vocab", needs="tp",
+                 needs_why="splits the vocabulary over tensor parallel: it needs tp<N>"),
+)
+OPTION = {o.field: o for o in OPTIONS}
+_DIMENSION = re.compile(r"(fsdp|dp|tp|pp)([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -39,12 +89,61 @@ class Layout:
 
     def non_default_flags(self) -> list[str]:
         """The layout flags beyond plain data parallelism, as the user typed them."""
-        flags = [(self.tp > 1, f"--model-parallel {self.tp}"), (self.pp > 1, f"--pipeline-stages {self.pp}"),
-                 (self.micro_batches > 1, f"--micro-batches {self.micro_batches}"),
-                 (self.schedule != "gpipe", f"--pipeline-schedule {self.schedule}"),
-                 (self.optimizer_shard, "--optimizer-shard"), (self.recompute, "--recompute"),
-                 (not self.vocab_emb_dp, "--no-vocab-emb-dp")]
-        return [flag for asked, flag in flags if asked]
+        return [flag for o in OPTIONS if (flag := o.flag_for(getattr(self, o.field)))]
+
+    def run_flags(self) -> list[str]:
+        """bench.run's layout flags for this layout, as arguments (--devices is the caller's)."""
+        return [token for flag in self.non_default_flags() for token in flag.split()]
+
+    def accumulation(self, grad_accum: int = 1) -> int:
+        """Micro-batches per optimizer step: --grad-accum times the pipeline's micro-batches (what a
+        1-device reference of this layout accumulates)."""
+        return grad_accum * self.micro_batches
+
+    @property
+    def name(self) -> str:
+        """The canonical name: dimensions in the order dp, tp, pp, then the options that differ from the
+        defaults in OPTIONS' order (a pipeline always says its micro-batches). One device is '1 device'."""
+        dims = [f"{'fsdp' if self.optimizer_shard else 'dp'}{self.dp}" if self.dp > 1 or self.optimizer_shard else ""]
+        dims += [f"{o.dim}{getattr(self, o.field)}" if getattr(self, o.field) > 1 else "" for o in OPTIONS if o.dim]
+        options = []
+        for o in OPTIONS:
+            value = getattr(self, o.field)
+            if o.dim or not (o.token or o.choices) or (o.needs and getattr(self, o.needs) == 1):
+                continue
+            if o.is_count and o.token:
+                options.append(f"{o.token}{value}")
+            elif value != o.default:
+                options.append(o.token or str(value))
+        return "-".join(["x".join(d for d in dims if d) or "1 device", *options])
+
+    @classmethod
+    def parse(cls, entry: str) -> Layout:
+        """A layout name (bench.compare --layouts) -> Layout; ValueError with a one-line reason for anything
+        the grammar (bench/layouts.py) does not say. A pipeline's micro-batches default to 2 x its stages."""
+        head, *words = entry.split("-")
+        values: dict[str, object] = {}
+        for part in head.split("x"):
+            match = _DIMENSION.fullmatch(part)
+            if not match:
+                raise ValueError(f"{entry!r}: {part!r} is not dp<N>, fsdp<N>, tp<N> or pp<N>")
+            kind, size = match.group(1), _size(match.group(2), f"{match.group(1)} size", entry, 2)
+            dim = "dp" if kind == "fsdp" else kind
+            if dim in values:
+                raise ValueError(f"{entry!r}: the {dim} dimension is given twice")
+            values[dim] = size
+            values["optimizer_shard"] = values.get("optimizer_shard", False) or kind == "fsdp"
+        for word in words:
+            field, value = _option_word(entry, word)
+            if field in values:
+                raise ValueError(f"{entry!r}: {word!r} repeats an option already given")
+            option = OPTION[field]
+            if option.needs and values.get(option.needs, 1) == 1:
+                raise ValueError(f"{entry!r}: {word!r} {option.needs_why}")
+            values[field] = value
+        if values.get("pp", 1) > 1:
+            values.setdefault("micro_batches", 2 * values["pp"])
+        return cls(**values)
 
     def validate(self, spec: CnnSpec | BertSpec, global_batch: int, grad_accum: int = 1) -> None:
         """Raise BadInput naming the first combination that cannot be laid out."""
@@ -135,15 +234,41 @@ class Layout:
         return {**asdict(self), "per_rank": per_rank}
 
     @classmethod
-    def from_options(cls, options: dict, devices: int) -> Layout:
-        """The layout asked for on the command line; data parallel takes the devices tp x pp leaves."""
-        tp, pp = options.get("model_parallel", 1), options.get("pipeline_stages", 1)
+    def for_devices(cls, devices: int, **options) -> Layout:
+        """The layout asked for on the command line (OPTIONS' fields); data parallel takes the devices tp x pp
+        leave."""
+        tp, pp = options.get("tp", 1), options.get("pp", 1)
         if devices % (tp * pp):
             raise BadInput(f"{devices} devices are not divisible by model parallel {tp} x pipeline stages {pp}")
-        return cls(dp=devices // (tp * pp), tp=tp, pp=pp, micro_batches=options.get("micro_batches", 1),
-                   schedule=options.get("pipeline_schedule", "gpipe"),
-                   optimizer_shard=options.get("optimizer_shard", False), recompute=options.get("recompute", False),
-                   vocab_emb_dp=options.get("vocab_emb_dp", True))
+        return cls(dp=devices // (tp * pp), **options)
+
+    @classmethod
+    def from_record(cls, layout: dict) -> Layout:
+        """The layout a run record's `layout` object (as_record) describes."""
+        return cls(**{f.name: layout[f.name] for f in fields(cls) if f.name in layout})
+
+
+def _size(text: str, what: str, entry: str, low: int) -> int:
+    value = int(text)
+    if value < low or text != str(value):
+        raise ValueError(f"{entry!r}: {what} must be an integer >= {low} without leading zeros, got {text}")
+    return value
+
+
+def _option_word(entry: str, word: str) -> tuple[str, object]:
+    """One option word of a layout name -> (field, value), from OPTIONS' tokens and choices."""
+    for o in OPTIONS:
+        if o.dim:
+            continue
+        if o.is_count and o.token and (match := re.fullmatch(rf"{o.token}([0-9]+)", word)):
+            return o.field, _size(match.group(1), o.token, entry, 1)
+        if word in o.choices:
+            return o.field, word
+        if o.token and word == o.token and isinstance(o.default, bool):
+            return o.field, not o.default
+    words = [w for o in OPTIONS for w in ([f"{o.token}<K>"] if o.is_count and o.token else
+                                          [*o.choices, *([o.token] if o.token and not o.is_count else [])])]
+    raise ValueError(f"{entry!r}: unknown option {word!r}; choose from {', '.join(words)}")
 
 
 def cnn_layers(spec: CnnSpec) -> int:
@@ -151,9 +276,9 @@ def cnn_layers(spec: CnnSpec) -> int:
     return len(spec.conv_channels) + len(spec.fc_sizes) + 1
 
 
-def refuse_layout(layout: Layout, backend: str) -> None:
-    """For a data-parallel-only backend: Unsupported naming the first layout flag it cannot honour."""
+def refuse_layout(layout: Layout, backend: str, runs_layouts: list[str]) -> None:
+    """For a data-parallel-only backend: Unsupported naming the first layout flag it cannot honour, and the
+    backends that run layouts."""
     asked = layout.non_default_flags()
     if asked:
-        raise Unsupported(f"{asked[0]}: {backend} is data parallel only; torch_3d runs this layout "
-                          "(mindspore_auto too, on Ascend/GPU)")
+        raise Unsupported(f"{asked[0]}: {backend} is data parallel only; {', '.join(runs_layouts)} run layouts")

@@ -12,10 +12,11 @@ import pytest
 from bench import parity_checks as pc
 from bench.compare import build_parser as compare_parser
 from bench.compare import run_command, sweep_plan
-from bench.layouts import LayoutName, parse_layout
+from bench.layouts import parse_layout
 from bench.reporting.compose import build_report
 from bench.reporting.document import to_markdown
 from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame, layout_table
+from common.layout import Layout
 from common.record import skeleton
 from common.results import load_records, validate_record, write_record
 from tests.conftest import run_cli
@@ -123,10 +124,10 @@ def _comm(all_reduce: int, send_recv: int) -> dict:
             "send_recv": {"bytes": send_recv, "calls": 8, "time_s": None}}
 
 
-def _record(index: int, layout: LayoutName, grad_accum: int, sps: float | None, status: str = "ok",
+def _record(index: int, layout: Layout, grad_accum: int, sps: float | None, status: str = "ok",
             peaks: list[int] | None = None, metrics: dict | None = None, error: str | None = None) -> dict:
     n = layout.devices
-    lay = {k: getattr(layout, k) for k in LayoutName.__dataclass_fields__}
+    lay = {k: getattr(layout, k) for k in Layout.__dataclass_fields__}
     lay["per_rank"] = [{"rank": r, "dp": 0, "tp": 0, "pp": r, "holds": "?"} for r in range(n)]
     record = skeleton(f"20261123T07{index:02d}00Z-torch_3d-mlm-n{n}-{index:06x}", "torch_3d", "mlm", n,
                       f"2026-11-23T07:{index:02d}:00+00:00", sweep_id=SWEEP, data="real", scaling="strong",
@@ -151,8 +152,8 @@ def layout_records() -> list[dict]:
     state = {"params": 18 * MIB, "grads": 18 * MIB, "optimizer": 36 * MIB}
     half = {k: v // 2 for k, v in state.items()}
     return [
-        _record(0, LayoutName(), 1, 40.0, peaks=[300 * MIB], metrics={"state_bytes_per_rank": [state]}),
-        _record(1, LayoutName(), 4, 32.0, peaks=[280 * MIB], metrics={"state_bytes_per_rank": [state]}),
+        _record(0, Layout(), 1, 40.0, peaks=[300 * MIB], metrics={"state_bytes_per_rank": [state]}),
+        _record(1, Layout(), 4, 32.0, peaks=[280 * MIB], metrics={"state_bytes_per_rank": [state]}),
         _record(2, parse_layout("dp2"), 1, 60.0, peaks=[310 * MIB, 312 * MIB],
                 metrics={"state_bytes_per_rank": [state, state], "comm_per_step": [_comm(18 * MIB, 0)] * 2}),
         _record(3, parse_layout("pp2-mb4-1f1b"), 1, 48.0, peaks=[200 * MIB, 180 * MIB],

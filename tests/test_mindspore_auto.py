@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
+from backends.mindspore_auto.parallel_config import ParallelConfig
 from backends.mindspore_auto.strategies import bert_strategies, cnn_strategies, stage_plan
 from common.errors import BadInput
 from common.initial_weights import initial_weights
+from common.layout import Layout
 from common.results import validate_record
 from common.spec import BERT_SIZES, CNN
 from tests.conftest import REPO, run_cli
@@ -64,11 +65,10 @@ def test_a_good_layout_passes(cfg, devices, spec):
 
 
 def test_data_parallel_takes_the_devices_model_and_pipeline_leave():
-    cfg = parallel_config_from({"parallel_mode": "semi_auto", "model_parallel": 2, "pipeline_stages": 2,
-                                "micro_batches": 4}, devices=8)
+    cfg = ParallelConfig.from_layout(Layout.for_devices(8, tp=2, pp=2, micro_batches=4), "semi_auto")
     assert (cfg.data_parallel, cfg.model_parallel, cfg.pipeline_stage, cfg.micro_batch_num) == (2, 2, 2, 4)
     with pytest.raises(BadInput, match="6 devices are not divisible by model parallel 4 x pipeline stages 1"):
-        parallel_config_from({"model_parallel": 4}, devices=6)
+        Layout.for_devices(6, tp=4)
 
 
 # ----------------------------------------------------------------------------- strategies

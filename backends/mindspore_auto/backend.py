@@ -14,7 +14,7 @@ from pathlib import Path
 import mindspore as ms
 
 from backends.base import Backend
-from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
+from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_of
 from backends.mindspore_auto.worker import FINISHED, PID_DIR_ENV
 from common.breakdown import communication_note
 from common.calibration import bare_result, refuse_bare_options
@@ -222,7 +222,7 @@ class MindSporeAuto(Backend):
 
     @staticmethod
     def layout(cfg: RunConfig) -> ParallelConfig:
-        return parallel_config_from(cfg.backend_options, cfg.devices)
+        return parallel_config_of(cfg)
 
     def spans_hosts(self, cfg: RunConfig) -> bool:
         return True

@@ -74,6 +74,6 @@ class ParallelConfig:
         self.layout.validate(spec, global_batch, grad_accum)
 
 
-def parallel_config_from(options: dict, devices: int) -> ParallelConfig:
-    """The layout asked for on the command line, with MindSpore's parallel mode."""
-    return ParallelConfig.from_layout(Layout.from_options(options, devices), options.get("parallel_mode", "data"))
+def parallel_config_of(cfg) -> ParallelConfig:
+    """A run's layout (RunConfig.layout) with MindSpore's parallel mode (its own --parallel-mode)."""
+    return ParallelConfig.from_layout(cfg.layout, cfg.backend_options.get("parallel_mode", "data"))

@@ -14,7 +14,7 @@ from mindspore.communication import get_group_size, get_rank, init
 
 from backends.mindspore_auto.data import DatasetBatches
 from backends.mindspore_auto.models import build_loss_net, param_count
-from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_from
+from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_of
 from backends.mindspore_auto.trainer import MindSporeTrainer, float16_matmuls
 from common import worker
 from common.config import RunConfig
@@ -71,7 +71,7 @@ def start_worker(cfg: RunConfig) -> tuple[RunConfig, ParallelConfig, int, int]:
     """One msrun worker joined to its group, graph mode on the run's device and threads, the parallel
     context set: (config, parallel config, rank, processes). The suite's worker and the bare loop share it."""
     register_pid()
-    pcfg = parallel_config_from(cfg.backend_options, cfg.devices)
+    pcfg = parallel_config_of(cfg)
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device(DEVICE_TARGETS[cfg.device_kind])
     if cfg.device_kind == "cpu":

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from backends.base import Backend, refuse_non_data_parallel
+from backends.base import Backend
 from backends.tf_mirrored.devices import GPU_SLICE_MB, gpu_slices, physical_gpus
 from backends.tf_mirrored.strategy import STRATEGY_NAMES, all_reduce_implementation, mode_of
 from common.breakdown import communication_note
@@ -53,7 +53,6 @@ class TFMirrored(Backend):
         return mode_of(cfg) == "multi_worker"
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
-        refuse_non_data_parallel(cfg, self.name)
         if cfg.compile not in ("", "default"):
             raise Unsupported(f"--compile {cfg.compile} is a torch.compile mode; XLA (jit_compile) has no modes")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.base import refuse_mindspore_mode
 from backends.torch_common.backend import TorchrunBackend
 from common.config import RunConfig
 from common.devices import DevicePlan
@@ -25,7 +24,6 @@ class Torch3D(TorchrunBackend):
         return f"torch_3d {' x '.join(parts)}"
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
-        refuse_mindspore_mode(cfg, self.name)
         lay = cfg.layout
         if cfg.workload == "cnn":
             if lay.tp > 1 or lay.pp > 1:

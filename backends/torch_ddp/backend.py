@@ -1,7 +1,6 @@
 """PyTorch DistributedDataParallel: one process per device, launched by a child torchrun."""
 from __future__ import annotations
 
-from backends.base import refuse_non_data_parallel
 from backends.torch_common.backend import TorchrunBackend
 from common.config import RunConfig
 from common.devices import DevicePlan
@@ -15,7 +14,6 @@ class TorchDDP(TorchrunBackend):
     bare_module = "backends.torch_ddp.bare"
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
-        refuse_non_data_parallel(cfg, self.name)
         if cfg.sync_bn and plan.kind == "cpu" and cfg.devices > 1:
             raise Unsupported("--sync-bn: torch's SyncBatchNorm runs on GPU devices only")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from backends.base import refuse_non_data_parallel
 from backends.torch_common.backend import TorchBackend
 from backends.torch_common.launch import cuda_device_names, plan_over
 from backends.torch_dp.timed import HOW
@@ -36,7 +35,6 @@ class TorchDP(TorchBackend):
         return data_parallel_plan(count, kind, threads_per_device, cuda_device_names())
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
-        refuse_non_data_parallel(cfg, self.name)
         if cfg.sync_bn:
             raise Unsupported("--sync-bn: nn.DataParallel has no SyncBatchNorm (it needs DDP process groups)")
         if cfg.compile and plan.kind == "cuda" and cfg.devices > 1:

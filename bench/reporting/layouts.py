@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from bench.layouts import LayoutName
 from bench.reporting.tables import fmt_efficiency, fmt_number, fmt_share
+from common.layout import Layout
 
 LAYOUT_SWEEP_PREFIX = "layouts-"
 COMM_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
@@ -25,7 +25,7 @@ COLUMNS = ["layout", "backend", "N", "status", "samples/s", "efficiency vs 1 dev
 def _splits(layout: dict | None) -> bool:
     if not layout:
         return False
-    name = LayoutName.from_record(layout)
+    name = Layout.from_record(layout)
     return name.tp > 1 or name.pp > 1 or name.optimizer_shard or name.recompute or not name.vocab_emb_dp
 
 
@@ -34,16 +34,16 @@ def in_layout_table(record: dict) -> bool:
 
 
 def accumulation(record: dict) -> int:
-    """Micro-batches per optimizer step: --grad-accum times the pipeline's micro-batches."""
+    """Micro-batches per optimizer step of a recorded run (Layout.accumulation)."""
     grad_accum = (record.get("config") or {}).get("grad_accum") or 1
-    return grad_accum * ((record.get("layout") or {}).get("micro_batches") or 1)
+    return Layout.from_record(record.get("layout") or {}).accumulation(grad_accum)
 
 
 def layout_name(record: dict) -> str:
     layout = record.get("layout")
     if not layout:
         return "?"
-    name = LayoutName.from_record(layout).name
+    name = Layout.from_record(layout).name
     if record["devices"] == 1 and accumulation(record) > 1:
         name += f", {accumulation(record)} micro-batches"
     return name
