@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.utils.checkpoint import checkpoint
 
 from backends.torch_3d.vocab import split_vocabulary
 from common.layout import MESH_DIMS, Layout
@@ -36,12 +37,16 @@ def tensor_parallel_splits(layers: int) -> dict[str, int]:
 
 
 def build_mesh(layout: Layout, device_type: str, backend: str, timeout_s: float) -> DeviceMesh:
-    """The world as a (pp, dp, tp) mesh; every sub-group keeps --collective-timeout (a sub-group
-    would otherwise get the backend's 30-minute default)."""
-    options = (dist.ProcessGroupNCCL.Options() if backend == "nccl" else dist.ProcessGroupGloo._Options())
-    options._timeout = timedelta(seconds=timeout_s)
-    return init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=MESH_DIMS,
-                            backend_override={d: (backend, options) for d in MESH_DIMS})
+    """The world as a (pp, dp, tp) mesh whose every sub-group keeps --collective-timeout (a sub-group would
+    otherwise get the backend's 30-minute default): the groups along each dimension are made with
+    new_subgroups_by_enumeration(timeout=...), and the mesh from them (DeviceMesh.from_group)."""
+    ranks = torch.arange(layout.devices).reshape(layout.pp, layout.dp, layout.tp)
+    groups = []
+    for axis in range(ranks.dim()):
+        along = ranks.movedim(axis, -1).reshape(-1, ranks.shape[axis]).tolist()
+        mine, _ = dist.new_subgroups_by_enumeration(along, timeout=timedelta(seconds=timeout_s), backend=backend)
+        groups.append(mine)
+    return DeviceMesh.from_group(groups, device_type, mesh=ranks, mesh_dim_names=MESH_DIMS)
 
 
 def layer_modules(stage: nn.Module) -> nn.ModuleDict | None:
@@ -56,11 +61,22 @@ def apply_tensor_parallel(stage: nn.Module, mesh: DeviceMesh, tp: int) -> None:
         parallelize_module(layer, mesh["tp"], plan)
 
 
+class Recomputed(nn.Module):
+    """A layer whose activations are recomputed in the backward pass instead of kept (torch.utils.checkpoint,
+    non-reentrant: it takes keyword arguments and DTensor parameters)."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.recomputed = layer
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.recomputed, *args, use_reentrant=False, **kwargs)
+
+
 def apply_recompute(stage: nn.Module) -> None:
-    """Each encoder layer's activations are recomputed in the backward pass instead of kept."""
     layers = layer_modules(stage)
     for name in list(layers):
-        layers[name] = checkpoint_wrapper(layers[name])
+        layers[name] = Recomputed(layers[name])
 
 
 def apply_fsdp(stage: nn.Module, mesh: DeviceMesh) -> None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, schedules
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.distributed.tensor import DTensor
 
 from backends.torch_common.comm import CommCounter
+from backends.torch_common.internals import pipeline_wait_timer
 from backends.torch_common.trainer import TorchTrainer, sample_count
 from backends.torch_common.weights import final_params
 from common.config import RunConfig
@@ -140,30 +140,23 @@ class LayoutTrainer(TorchTrainer):
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grads = [local(p.grad) for p in self.core.parameters() if p.grad is not None]
         if self.layout.dp > 1 and not self.layout.optimizer_shard and grads:
-            flat = torch._utils._flatten_dense_tensors(grads)
+            flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self.where.mesh["dp"].get_group())
-            for g, reduced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                g.copy_(reduced)
+            for g, reduced in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(reduced.view_as(g))
         if self.where.tie_group is not None:
             dist.all_reduce(local(self.core.model.token_embedding.weight.grad), group=self.where.tie_group)
 
     def _probed_step(self, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         """The step, with its collectives counted and, in a pipeline, the time each stage waits for
-        its neighbours (the idle share of the step)."""
-        waited = [0.0]
-        original = schedules._wait_batch_p2p
-
-        def timed_wait(work):
-            t0 = time.perf_counter()
-            original(work)
-            waited[0] += time.perf_counter() - t0
-
+        its neighbours (the idle share of the step; None where torch no longer lets it be measured)."""
         counter = CommCounter()
         began = time.perf_counter()
-        with counter, mock.patch.object(schedules, "_wait_batch_p2p", timed_wait):
+        with counter, pipeline_wait_timer() as waited:
             total = self._step(micro)
         elapsed = time.perf_counter() - began
-        self._probe = {"comm": counter.summary(), "idle_share": waited[0] / elapsed if self.schedule else None}
+        idle = waited.seconds / elapsed if self.schedule and waited.seconds is not None else None
+        self._probe = {"comm": counter.summary(), "idle_share": idle}
         return total
 
     # -- evaluation --------------------------------------------------------------------------------
@@ -231,7 +224,7 @@ class LayoutTrainer(TorchTrainer):
             self.core.reshard()  # the root's weights as sharded as the layers', whatever ran last
         whole = []
         for name, param in self.core.named_parameters():
-            name = name.replace("_checkpoint_wrapped_module.", "").removeprefix("model.")
+            name = name.replace("recomputed.", "").removeprefix("model.")  # parallelize.Recomputed's child
             whole.append((name, param.full_tensor() if isinstance(param, DTensor) else param))
         return final_params(self.core.model, whole) if self.where.coords["dp"] == self.where.coords["tp"] == 0 \
             else None

@@ -1,0 +1,46 @@
+"""The torch internals a measurement needs where no public API offers it, in one guarded place.
+
+A probe here measures, never trains: when a torch release renames or removes the internal it reads,
+the probe says "not measured" (None) and the run goes on. tests/test_torch_internals.py fails loudly
+when an internal is gone, so that an upgrade of torch says which measurement it took away.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+# torch.distributed.pipelining's schedules wait for each batch of a stage's sends and receives here:
+# the time a stage waits for its neighbours (its idle share of a step). No public hook exposes it.
+PIPELINE_WAIT = ("torch.distributed.pipelining.schedules", "_wait_batch_p2p")
+
+
+class Stopwatch:
+    seconds: float | None = 0.0  # None: not measured (the internal is gone)
+
+
+@contextlib.contextmanager
+def pipeline_wait_timer() -> Iterator[Stopwatch]:
+    """Within the block, the seconds pipeline schedules spend waiting on their point-to-point batches."""
+    import importlib
+
+    watch = Stopwatch()
+    module = importlib.import_module(PIPELINE_WAIT[0])
+    original = getattr(module, PIPELINE_WAIT[1], None)
+    if original is None:
+        watch.seconds = None
+        yield watch
+        return
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            watch.seconds += time.perf_counter() - t0
+
+    setattr(module, PIPELINE_WAIT[1], timed)
+    try:
+        yield watch
+    finally:
+        setattr(module, PIPELINE_WAIT[1], original)
