@@ -44,10 +44,6 @@ class Torch3D(TorchrunBackend):
         if cfg.precision == "fp16":
             raise Unsupported("--precision fp16: torch_3d has no loss scaling over sharded gradients (FSDP2 and "
                               "DTensor need a sharded GradScaler); --precision amp (bf16) needs none")
-        if cfg.breakdown_steps:
-            raise Unsupported("--breakdown-steps: torch_3d measures its own per-step communication by kind and "
-                              "pipeline bubble (backend_metrics.comm_per_step, bubble); the data-parallel "
-                              "breakdown probe does not apply to tensor or pipeline stages")
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         lay = cfg.layout
@@ -67,6 +63,11 @@ class Torch3D(TorchrunBackend):
                      "gathered from its shards after the last step")
         notes.append("backend_metrics.comm_per_step and bubble come from one warm-up probe step outside the "
                      "measured window, collectives timed by waiting on each")
+        if cfg.breakdown_steps:
+            notes.append("--breakdown-steps: 'gradient comm' is every collective of the step (tensor-parallel "
+                         "all-reduces, FSDP all-gathers and reduce-scatters, the dp all-reduce, the tied embedding's "
+                         "sum), each waited for; a pipeline's sends and receives are counted, not timed, so its "
+                         "waits stay in forward+backward")
         if cfg.workload == "cnn" and lay.dp > 1:
             notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as torch_ddp by default")
         if plan.kind == "cpu":

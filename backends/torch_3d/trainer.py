@@ -75,6 +75,12 @@ class LayoutTrainer(TorchTrainer):
 
     # -- training --------------------------------------------------------------------------------
     def train_step(self, batch: StepBatch, lr: float) -> float:
+        total = self._forward_backward(batch, lr)
+        self._optimizer_step()
+        return float(total) / batch.denominator if self.holds_loss else 0.0
+
+    def _forward_backward(self, batch: StepBatch, lr: float) -> torch.Tensor:
+        """The step up to the optimizer on this stage and shard (TorchTrainer's probe_step times it too)."""
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -87,8 +93,7 @@ class LayoutTrainer(TorchTrainer):
             total = self._step(micro)
         if self._steps_to_probe is not None:
             self._steps_to_probe -= 1
-        self.optimizer.step()
-        return float(total) / batch.denominator if self.holds_loss else 0.0
+        return total
 
     def _step(self, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         total = self._pipeline_step(micro) if self.schedule else self._local_step(micro)

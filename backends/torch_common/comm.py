@@ -1,4 +1,6 @@
 """Counting the communication a torch step actually issues: bytes, calls and time per kind of collective.
+The one way the torch backends measure communication: torch_3d's per-step counts, and every torch
+backend's --breakdown-steps (DDP's gradient all-reduce is counted in DDP's comm hook: count_ddp_allreduce).
 
 A TorchDispatchMode sees every c10d op (what torch.distributed, FSDP2 and pipelining issue) and every
 functional collective (what DTensor issues) as it is dispatched. Use it around one probe step outside
@@ -14,6 +16,8 @@ import time
 from collections import defaultdict
 
 import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 c10d = torch.ops.c10d
@@ -63,6 +67,9 @@ class CommCounter(TorchDispatchMode):
 
     def __init__(self):
         super().__init__()
+        self.reset()
+
+    def reset(self) -> None:
         self.bytes: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
         self.seconds: dict[str, float] = defaultdict(float)
@@ -95,3 +102,48 @@ class CommCounter(TorchDispatchMode):
         return {kind: {"bytes": self.bytes[kind], "calls": self.calls[kind],
                        "time_s": None if kind in _UNTIMED else round(self.seconds[kind], 6)}
                 for kind in sorted(self.calls)}
+
+    def total(self) -> tuple[int, float]:
+        """(bytes, seconds) of every timed collective: what a probe step spent communicating."""
+        return (sum(self.bytes[k] for k in self.calls if k not in _UNTIMED),
+                sum(self.seconds[k] for k in self.calls if k not in _UNTIMED))
+
+
+# A module function with its counter as DDP's hook state, not a bound method: DDP's C++ reducer keeps the
+# hook, and one that reached back to the DDP module would make a cycle the garbage collector cannot see; the
+# reducer would live until interpreter shutdown, where freeing its Python futures aborts the process.
+# No annotations: DDP checks them against dist.GradBucket.
+def _counted_allreduce_hook(counter, bucket):
+    with counter:
+        return default_hooks.allreduce_hook(None, bucket)
+
+
+def count_ddp_allreduce(ddp_model, counter: CommCounter) -> None:
+    """DDP all-reduces its gradient buckets in C++, out of a dispatch mode's sight. Its reference comm hook
+    (default_hooks.allreduce_hook: the same averaging all-reduce per bucket) issues them through
+    torch.distributed; run inside `counter`, each is counted and waited for. Only the hook is counted, so the
+    rest of the step runs at full speed. For probe steps only, after the measured window."""
+    ddp_model.register_comm_hook(counter, _counted_allreduce_hook)
+
+
+LINK_PROBE_REPEATS = 3
+MIN_LINK_PROBE_BYTES = 1 << 20  # small buffers measure latency, not the link
+
+
+def link_probe(nbytes: float, device: torch.device, group=None) -> tuple[int, int, list[float]]:
+    """A plain all-reduce of about `nbytes` on `group` (default: the world), timed a few times after a warm-up:
+    (ranks, bytes, seconds of each), for the link's bandwidth."""
+    ranks = dist.get_world_size(group)
+    buffer = torch.zeros(max(int(nbytes), MIN_LINK_PROBE_BYTES) // 4, dtype=torch.float32, device=device)
+    times = []
+    for i in range(LINK_PROBE_REPEATS + 1):
+        dist.barrier(group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        dist.all_reduce(buffer, group=group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return ranks, buffer.numel() * 4, times

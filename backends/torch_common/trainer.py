@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from backends.torch_common.comm import CommCounter, link_probe
 from backends.torch_common.weights import final_params
 from common.checkpoints import commit, valid_checkpoints
 from common.compile_log import CompileLog
@@ -72,9 +73,13 @@ def sample_count(tensors: dict[str, torch.Tensor]) -> float:
 
 class TorchTrainer:
     def __init__(self, model: nn.Module, core: nn.Module, cfg: RunConfig, device: torch.device,
-                 rank: int = 0, world: int = 1, metrics: Callable[[], dict] | None = None, comm_probe=None):
+                 rank: int = 0, world: int = 1, metrics: Callable[[], dict] | None = None,
+                 count_comm_in: Callable[[CommCounter], None] | None = None):
         self.model, self.core, self.cfg, self.device = model, core, cfg, device
-        self.comm_probe = comm_probe  # times the gradient all-reduce in probe steps (torch_ddp's DDPCommProbe)
+        # Where the probe steps count communication: by default every op of the step passes the counter (a
+        # dispatch mode, slow for a many-op model); a backend whose collectives all pass one place (DDP's comm
+        # hook) counts them there instead, installed before the first probe step.
+        self._counter, self._count_comm_in, self._counting_in_place = CommCounter(), count_comm_in, False
         self._metrics = metrics
         self.rank, self.world = rank, world
         o = cfg.optim
@@ -140,31 +145,33 @@ class TorchTrainer:
             total += loss_sum.detach()
         return total
 
-    @property
-    def probe_source(self) -> str:
-        if self.comm_probe is not None:
-            return self.comm_probe.source
-        return "torch: perf_counter around forward+backward and optimizer.step, device synchronised between"
+    probe_source = ("torch: perf_counter around forward+backward and optimizer.step, device synchronised between; "
+                    "communication = every collective the step issues (torch_common.comm.CommCounter), each waited "
+                    "for, so it stands apart from the compute it would overlap")
 
     def probe_step(self, batch: StepBatch, lr: float) -> dict[str, float]:
         """One step, phases timed apart (common.loop's --breakdown-steps, after the measured window)."""
-        if self.comm_probe is not None:
-            self.comm_probe.start()
+        counter = self._counter
+        if self._count_comm_in is not None and not self._counting_in_place:
+            self._count_comm_in(counter)
+            self._counting_in_place = True
+        counter.reset()
         self.sync()
         t0 = time.perf_counter()
-        total = self._forward_backward(batch, lr)
+        with contextlib.nullcontext() if self._count_comm_in else counter:
+            total = self._forward_backward(batch, lr)
         self.sync()
         t1 = time.perf_counter()
         self._optimizer_step()
         self.sync()
         t2 = time.perf_counter()
         float(total)
-        nbytes, comm_s = self.comm_probe.take() if self.comm_probe is not None else (0, 0.0)
+        nbytes, comm_s = counter.total()
         return {"forward_backward_s": t1 - t0 - comm_s, "grad_comm_s": comm_s, "optimizer_s": t2 - t1,
                 "grad_comm_bytes": nbytes if self.world > 1 else 0}  # one rank: nothing crosses a link
 
     def link_probe(self, nbytes: float) -> tuple[int, int, list[float]]:
-        return self.comm_probe.link(nbytes) if self.comm_probe is not None else (1, 0, [])
+        return link_probe(nbytes, self.device) if self.world > 1 else (1, 0, [])
 
     def sync(self) -> None:
         if self.device.type == "cuda":

@@ -8,9 +8,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from backends.torch_common import process_group
+from backends.torch_common.comm import count_ddp_allreduce
 from backends.torch_common.trainer import TorchTrainer, compile_options
 from backends.torch_common.weights import initialised_model
-from backends.torch_ddp.comm_probe import DDPCommProbe
 from common import worker
 from common.config import RunConfig
 
@@ -31,12 +31,13 @@ class DDPWorker(worker.Worker):
         if cfg.sync_bn:
             core = torch.nn.SyncBatchNorm.convert_sync_batchnorm(core)
         model = DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda" else None)
-        comm_probe = DDPCommProbe(model, device)
+        ddp = model
         if cfg.compile:  # the DDP module: dynamo's DDPOptimizer splits the graph at the gradient buckets
             model = torch.compile(model, **compile_options(cfg.compile))
         restarts = self.restarts
         trainer = TorchTrainer(model, core, cfg, device, process.rank, process.processes,
-                               metrics=lambda: {"restarts": restarts}, comm_probe=comm_probe)
+                               metrics=lambda: {"restarts": restarts},
+                               count_comm_in=lambda counter: count_ddp_allreduce(ddp, counter))
         return trainer, data.train
 
     def finish(self, process):
