@@ -32,6 +32,13 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
 
 
+@nox.session(python="3.11", name="tests-fast")
+def tests_fast(session: nox.Session) -> None:
+    """The unit tests only (no process started: tests marked e2e are left out), in a few minutes."""
+    session.install("-e", ".[torch,tf,mindspore,dev]")
+    session.run("pytest", "-m", "not e2e", *(session.posargs or ["-q"]), env=_env())
+
+
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     session.install("ruff>=0.5")

@@ -53,7 +53,8 @@ class RunConfig:
     collective_timeout_s: float = 300.0
     sweep_id: str = ""
     # The parallel layout, validated once by bench.run (common.layout); data parallel is what tp x pp leave.
-    layout: Layout = field(default_factory=Layout)
+    # None: plain data parallelism over every device.
+    layout: Layout | None = None
     # The options only this run's backend takes (backends.BACKENDS[...].options), e.g. tf_mode.
     backend_options: dict = field(default_factory=dict)
     # bench.parity's sensitivity probe: initial weights scaled by (1 + init_perturbation x N(0, 1)).
@@ -69,6 +70,10 @@ class RunConfig:
     node_rank: int = 0
     master_addr: str = ""
     master_port: int = 0
+
+    def __post_init__(self):
+        if self.layout is None:
+            self.layout = Layout(dp=self.devices)
 
     @property
     def devices_per_node(self) -> int:

@@ -11,6 +11,38 @@ import pytest
 from common.data.files import DATA_DIR_ENV, FILES, resolve_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
+E2E = "e2e"  # the marker of a test that starts processes: bench.run, launchers, workers (nox -s tests-fast skips them)
+
+
+class _Marks:
+    e2e = True  # outside a test (collection, session fixtures) nothing is guarded
+
+
+def pytest_runtest_setup(item):
+    # Before the test's fixtures are set up, so that a module-scoped fixture that starts runs counts too.
+    _Marks.e2e = item.get_closest_marker(E2E) is not None
+
+
+def pytest_runtest_teardown(item):
+    _Marks.e2e = True
+
+
+_popen_init = subprocess.Popen.__init__
+
+
+def _guarded_popen_init(self, args, *rest, **kwargs):
+    """A Python process started by a test that is not marked e2e fails it, also one started through another
+    program (ip netns exec python ...): the fast session must stay fast, and a new end-to-end test must say so
+    (pytest.mark.e2e). Other programs alone (git, ip) are cheap and allowed."""
+    argv = [str(a) for a in args] if isinstance(args, (list, tuple)) else str(args).split()
+    pythons = {Path(sys.executable).name, "python", "python3"}
+    if not _Marks.e2e and any(Path(a).name in pythons or Path(a).name.startswith("python3.") for a in argv):
+        raise AssertionError(f"this test starts a Python process ({' '.join(argv)[:120]}): mark it "
+                             f"@pytest.mark.{E2E}")
+    _popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init
 
 
 @pytest.fixture(scope="session")

@@ -76,6 +76,7 @@ def test_report_shows_every_ratio_and_flags_the_harness_bound():
     assert any(isinstance(b, Text) and "tf_mirrored cnn N=2: 0.90" in b.text for b in blocks)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["torch_dp", "torch_ddp", "tf_mirrored", "mindspore_auto"])
 def test_calibrate_writes_a_positive_ratio_and_the_idiom(tmp_path, backend):
     # torch's bare loop follows --precision as the suite does (bf16 autocast runs on CPU too)
@@ -102,6 +103,7 @@ def test_calibrate_writes_a_positive_ratio_and_the_idiom(tmp_path, backend):
     # with compute stand apart: the probe step is longer than the measured one by what was hidden.
     ("torch_3d", "mlm", ["--optimizer-shard", "--model-size", "tiny"], None, 0.5),
 ])
+@pytest.mark.e2e
 def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path, backend, workload, layout, grad_bytes, rel):
     """Two ranks, where every phase is there: compute, the gradient communication, AdamW, data; one way of
     measuring the communication (torch_common.comm.CommCounter) for every torch backend."""
@@ -121,6 +123,7 @@ def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path, backend, worklo
     assert comm["busbw_GBps"] > 0 and comm["link_GBps"] > 0 and comm["ring_bound_s"] > 0
 
 
+@pytest.mark.e2e
 def test_a_bare_loop_that_trains_float32_only_refuses_another_precision(tmp_path):
     """Held against a bf16 suite run, a float32 Keras loop would measure the precision, not the harness."""
     proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", "cnn", "--devices", "1", "--bare",
@@ -130,6 +133,7 @@ def test_a_bare_loop_that_trains_float32_only_refuses_another_precision(tmp_path
     assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("bare/*.json"))
 
 
+@pytest.mark.e2e
 def test_a_refused_configuration_leaves_one_record(tmp_path):
     """torch_dp over two CPU devices is refused; the bare half must not write a second record."""
     proc = run_cli("bench.calibrate", "--gpus", "2", "--backends", "torch_dp", "--workloads", "cnn", "--repeats", "1",

@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # every test here starts processes
+
 MARK = "PARBENCH_TEST_CANCEL_MARK"
 WORKER = "backends.torch_ddp.worker"
 

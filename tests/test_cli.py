@@ -99,6 +99,7 @@ def _files(root) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("tool, args", BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_bad_input_is_exit_2_one_line_and_nothing_written(tmp_path, tool, args):
     out = tmp_path / "out"
@@ -116,6 +117,7 @@ def test_the_bad_input_table_covers_every_tool():
     assert len(tools) >= 20 and set(tools) == {"bench.run", "bench.compare", "bench.report", "bench.data"}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("tool, args", [("bench.run", BASE), ("bench.compare", ["--gpus", "1"])])
 def test_out_that_is_a_file_is_bad_input(tmp_path, tool, args):
     target = tmp_path / "file"
@@ -126,6 +128,7 @@ def test_out_that_is_a_file_is_bad_input(tmp_path, tool, args):
     assert _files(tmp_path) == ["file"]
 
 
+@pytest.mark.e2e
 def test_report_names_a_results_path_that_is_a_file(tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
@@ -134,6 +137,7 @@ def test_report_names_a_results_path_that_is_a_file(tmp_path):
     assert "is a file, not a results directory" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_a_sweep_records_a_run_invalid_at_one_device_count_as_invalid(tmp_path):
     """A global batch of 3 divides over 1 device, not 2: the N=2 run is a configuration error, recorded
     and reported as `invalid` (not `unsupported`, which says the machine cannot), and the sweep goes on."""
@@ -174,6 +178,7 @@ UNSUPPORTED = {
 }
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, reason", UNSUPPORTED.values(), ids=UNSUPPORTED.keys())
 def test_unsupported_writes_a_record_and_exits_3(tmp_path, args, reason):
     out = tmp_path / "out"

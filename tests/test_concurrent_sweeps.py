@@ -14,6 +14,8 @@ from common import launch
 from common.results import load_records, validate_record
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # every test here starts processes
+
 SWEEP = ["--gpus", "1,2", "--backends", "torch_ddp", "--workloads", "mlm", "--model-size", "tiny", "--steps", "3",
          "--warmup-steps", "1", "--batch-size", "4", "--skip-eval", "--data", "real",
          # checkpoints too: their default folder is derived from the run, not unique to it

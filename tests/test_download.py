@@ -254,6 +254,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.e2e
 def test_cli_download_then_verify(mirror: _Server, tmp_path: Path) -> None:
     got = cli("download", "--mirror", mirror.url, "--data-dir", str(tmp_path), "--datasets", "mnist")
 
@@ -270,6 +271,7 @@ def one_line_error(got: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+@pytest.mark.e2e
 def test_cli_failed_download_exits_1(mirror: _Server, tmp_path: Path) -> None:
     mirror.replies[SMALL] = Reply(status=404)
 
@@ -287,6 +289,7 @@ def test_cli_failed_download_exits_1(mirror: _Server, tmp_path: Path) -> None:
     ["fetch"],
     [],
 ])
+@pytest.mark.e2e
 def test_cli_bad_input_exits_2(args: list[str], tmp_path: Path) -> None:
     got = cli(*args, "--data-dir", str(tmp_path)) if args else cli()
 

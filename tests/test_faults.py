@@ -10,6 +10,8 @@ import pytest
 from common.results import validate_record
 from tests import faults
 
+pytestmark = pytest.mark.e2e  # every test here starts processes
+
 KILL_TO_FAILURE_LIMIT_S = 60
 # Long enough that the run is mid-training when the kill comes; a checkpoint every 2 steps says when.
 FOREVER = ("--devices", "2", "--steps", "100000", "--warmup-steps", "1", "--skip-eval", "--data", "real",

@@ -15,6 +15,7 @@ def _py(code: str, log: Path) -> tuple[list[str], dict[str, str], Path]:
     return [sys.executable, "-c", code], child_env({}), log
 
 
+@pytest.mark.e2e
 def test_first_failure_stops_the_others(tmp_path: Path):
     started = time.monotonic()
     ended = run_supervised_group([_py("import time; time.sleep(60)", tmp_path / "0.log"),
@@ -24,18 +25,21 @@ def test_first_failure_stops_the_others(tmp_path: Path):
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.e2e
 def test_all_succeed(tmp_path: Path):
     ended = run_supervised_group([_py("print('hi')", tmp_path / f"{i}.log") for i in range(2)], timeout_s=30)
     assert ended.codes == [0, 0] and ended.first_failed is None
     assert (tmp_path / "0.log").read_text().strip() == "hi"
 
 
+@pytest.mark.e2e
 def test_timeout_kills_every_rank(tmp_path: Path):
     with pytest.raises(RunFailed, match="timed out"):
         run_supervised_group([_py("import time; time.sleep(60)", tmp_path / f"{i}.log") for i in range(2)],
                              timeout_s=1)
 
 
+@pytest.mark.e2e
 def test_a_health_check_ends_a_launcher_that_would_wait(tmp_path: Path):
     started = time.monotonic()
     with pytest.raises(RunFailed, match="rank 1 died"):
@@ -44,6 +48,7 @@ def test_a_health_check_ends_a_launcher_that_would_wait(tmp_path: Path):
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.e2e
 def test_children_run_this_interpreter_whatever_comes_first_on_path(foreign_python_path, monkeypatch):
     """msrun starts workers as a bare `python`: it must be the interpreter of the run."""
     monkeypatch.setenv("PATH", foreign_python_path)

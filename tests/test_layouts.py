@@ -83,6 +83,7 @@ def test_bad_names_say_why(entry, reason):
     (["--layouts", "tp2", "--model-parallel", "2"], "drop --model-parallel"),
     (["--layouts", "dp2", "--scaling", "weak"], "drop --scaling weak"),
 ])
+@pytest.mark.e2e
 def test_compare_refuses_a_bad_layout_list_with_one_line_and_writes_nothing(tmp_path, argv, reason):
     out = tmp_path / "results"
     proc = run_cli("bench.compare", *argv, "--backends", "torch_ddp", "--out", str(out))
@@ -286,6 +287,7 @@ def test_parity_step0_and_status_of_a_layout():
     assert ref.status == "fail" and "1-device run failed" in ref.detail
 
 
+@pytest.mark.e2e
 def test_parity_refuses_a_bad_layout_list(tmp_path):
     proc = run_cli("bench.parity", "--layouts", "dp2,pp2-mb", "--backends", "torch_ddp", "--out", str(tmp_path / "p"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown option 'mb'" in proc.stderr
@@ -294,6 +296,7 @@ def test_parity_refuses_a_bad_layout_list(tmp_path):
 
 # ----------------------------------------------------------------------------- one real sweep
 
+@pytest.mark.e2e
 @pytest.mark.skipif(importlib.util.find_spec("backends.torch_3d") is None, reason="backends.torch_3d is not built")
 def test_a_layout_sweep_leaves_one_record_per_layout_and_reference(tmp_path, data_dir):
     out = tmp_path / "results"

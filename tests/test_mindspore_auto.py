@@ -222,6 +222,7 @@ def mlm_runs(tmp_path_factory, data_dir):
     return runs
 
 
+@pytest.mark.e2e
 def test_mlm_records_are_valid(mlm_runs):
     for devices, out in mlm_runs.items():
         record = _record(out)
@@ -232,6 +233,7 @@ def test_mlm_records_are_valid(mlm_runs):
         assert record["eval"]["metric"] == "masked_accuracy" and record["eval"]["count"] > 0
 
 
+@pytest.mark.e2e
 def test_two_workers_take_the_same_steps_as_one(mlm_runs):
     import mindspore as ms
 
@@ -244,6 +246,7 @@ def test_two_workers_take_the_same_steps_as_one(mlm_runs):
     np.testing.assert_allclose(curve2, curve1, rtol=1e-4)
 
 
+@pytest.mark.e2e
 def test_compile_raises_the_jit_level_and_takes_the_same_steps(mlm_runs, tmp_path):
     """--compile on CPU: still GRAPH_MODE, now at jit level O1; the same losses as the default level."""
     proc = _bench(tmp_path, "mlm", 1, 16, "--compile")
@@ -257,6 +260,7 @@ def test_compile_raises_the_jit_level_and_takes_the_same_steps(mlm_runs, tmp_pat
 
 
 
+@pytest.mark.e2e
 def test_fp16_scales_the_loss_and_skips_the_steps_that_overflow(mlm_runs, tmp_path):
     """--precision fp16: O1 float16 matmuls (the first loss moves off float32's, within float16's precision) and
     a dynamic loss scale from 2^24 that halves at each overflow, whose step leaves the weights alone."""
@@ -274,6 +278,7 @@ def test_fp16_scales_the_loss_and_skips_the_steps_that_overflow(mlm_runs, tmp_pa
     assert list((tmp_path / "logs" / record["run_id"] / "amp-rank0" / "rewritten_network").glob("*.py"))
     assert not (REPO / "rewritten_network").exists()
 
+@pytest.mark.e2e
 def test_cnn_end_to_end_on_two_workers(tmp_path, data_dir, foreign_python_path):
     """The CNN used to time out here: MindSpore's oneDNN ran every convolution through a reference
     matmul on AVX-512 and evaluating 10,000 images took longer than --timeout. The first `python` on
@@ -290,6 +295,7 @@ def test_cnn_end_to_end_on_two_workers(tmp_path, data_dir, foreign_python_path):
         assert (tmp_path / "logs" / record["run_id"] / "msrun" / f"worker_{worker}.log").is_file()
 
 
+@pytest.mark.e2e
 def test_model_parallel_on_cpu_is_unsupported(tmp_path, data_dir):
     proc = _bench(tmp_path, "cnn", 2, 16, "--parallel-mode", "semi_auto", "--model-parallel", "2")
     assert proc.returncode == 3, proc.stderr[-2000:]
@@ -298,6 +304,7 @@ def test_model_parallel_on_cpu_is_unsupported(tmp_path, data_dir):
     assert validate_record(record) == []
 
 
+@pytest.mark.e2e
 def test_a_bad_layout_is_one_line_and_exit_2(tmp_path, data_dir):
     proc = _bench(tmp_path, "cnn", 2, 15, "--parallel-mode", "semi_auto", "--model-parallel", "2",
                   "--pipeline-stages", "1", "--micro-batches", "2", "--device-kind", "auto")

@@ -66,6 +66,7 @@ def _only_record(folder: Path) -> dict:
     return json.loads(paths[0].read_text())
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_two_hosts_train_one_run(hosts, tmp_path, data_dir, backend):
@@ -92,6 +93,7 @@ def test_two_hosts_train_one_run(hosts, tmp_path, data_dir, backend):
     assert copy["status"] == "ok" and copy["node_rank"] == 1 and copy["samples_per_s"] == record["samples_per_s"]
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(180)
 def test_missing_peer_fails_within_the_rendezvous_timeout(hosts, tmp_path, data_dir, backend="torch_ddp"):
     a, _ = hosts
@@ -120,6 +122,7 @@ def test_missing_peer_fails_within_the_rendezvous_timeout(hosts, tmp_path, data_
     (["--nnodes", "2", "--master-addr", "10.9.9.9", "--master-port", "70000"], "at most 65535"),
     (["--master-addr", "10.9.9.9"], "for --nnodes > 1"),
 ])
+@pytest.mark.e2e
 def test_bad_node_options_are_bad_input(tmp_path, args, message):
     proc = run_cli("bench.run", "--backend", "torch_ddp", "--workload", "cnn", "--devices", "1",
                    "--out", str(tmp_path), *args, timeout=120)
@@ -127,6 +130,7 @@ def test_bad_node_options_are_bad_input(tmp_path, args, message):
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / RUN_RECORDS).exists()
 
 
+@pytest.mark.e2e
 def test_single_host_strategy_refuses_several_hosts(tmp_path, data_dir):
     proc = run_cli("bench.run", "--backend", "torch_dp", "--workload", "cnn", "--devices", "1", "--data", "real",
                    "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.9.9.9", "--master-port", "29500",

@@ -135,6 +135,7 @@ def test_a_probe_that_did_not_run_fails_parity():
 # 28 bench.run processes (4 backends x 2 workloads x N = 1, 2, and 6 perturbed runs of the reference
 # per workload): ~8 min on an idle 2-core machine, ~20 min on one shared four ways; the limit is for
 # the second.
+@pytest.mark.e2e
 @pytest.mark.timeout(1800)
 def test_bench_parity_holds_on_synthetic_data(tmp_path, data_dir):
     out = tmp_path / "parity"

@@ -126,6 +126,7 @@ def _ok(records, **match) -> list[dict]:
     return [r for r in records if r["status"] == "ok" and all(r[k] == v for k, v in match.items())]
 
 
+@pytest.mark.e2e
 def test_tables_hold_every_run_with_the_record_values(written):
     records = load_records(written)
     tables = _md_tables((written / "report.md").read_text())
@@ -231,6 +232,7 @@ def test_hosts_never_share_a_line(built, records):
             assert set(points) <= mine
 
 
+@pytest.mark.e2e
 def test_header_names_hardware_versions_and_data(written):
     text = (written / "report.md").read_text()
     for host in HOSTS.values():
@@ -241,6 +243,7 @@ def test_header_names_hardware_versions_and_data(written):
     assert "from 24 run records" in text and "(19 ok, 1 failed, 4 unsupported, 0 invalid)" in text
 
 
+@pytest.mark.e2e
 def test_outputs_are_written_and_html_is_self_contained(written):
     pngs = sorted((written / "plots").glob("*.png"))
     assert len(pngs) == 10  # five figures per workload
@@ -263,6 +266,7 @@ def test_outputs_are_written_and_html_is_self_contained(written):
         assert path.stat().st_mode & 0o777 == 0o644, path
 
 
+@pytest.mark.e2e
 def test_filters_select_runs_and_plots_hold_only_this_report(records, tmp_path):
     results = tmp_path / "results"
     for record in records:
@@ -285,6 +289,7 @@ def test_filters_select_runs_and_plots_hold_only_this_report(records, tmp_path):
     ["--results", "{results}", "--workload", "resnet"],
     ["--results", "{empty}"],
 ])
+@pytest.mark.e2e
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args):
     results = tmp_path / "results"
     write_record(fixture_records()[0], results)
@@ -296,6 +301,7 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args):
     assert not (results / "report.md").exists() and not (results / "plots").exists()
 
 
+@pytest.mark.e2e
 def test_every_row_says_which_data_it_used(records, tmp_path):
     """Synthetic data must be visible wherever a row is: an eval of 1.0000 on synthetic data is not MNIST's."""
     from rich.console import Console

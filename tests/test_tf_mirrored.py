@@ -87,6 +87,7 @@ def _train(workload: str, data, devices: list[str], grad_accum: int, weights, st
     return before, [w.numpy() for w in model.trainable_weights], losses
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("workload", ["mlm", "cnn"])
 def test_two_replicas_equal_one_replica(data_dir: Path, workload: str):
     """Two replicas of 4 samples == one replica of the same 8 samples, after two AdamW steps.
@@ -129,6 +130,7 @@ def _mlm_variant_and_plain(data_dir: Path, policy: str = "float32", **variant):
     return losses, plain, trained[0]
 
 
+@pytest.mark.e2e
 def test_xla_compiled_step_equals_the_plain_step_and_compiles_once(data_dir: Path):
     """--compile: the same 2-replica steps through XLA (jit_compile=True); compiled once, in the warm-up."""
     losses_xla, losses_plain, trainer = _mlm_variant_and_plain(data_dir, compile="default")
@@ -151,6 +153,7 @@ def test_one_replicas_overflow_skips_the_step_on_every_replica():
     assert all((g[0].numpy() == 1).all() for g in strategy.experimental_local_results(clean))
 
 
+@pytest.mark.e2e
 def test_fp16_with_loss_scaling_follows_fp32(data_dir: Path):
     """mixed_float16 + LossScaleOptimizer on two replicas: the fp32 losses within float16's precision."""
     losses_fp16, losses_fp32, trainer = _mlm_variant_and_plain(data_dir, "mixed_float16", precision="fp16")
@@ -167,6 +170,7 @@ def test_trainable_params_equal_spec(workload: str):
     assert not any("pooled" in w.path for w in model.weights)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["mirrored", "multi_worker"])
 @pytest.mark.parametrize("workload", ["cnn", "mlm"])
 def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: str):

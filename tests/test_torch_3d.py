@@ -72,6 +72,7 @@ LAYOUTS = {
 FINAL_RTOL = 1e-4
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("args, reference", LAYOUTS.values(), ids=LAYOUTS.keys())
 def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, args, reference):
@@ -114,6 +115,7 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, args, refe
         assert lay["per_rank"][-1]["holds"].endswith("MLM head")
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_rank_dead_inside_a_pipeline_fails_the_run_naming_it(tmp_path, data_dir):
     """The last stage exits hard after step 2; the first stage is then inside step 3's pipeline, waiting

@@ -55,6 +55,7 @@ def _assert_same_params(a: dict, b: dict, rtol: float = RTOL):
     # Per-rank BatchNorm: 2 ranks x 8 equal one device that accumulates two micro-batches of 8.
     ("cnn", ["--batch-size", "8", "--grad-accum", "2"]),
 ])
+@pytest.mark.e2e
 def test_two_ranks_equal_one_device_on_the_same_global_batch(tmp_path, data_dir, workload, one_device_args):
     common = ["--workload", workload, "--steps", "1", "--warmup-steps", "0", "--checkpoint-every", "1",
               "--skip-eval"]
@@ -81,12 +82,14 @@ def uninterrupted(tmp_path_factory, data_dir):
     return full, tmp / "full"
 
 
+@pytest.mark.e2e
 def test_the_tensorboard_log_is_the_records(uninterrupted):
     """--tensorboard: rank 0 of the 2-rank run logs the global loss curve, learning rate and step times."""
     full, full_ckpt = uninterrupted
     assert_tensorboard_log_is_the_record(full_ckpt.parent / "tb", full)
 
 
+@pytest.mark.e2e
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):
     full, full_ckpt = uninterrupted
     # Both ranks die after step 4; the checkpoint of step 3 survives and step 4 is redone.
@@ -102,6 +105,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, uninterrupted):
     assert resumed["loss"]["last"] == full["loss"]["last"]
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_torchrun_restarts_after_a_dead_rank_and_ends_where_an_uninterrupted_run_ends(tmp_path, uninterrupted):
     """--max-restarts 1: rank 1 exits hard after step 4 (once: the marker stops it from doing so again);
@@ -120,6 +124,7 @@ def test_torchrun_restarts_after_a_dead_rank_and_ends_where_an_uninterrupted_run
     assert elastic["loss"]["last"] == full["loss"]["last"]
 
 
+@pytest.mark.e2e
 def test_compare_one_and_two_devices_on_real_mnist(tmp_path, data_dir):
     out = tmp_path / "results"
     proc = run_cli("bench.compare", "--gpus", "1,2", "--backends", "torch_ddp", "--workloads", "cnn",
@@ -188,6 +193,7 @@ def test_a_step_that_compiles_after_the_warmup_leaves_the_measured_window(tmp_pa
     assert outcome["steps_done"] == 4 and outcome["measured_steps"] == 3
     assert outcome["measured_time_s"] == pytest.approx(sum(outcome["step_times_s"]), abs=1e-5)  # rounded to 1 us
 
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 def test_a_sweep_records_a_dead_rank_and_goes_on(tmp_path, data_dir):
     """Rank 1 of the 2-device run dies after step 2 while rank 0 waits in the next all-reduce: torchrun
@@ -245,6 +251,7 @@ def _tiny_config() -> RunConfig:
                      data="synthetic", data_dir="", seed=0, total_steps=2, warmup_steps=1, out="")
 
 
+@pytest.mark.e2e
 def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):
     """What a sweep's timeout does: SIGTERM to bench.run must take torchrun and its ranks down."""
     import signal

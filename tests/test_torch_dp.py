@@ -54,6 +54,7 @@ def test_phase_means_average_per_step_and_leave_out_absent_phases():
     assert per_step_means([{"scatter": 0.1, "parallel_apply": 0.3}] * 2, 1) == {"scatter": 0.1, "parallel_apply": 0.3}
 
 
+@pytest.mark.e2e
 def test_record_at_one_device_on_real_mnist(tmp_path, data_dir):
     out = tmp_path / "out"
     proc = run_cli("bench.run", "--backend", "torch_dp", "--workload", "cnn", "--devices", "1", "--data", "real",
@@ -67,6 +68,7 @@ def test_record_at_one_device_on_real_mnist(tmp_path, data_dir):
     assert any("runs unwrapped" in n for n in r["notes"])
 
 
+@pytest.mark.e2e
 def test_more_devices_than_cuda_is_unsupported_with_a_record(tmp_path):
     out = tmp_path / "out"
     proc = run_cli("bench.run", "--backend", "torch_dp", "--workload", "mlm", "--devices", "2",
@@ -79,6 +81,7 @@ def test_more_devices_than_cuda_is_unsupported_with_a_record(tmp_path):
     assert validate_record(r) == []
 
 
+@pytest.mark.e2e
 def test_sweep_with_both_torch_backends_has_every_row(tmp_path, data_dir):
     out = tmp_path / "out"
     proc = run_cli("bench.compare", "--gpus", "1,2", "--backends", "torch_dp,torch_ddp", "--workloads", "cnn",
@@ -104,6 +107,7 @@ def _train_tiny_bert(data_dir, steps: int, **cfg_fields) -> tuple[list[float], T
     return [trainer.train_step(batches.get(s), 1e-3) for s in range(steps)], trainer
 
 
+@pytest.mark.e2e
 def test_compiled_step_equals_the_eager_step_and_compiles_in_the_warmup(data_dir):
     compiled, trainer = _train_tiny_bert(data_dir, 3, compile="default", warmup_steps=1)
     eager, _ = _train_tiny_bert(data_dir, 3)
