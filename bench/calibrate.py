@@ -24,6 +24,7 @@ from bench import compare
 from common.calibration import BARE_RESULTS, HARNESS_BOUND_BELOW, calibration_entry
 from common.devices import default_threads_per_device
 from common.results import RUN_RECORDS, new_run_id, write_record, write_summary
+from common.sections import Breakdown, GradComm
 
 DEFAULT_BREAKDOWN_STEPS = 3
 
@@ -88,14 +89,14 @@ def print_table(console: Console, records: list[dict]) -> None:
         if r["status"] != "ok":
             table.add_row(*key[:2], str(key[2]), *[""] * 11, escape(f"{r['status']}: {(r.get('error') or '')[:60]}"))
             continue
-        bd = (r.get("backend_metrics") or {}).get("breakdown") or {}
-        gc = (r.get("backend_metrics") or {}).get("grad_comm") or {}
-        bw = "" if not gc.get("busbw_GBps") else f"{gc['busbw_GBps']:.2f} / {gc.get('link_GBps') or 0:.2f}"
+        bd = Breakdown.from_metrics(r.get("backend_metrics"))
+        gc = GradComm.from_metrics(r.get("backend_metrics"))
+        bw = "" if not gc or not gc.busbw_GBps else f"{gc.busbw_GBps:.2f} / {gc.link_GBps or 0:.2f}"
         flag = f"harness-bound ({cal['ratio']:.2f} < {HARNESS_BOUND_BELOW})" if cal["harness_bound"] else ""
         table.add_row(*key[:2], str(key[2]), f"{statistics.median(cal['suite_samples_per_s']):.1f}",
                       f"{cal['bare_samples_per_s']:.1f}", f"{cal['ratio']:.2f}", f"{cal['spread'] or 0:.2f}",
-                      _ms(bd.get("forward_backward_s")), _ms(bd.get("grad_comm_s")), _ms(bd.get("optimizer_s")),
-                      _ms(bd.get("data_s")), _ms(bd.get("other_s")), _ms(bd.get("step_s")), bw, flag)
+                      *(_ms(getattr(bd, k)) if bd else "" for k in ("forward_backward_s", "grad_comm_s", "optimizer_s",
+                                                                      "data_s", "other_s", "step_s")), bw, flag)
     console.print(table)
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
@@ -38,6 +40,7 @@ from common.spec import model_spec, training_flops_per_sample
 
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of its --timeout
 LAYOUT_BACKEND = "torch_3d"
+STOP = threading.Event()  # set when parity is stopped: every run in flight ends (run_one's health check)
 
 
 def build_parser() -> OneLineParser:
@@ -57,6 +60,9 @@ def build_parser() -> OneLineParser:
     p.add_argument("--device-kind", choices=("cpu", "cuda", "auto"), default="cpu",
                    help="cpu (default: the same on every machine), or cuda: on the GPUs, with virtual devices "
                         "(processes or replicas sharing a GPU) where a backend offers them")
+    p.add_argument("--jobs", type=positive_int, default=1,
+                   help="bench.run processes at once (default 1): parity compares numbers, not speed, so runs of "
+                        "one device each may share a machine's cores")
     p.add_argument("--compile", action="store_true",
                    help="every run compiled (bench.run --compile: torch.compile, XLA, MindSpore jit level O1)")
     p.add_argument("--timeout", type=positive_float, default=900.0, help="wall-clock limit per run (s)")
@@ -92,7 +98,8 @@ def run_one(args, backend: str, workload: str, devices: int, stamp: str, probe: 
     log = Path(args.out) / "logs" / f"{run_id}.log"
     try:
         rc = run_supervised(run_command(args, backend, workload, devices, run_id, probe, layout, grad_accum),
-                            child_env({}), log, args.timeout + HARNESS_MARGIN_S)
+                            child_env({}), log, args.timeout + HARNESS_MARGIN_S,
+                            health=lambda: "parity stopped" if STOP.is_set() else None)
     except RunFailed as exc:
         rc, why = None, str(exc)
     path = Path(args.out) / "runs" / f"{run_id}.json"
@@ -118,16 +125,32 @@ def _exit_on_sigterm(signum, frame):
     sys.exit(128 + signum)
 
 
+def run_all(args, console: Console, runs: list[tuple[str, dict]]) -> list[dict]:
+    """Each (label, run_one's keyword arguments) run to its end, --jobs at a time, records in order. A signal
+    to parity (SystemExit from _exit_on_sigterm, or Ctrl-C) stops every run in flight with its workers."""
+    def one(label: str, kwargs: dict) -> dict:
+        console.print(f"{label} ...")
+        record = run_one(args, **kwargs)
+        console.print(f"  {label}: {record['status']} ({record.get('duration_s') or 0:.0f} s)")
+        return record
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [pool.submit(one, label, kwargs) for label, kwargs in runs]
+        try:
+            return [f.result() for f in futures]
+        except BaseException:
+            STOP.set()  # run_supervised's health check ends each run in flight, killing its process group
+            raise
+
+
 def _probes(args, backend: str, workload: str, stamp: str, console: Console, grad_accum: int | None = None
             ) -> list[dict]:
     """The reference run again from perturbed initial weights, once per PROBE_SEEDS."""
-    probes = []
-    for k in pc.PROBE_SEEDS:
-        console.print(f"{workload} {backend} N=1, initial weights perturbed (draw {k}) ...")
-        layout = Layout() if grad_accum else None
-        probes.append(run_one(args, backend, workload, 1, stamp, probe=k, layout=layout, grad_accum=grad_accum or 1))
-        console.print(f"  {probes[-1]['status']} ({probes[-1].get('duration_s') or 0:.0f} s)")
-    return probes
+    layout = Layout() if grad_accum else None
+    return run_all(args, console, [
+        (f"{workload} {backend} N=1, initial weights perturbed (draw {k})",
+         {"backend": backend, "workload": workload, "devices": 1, "stamp": stamp, "probe": k, "layout": layout,
+          "grad_accum": grad_accum or 1}) for k in pc.PROBE_SEEDS])
 
 
 def _envelope(reference: dict | None, probes: list[dict]) -> list[float] | None:
@@ -179,12 +202,12 @@ def main(argv: list[str] | None = None) -> int:
             workload_checks, runs[workload] = layout_parity(args, workload, stamp, console)
             checks += workload_checks
             continue
-        one, two = {}, {}
-        for backend in args.backends:
-            for devices, into in ((1, one), (2, two)):
-                console.print(f"{workload} {backend} N={devices} ...")
-                into[backend] = run_one(args, backend, workload, devices, stamp)
-                console.print(f"  {into[backend]['status']} ({into[backend].get('duration_s') or 0:.0f} s)")
+        planned = [(backend, devices) for backend in args.backends for devices in (1, 2)]
+        done = run_all(args, console, [(f"{workload} {backend} N={devices}",
+                                        {"backend": backend, "workload": workload, "devices": devices, "stamp": stamp})
+                                       for backend, devices in planned])
+        one = {b: r for (b, n), r in zip(planned, done) if n == 1}
+        two = {b: r for (b, n), r in zip(planned, done) if n == 2}
         # The first backend that ran is the reference; its perturbed runs measure the tolerance.
         reference = next((b for b, r in one.items() if r.get("status") == "ok"), None)
         probes = _probes(args, reference, workload, stamp, console) if reference else []

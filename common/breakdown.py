@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.sections import Breakdown, GradComm
+
 PHASES = ("forward_backward_s", "grad_comm_s", "optimizer_s", "data_s")
 GB = 1e9
 
@@ -66,17 +68,16 @@ def link_gbps_from_probe(nbytes: float, times_s: list[float], ranks: int) -> flo
 def communication_note(record: dict, collective: str) -> str | None:
     """Where a data-parallel step's time went, in words from the record's own breakdown (for `notes`): the
     all-reduce's share of the step, its bus bandwidth against the link's, and whether it hid behind compute."""
-    metrics = record.get("backend_metrics") or {}
-    b, comm = metrics.get("breakdown") or {}, metrics.get("grad_comm") or {}
-    step, comm_s = b.get("step_s"), b.get("grad_comm_s")
-    if not step or not comm_s or not comm.get("busbw_GBps"):
+    metrics = record.get("backend_metrics")
+    b, comm = Breakdown.from_metrics(metrics), GradComm.from_metrics(metrics)
+    if b is None or comm is None or not b.step_s or not b.grad_comm_s or not comm.busbw_GBps:
         return None
-    phases = sum(b[k] for k in (*PHASES, "other_s"))
-    link = f"{comm['link_GBps']:.2f} GB/s" if comm.get("link_GBps") else "unmeasured"
-    bound = f", ring bound {comm['ring_bound_s'] * 1e3:.0f} ms" if comm.get("ring_bound_s") else ""
-    return (f"measured breakdown ({b['probe_steps']} probe steps): gradient all-reduce ({collective}) "
+    step, comm_s = b.step_s, b.grad_comm_s
+    link = f"{comm.link_GBps:.2f} GB/s" if comm.link_GBps else "unmeasured"
+    bound = f", ring bound {comm.ring_bound_s * 1e3:.0f} ms" if comm.ring_bound_s else ""
+    return (f"measured breakdown ({b.probe_steps} probe steps): gradient all-reduce ({collective}) "
             f"{comm_s * 1e3:.0f} ms of the {step * 1e3:.0f} ms step ({comm_s / step:.0%}), "
-            f"{comm['bytes_per_step'] / 2**20:.1f} MiB at bus bandwidth {comm['busbw_GBps']:.2f} GB/s against "
-            f"{link} for one plain all-reduce{bound}; forward+backward {b['forward_backward_s'] * 1e3:.0f} ms, "
-            f"optimizer {b['optimizer_s'] * 1e3:.0f} ms (every rank updates every parameter), data feed "
-            f"{b['data_s'] * 1e3:.1f} ms; the phases timed apart add up to {phases * 1e3:.0f} ms")
+            f"{comm.bytes_per_step / 2**20:.1f} MiB at bus bandwidth {comm.busbw_GBps:.2f} GB/s against "
+            f"{link} for one plain all-reduce{bound}; forward+backward {b.forward_backward_s * 1e3:.0f} ms, "
+            f"optimizer {b.optimizer_s * 1e3:.0f} ms (every rank updates every parameter), data feed "
+            f"{b.data_s * 1e3:.1f} ms; the phases timed apart add up to {b.total_s * 1e3:.0f} ms")

@@ -18,6 +18,7 @@ from common.config import RunConfig
 from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
 from common.data.datasets import SplitData
 from common.nodes import hosts_table, rank_host
+from common.sections import Breakdown, GradComm, merged
 from common.spec import DEFAULTS, learning_rate
 from common.tensorboard import write_run_log
 from common.timing import aggregate_ranks
@@ -141,12 +142,12 @@ def _probe_steps(trainer: Trainer, cfg: RunConfig, train: TrainBatches, first: i
 
 def _breakdown(trainer: Trainer, probes: list[dict], measured_step_s: float | None) -> dict:
     """backend_metrics.breakdown and .grad_comm from rank 0's probe steps."""
-    out = {"breakdown": summarize_breakdown(probes, measured_step_s, trainer.probe_source)}
+    breakdown = Breakdown(**summarize_breakdown(probes, measured_step_s, trainer.probe_source))
     nbytes = float(np.median([p.get("grad_comm_bytes") or 0 for p in probes]))
     ranks, probe_bytes, times = trainer.link_probe(nbytes) if nbytes else (1, 0, [])
-    out["grad_comm"] = grad_comm_summary(nbytes, out["breakdown"]["grad_comm_s"], ranks,
-                                         link_gbps_from_probe(probe_bytes, times, ranks), trainer.probe_source)
-    return out
+    comm = GradComm(**grad_comm_summary(nbytes, breakdown.grad_comm_s, ranks,
+                                        link_gbps_from_probe(probe_bytes, times, ranks), trainer.probe_source))
+    return merged(breakdown, comm)
 
 
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,

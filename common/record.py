@@ -8,6 +8,7 @@ from common.devices import DevicePlan
 from common.hostinfo import git_sha, host_info, package_versions, performance_env
 from common.peak_flops import PRECISION_MATH, mfu
 from common.results import REQUIRED_FIELDS, SCHEMA_VERSION
+from common.sections import Fp32Math, TrainableParams
 from common.spec import training_flops_per_sample
 
 
@@ -59,7 +60,8 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
     if outcome.get("breakdown"):  # the workers of some backends replace backend_metrics after the loop
         fields["backend_metrics"] = {**(fields["backend_metrics"] or {}), "breakdown": outcome["breakdown"],
                                      "grad_comm": outcome.get("grad_comm")}
-    counted = (outcome.get("backend_metrics") or {}).get("trainable_params")
+    trainable = TrainableParams.from_metrics(outcome.get("backend_metrics"))
+    counted = trainable.count if trainable else None
     if counted is not None:
         # The model as built is what trained; the spec's formula is what it should have been.
         fields["params"] = counted
@@ -73,7 +75,7 @@ def utilisation(cfg: RunConfig, plan: DevicePlan, record: dict) -> dict:
     A backend whose float32 products run on tensor cores says so in backend_metrics.fp32_math ("tf32")."""
     math = PRECISION_MATH[cfg.precision]
     if math == "fp32":
-        math = (record.get("backend_metrics") or {}).get("fp32_math") or "fp32"
+        math = (Fp32Math.from_metrics(record.get("backend_metrics")) or Fp32Math()).mode
     found = mfu(record.get("achieved_flops"), plan.kind, plan.hardware[0] if plan.hardware else None,
                 plan.physical_devices, math)
     return {"mfu": found["mfu"], "mfu_basis": found["basis"]}

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from common.sections import section_problems
+
 SCHEMA_VERSION = 1
 RUN_RECORDS = "runs"              # one record per run: what summaries and reports read
 NODE_RECORDS = "node-records"     # the same record as seen by node R > 0 of a several-host run
@@ -66,6 +68,8 @@ def validate_record(record: dict) -> list[str]:
                 problems.append("mlm record without tokens_per_s")
     elif not record.get("error"):
         problems.append(f"{record.get('status')} record without an error")
+    if isinstance(record.get("backend_metrics"), dict):
+        problems += section_problems(record["backend_metrics"])
     return problems
 
 

@@ -20,6 +20,7 @@ from common import worker
 from common.config import RunConfig
 from common.data.batches import eval_batches
 from common.loop import EVAL_BATCH
+from common.sections import TrainableParams
 
 DEVICE_TARGETS = {"cpu": "CPU", "cuda": "GPU", "ascend": "Ascend"}
 PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.ParallelMode.SEMI_AUTO_PARALLEL,
@@ -105,7 +106,7 @@ class MindSporeWorker(worker.Worker):
 
     def metrics(self, process: worker.Process) -> dict:
         return {**self.compile_s, "parallel": self.pcfg.as_dict(), "processes": process.processes,
-                "trainable_params": self.trainable}
+                **TrainableParams(self.trainable).to_metrics()}
 
     def finish(self, process):
         mark_finished()

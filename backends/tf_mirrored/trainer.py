@@ -23,6 +23,7 @@ from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import StepBatch
 from common.results import write_json_atomic
+from common.sections import Fp32Math
 
 LATEST = "latest.json"
 STATE_PREFIX = "state"
@@ -282,7 +283,7 @@ class KerasTrainer:
         # TensorFlow runs float32 matmuls and convolutions as TF32 on GPUs that have it, unless told not to.
         tf32 = self.device_kind == "cuda" and tf.config.experimental.tensor_float_32_execution_enabled()
         return {**(self.compile_log.metrics() if self.cfg.compile else {}), **scaling,
-                "fp32_math": "tf32" if tf32 else "fp32"}
+                **Fp32Math("tf32" if tf32 else "fp32").to_metrics()}
 
     def peak_memory_bytes(self) -> int:
         if self.device_kind == "cuda":

@@ -20,6 +20,7 @@ from backends.tf_mirrored.trainer import KerasTrainer
 from backends.tf_mirrored.weights import load_initial_weights
 from common import worker
 from common.config import RunConfig
+from common.sections import TrainableParams
 
 # Keras' mixed policies: float16/bfloat16 compute, float32 variables. fp16 adds loss scaling (trainer).
 MIXED_POLICIES = {"amp": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -66,7 +67,8 @@ class KerasWorker(worker.Worker):
             "intra_op_threads": tf.config.threading.get_intra_op_parallelism_threads(),
             "inter_op_threads": tf.config.threading.get_inter_op_parallelism_threads() or "TensorFlow default",
             # Trainable = the spec's count; total adds BatchNorm's moving statistics (cnn).
-            "trainable_params": trainable_param_count(self.model), "params_total": self.model.count_params(),
+            **TrainableParams(trainable_param_count(self.model)).to_metrics(),
+            "params_total": self.model.count_params(),
         }
 
 

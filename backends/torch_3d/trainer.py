@@ -25,6 +25,7 @@ from common.data.batches import StepBatch
 from common.errors import Unsupported
 from common.final_params import FIELD as FINAL_PARAMS
 from common.layout import Layout
+from common.sections import Bubble, CommPerStep, StateBytesPerRank, TrainableParams, merged
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -241,12 +242,11 @@ class LayoutTrainer(TorchTrainer):
                                  "weights": self._whole_weights()})
         # The first and the last stage both hold the tied token embedding, equal after every step.
         whole = {name: summary for r in ranks for name, summary in (r["weights"] or {}).items()}
-        metrics = {"trainable_params": self._trainable, FINAL_PARAMS: dict(sorted(whole.items())),
-                   "state_bytes_per_rank": [r["state"] for r in ranks],
-                   "comm_per_step": [r["comm"] for r in ranks] if self._probe else None}
+        comm = CommPerStep._read([r["comm"] for r in ranks]) if self._probe else None
+        bubble = None
         if self.layout.pp > 1:
-            per_stage = [max((r["idle"] or 0.0) for r in ranks if r["coords"]["pp"] == s)
-                         for s in range(self.layout.pp)]
-            metrics["bubble"] = {"analytic": self.layout.bubble(),
-                                 "measured_per_stage": per_stage if self._probe else None}
-        return metrics
+            idle = [[r["idle"] for r in ranks if r["coords"]["pp"] == s] for s in range(self.layout.pp)]
+            measured = self._probe and all(v is not None for stage in idle for v in stage)
+            bubble = Bubble(self.layout.bubble(), [max(stage) for stage in idle] if measured else None)
+        return merged(TrainableParams(self._trainable), StateBytesPerRank._read([r["state"] for r in ranks]), comm,
+                      bubble, **{FINAL_PARAMS: dict(sorted(whole.items()))})

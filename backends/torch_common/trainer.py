@@ -25,6 +25,7 @@ from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
 from common.final_params import FIELD as FINAL_PARAMS
+from common.sections import Fp32Math, TrainableParams, merged
 
 CHECKPOINT_EXT = ".pt"
 AUTOCAST_DTYPES = {"amp": torch.bfloat16, "fp16": torch.float16}
@@ -242,15 +243,15 @@ class TorchTrainer:
         counted = sum(p.numel() for p in self.core.parameters() if p.requires_grad)
         skipped = {"skipped_checkpoints": self.skipped_checkpoints} if self.skipped_checkpoints else {}
         extra = {**(self.compile_log.metrics() if self.cfg.compile else {}), **self._precision_metrics()}
-        return {"trainable_params": counted, FINAL_PARAMS: final_params(self.core), **skipped, **extra,
-                **(self._metrics() if self._metrics else {})}
+        return merged(TrainableParams(counted), **{FINAL_PARAMS: final_params(self.core)}, **skipped, **extra,
+                      **(self._metrics() if self._metrics else {}))
 
     def _precision_metrics(self) -> dict:
         # torch's float32 matmuls stay on plain float32 units unless TF32 is allowed (common.peak_flops)
         fp32 = "tf32" if self.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
         if not self.scaler.is_enabled():
-            return {"fp32_math": fp32}
-        return {"fp32_math": fp32, "loss_scale_final": float(self.scaler.get_scale()),
+            return Fp32Math(fp32).to_metrics()
+        return {**Fp32Math(fp32).to_metrics(), "loss_scale_final": float(self.scaler.get_scale()),
                 "loss_scale_skipped_steps": self.skipped_steps}
 
     def peak_memory_bytes(self) -> int:

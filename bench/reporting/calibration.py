@@ -6,6 +6,7 @@ from bench.reporting.document import Block, Heading, Table, Text
 from bench.reporting.tables import fmt_ms, fmt_number
 from common.breakdown import PHASES
 from common.calibration import HARNESS_BOUND_BELOW
+from common.sections import Breakdown, GradComm
 
 PHASE_HEADERS = {"forward_backward_s": "fwd+bwd", "grad_comm_s": "grad comm", "optimizer_s": "optimizer",
                  "data_s": "data", "other_s": "other"}
@@ -23,8 +24,8 @@ def _latest(records: list[dict], has) -> list[dict]:
     return [newest[k] for k in sorted(newest)]
 
 
-def _breakdown(r: dict) -> dict | None:
-    return (r.get("backend_metrics") or {}).get("breakdown")
+def _breakdown(r: dict) -> Breakdown | None:
+    return Breakdown.from_metrics(r.get("backend_metrics"))
 
 
 def calibration_blocks(records: list[dict]) -> list[Block]:
@@ -58,14 +59,14 @@ def breakdown_blocks(records: list[dict]) -> list[Block]:
         return []
     rows = []
     for r in probed:
-        b = _breakdown(r)
-        comm = (r.get("backend_metrics") or {}).get("grad_comm") or {}
-        step = b.get("step_s") or b["probe_step_s"]
-        phases = [f"{fmt_ms(b[k])} ({b[k] / step:.0%})" if step else fmt_ms(b[k]) for k in (*PHASES, "other_s")]
-        bw = "" if not comm.get("busbw_GBps") else f"{comm['busbw_GBps']:.2f} / {comm.get('link_GBps') or 0:.2f}"
-        rows.append([r["workload"], r["backend"], str(r["devices"]), *phases, fmt_ms(b.get("step_s")),
-                     fmt_ms(b["probe_step_s"]), fmt_number((comm.get("bytes_per_step") or 0) / 2**20),
-                     bw, fmt_ms(comm.get("ring_bound_s")), b["source"]])
+        b, comm = _breakdown(r), GradComm.from_metrics(r.get("backend_metrics"))
+        step = b.step_s or b.probe_step_s
+        times = [getattr(b, k) for k in (*PHASES, "other_s")]
+        phases = [f"{fmt_ms(t)} ({t / step:.0%})" if step else fmt_ms(t) for t in times]
+        bw = "" if not comm or not comm.busbw_GBps else f"{comm.busbw_GBps:.2f} / {comm.link_GBps or 0:.2f}"
+        rows.append([r["workload"], r["backend"], str(r["devices"]), *phases, fmt_ms(b.step_s),
+                     fmt_ms(b.probe_step_s), fmt_number((comm.bytes_per_step if comm else 0) / 2**20),
+                     bw, fmt_ms(comm.ring_bound_s if comm else None), b.source])
     return [
         Heading("Where a step's time goes", 2),
         Text("Phases in ms per step (share of the measured median step), timed in probe steps after the measured "

@@ -10,8 +10,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from bench.reporting.layouts import STATE_PARTS, mib
+from bench.reporting.layouts import mib
 from bench.reporting.plots import Plot
+from common.sections import StateBytesPerRank
 
 BAR_COLOR, STATE_COLOR, RANK_COLOR = "#1f77b4", "#ff7f0e", "black"
 
@@ -49,8 +50,8 @@ def layout_plot(workload: str, frame: pd.DataFrame, records_by_id: dict[str, dic
         r = records_by_id[run_id]
         per_rank = r.get("peak_memory_per_rank") or ([r["peak_memory_bytes"]] if r.get("peak_memory_bytes") else [])
         peaks.append((label, [mib(v) for v in per_rank]))
-        state = (r.get("backend_metrics") or {}).get("state_bytes_per_rank") or []
-        states.append((label, max((mib(sum(rank.get(p) or 0 for p in STATE_PARTS)) for rank in state),
+        state = StateBytesPerRank.from_metrics(r.get("backend_metrics"))
+        states.append((label, max((mib(rank.total) for rank in (state.ranks if state else [])),
                                   default=None)))
     width = 0.4
     tops = [max(v) if v else 0.0 for _, v in peaks]

@@ -11,10 +11,9 @@ import pandas as pd
 
 from bench.reporting.tables import fmt_efficiency, fmt_number, fmt_share
 from common.layout import Layout
+from common.sections import COMM_KINDS, STATE_PARTS, Bubble, CommPerStep, StateBytesPerRank
 
 LAYOUT_SWEEP_PREFIX = "layouts-"
-COMM_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "send_recv")
-STATE_PARTS = ("params", "grads", "optimizer")
 # Rows of one comparison: the reference must match all of these, and the run count of devices must be 1.
 REFERENCE_KEYS = ("sweep_id", "host", "backend", "workload", "data", "device_kind", "global_batch", "accumulation")
 COLUMNS = ["layout", "backend", "N", "status", "samples/s", "efficiency vs 1 device", "peak memory max (MiB)",
@@ -84,28 +83,28 @@ def _per_rank(values) -> str:
     return ", ".join(f"{mib(v):,.1f}" for v in values) if values else ""
 
 
-def _state(per_rank) -> str:
+def _state(state: StateBytesPerRank | None) -> str:
     """params+grads+optimizer per rank, e.g. '2.1+2.1+4.2, 2.1+2.1+4.2'."""
-    if not per_rank:
+    if not state:
         return ""
-    return ", ".join("+".join(f"{mib(rank.get(part) or 0):,.1f}" for part in STATE_PARTS) for rank in per_rank)
+    return ", ".join("+".join(f"{mib(getattr(rank, part)):,.1f}" for part in STATE_PARTS) for rank in state.ranks)
 
 
-def _bubble(bubble: dict | None) -> tuple[str, str]:
+def _bubble(bubble: Bubble | None) -> tuple[str, str]:
     if not bubble:
         return "", ""
-    measured = bubble.get("measured_per_stage") or []
-    return fmt_share(bubble.get("analytic")), ", ".join(fmt_share(v) for v in measured)
+    return fmt_share(bubble.analytic), ", ".join(fmt_share(v) for v in bubble.measured_per_stage or [])
 
 
-def _comm(per_rank) -> str:
+def _comm(comm: CommPerStep | None) -> str:
     """Per kind that moved bytes, its bytes on each rank: 'all_reduce 1.23, 1.23; send_recv 0.5, 0.5'."""
-    if not per_rank:
+    if not comm:
         return ""
-    kinds = [k for k in COMM_KINDS if any(((rank or {}).get(k) or {}).get("bytes") for rank in per_rank)]
-    kinds += sorted({k for rank in per_rank for k in (rank or {})} - set(COMM_KINDS))
-    return "; ".join(f"{kind} " + ", ".join(f"{mib(((rank or {}).get(kind) or {}).get('bytes') or 0):.3g}"
-                                             for rank in per_rank) for kind in kinds) or "none"
+    ranks = range(len(comm.ranks))
+    seen = {k for step in comm.ranks for k in (step or {})}
+    kinds = [k for k in COMM_KINDS if any(comm.bytes_of(r, k) for r in ranks)] + sorted(seen - set(COMM_KINDS))
+    return "; ".join(f"{kind} " + ", ".join(f"{mib(comm.bytes_of(r, kind)):.3g}" for r in ranks)
+                     for kind in kinds) or "none"
 
 
 def _remark(record: dict, row) -> str:
@@ -125,9 +124,9 @@ def layout_table(frame: pd.DataFrame, records_by_id: dict[str, dict], workload: 
         r = records_by_id[row.run_id]
         metrics = r.get("backend_metrics") or {}
         peaks = r.get("peak_memory_per_rank") or ([r["peak_memory_bytes"]] if r.get("peak_memory_bytes") else [])
-        analytic, measured = _bubble(metrics.get("bubble"))
+        analytic, measured = _bubble(Bubble.from_metrics(metrics))
         body.append([row.layout, row.backend, str(row.devices), row.status, fmt_number(row.samples_per_s),
                      fmt_efficiency(row.efficiency), fmt_number(mib(max(peaks))) if peaks else "",
-                     _per_rank(peaks), _state(metrics.get("state_bytes_per_rank")), analytic, measured,
-                     _comm(metrics.get("comm_per_step")), _remark(r, row)])
+                     _per_rank(peaks), _state(StateBytesPerRank.from_metrics(metrics)), analytic, measured,
+                     _comm(CommPerStep.from_metrics(metrics)), _remark(r, row)])
     return COLUMNS, body

@@ -1,0 +1,190 @@
+"""The typed sections of a record's `backend_metrics`: what each holds, how it is written and read back.
+
+Trainers write these, the report, parity, calibrate and the record's own fields read them; each section
+is declared once here, with its key in `backend_metrics`, so that a writer and a reader cannot drift
+apart, and common.results.validate_record checks every section a record carries. The JSON is the plain
+dataclass (units in the field names); a record written before a field existed reads it as None.
+Strategy-specific diagnostics (tf_mode, phase_s_per_step, ...) stay plain keys.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import ClassVar
+
+COMM_KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all", "send_recv")
+STATE_PARTS = ("params", "grads", "optimizer")
+FP32_MATH = ("fp32", "tf32")
+
+
+class Section:
+    """One section: `key` in backend_metrics; to_metrics() writes it, from_metrics() reads it (None if absent)."""
+    key: ClassVar[str]
+
+    def to_metrics(self) -> dict:
+        return {self.key: self._value()}
+
+    def _value(self):
+        return asdict(self)
+
+    @classmethod
+    def from_metrics(cls, metrics: dict | None):
+        raw = (metrics or {}).get(cls.key)
+        return None if raw is None else cls._read(raw)
+
+    @classmethod
+    def _read(cls, raw):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+    @classmethod
+    def problems(cls, raw) -> list[str]:
+        """What is wrong with the section's JSON; empty when it reads."""
+        try:
+            cls._read(raw)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            return [f"backend_metrics.{cls.key}: {exc}"]
+        return []
+
+
+@dataclass(frozen=True)
+class TrainableParams(Section):
+    """The trainable parameters the framework's model holds, counted by the framework (held against the spec)."""
+    key: ClassVar[str] = "trainable_params"
+    count: int
+
+    def _value(self):
+        return int(self.count)
+
+    @classmethod
+    def _read(cls, raw):
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise TypeError(f"expected an integer, got {raw!r}")
+        return cls(raw)
+
+
+@dataclass(frozen=True)
+class Fp32Math(Section):
+    """What float32 matmuls run as: plain float32, or TF32 on tensor cores (the MFU's peak follows it)."""
+    key: ClassVar[str] = "fp32_math"
+    mode: str = "fp32"
+
+    def _value(self):
+        return self.mode
+
+    @classmethod
+    def _read(cls, raw):
+        if raw not in FP32_MATH:
+            raise ValueError(f"expected one of {FP32_MATH}, got {raw!r}")
+        return cls(raw)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    params: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+
+@dataclass(frozen=True)
+class StateBytesPerRank(Section):
+    """Parameters, gradients and optimizer state each rank holds, counted from its shards (bytes)."""
+    key: ClassVar[str] = "state_bytes_per_rank"
+    ranks: list[StateBytes]
+
+    def _value(self):
+        return [asdict(r) for r in self.ranks]
+
+    @classmethod
+    def _read(cls, raw):
+        return cls([StateBytes(**{p: int(r.get(p) or 0) for p in STATE_PARTS}) for r in raw])
+
+
+@dataclass(frozen=True)
+class Collective:
+    bytes: int
+    calls: int
+    time_s: float | None  # None: counted, not timed (point-to-point)
+
+
+@dataclass(frozen=True)
+class CommPerStep(Section):
+    """Per rank, per kind of collective (COMM_KINDS), what one step issues: bytes, calls and time."""
+    key: ClassVar[str] = "comm_per_step"
+    ranks: list[dict[str, Collective] | None]
+
+    def _value(self):
+        return [None if r is None else {k: asdict(c) for k, c in r.items()} for r in self.ranks]
+
+    @classmethod
+    def _read(cls, raw):
+        return cls([None if r is None else {k: Collective(**c) for k, c in r.items()} for r in raw])
+
+    def bytes_of(self, rank: int, kind: str) -> int:
+        step = self.ranks[rank] or {}
+        return step[kind].bytes if kind in step else 0
+
+
+@dataclass(frozen=True)
+class Bubble(Section):
+    """A pipeline's idle share of a step: analytic (pp-1)/(mb+pp-1), and each stage's measured share (None:
+    not measured)."""
+    key: ClassVar[str] = "bubble"
+    analytic: float
+    measured_per_stage: list[float] | None = None
+
+
+@dataclass(frozen=True)
+class Breakdown(Section):
+    """Where a step's time goes (common.breakdown): the median of each phase over the probe steps (s)."""
+    key: ClassVar[str] = "breakdown"
+    forward_backward_s: float
+    grad_comm_s: float
+    optimizer_s: float
+    data_s: float
+    other_s: float
+    probe_step_s: float
+    step_s: float | None
+    source: str
+    probe_steps: int
+
+    @property
+    def total_s(self) -> float:
+        """The phases of one step added up: what step_s should come to."""
+        return self.forward_backward_s + self.grad_comm_s + self.optimizer_s + self.data_s + self.other_s
+
+
+@dataclass(frozen=True)
+class GradComm(Section):
+    """The gradient communication of a step against the link: bytes, time, bus bandwidth, the ring's bound."""
+    key: ClassVar[str] = "grad_comm"
+    bytes_per_step: int
+    time_s: float
+    busbw_GBps: float | None
+    link_GBps: float | None
+    ring_bound_s: float | None
+    ranks: int
+    source: str = ""
+
+
+SECTIONS: tuple[type[Section], ...] = (TrainableParams, Fp32Math, StateBytesPerRank, CommPerStep, Bubble,
+                                       Breakdown, GradComm)
+
+
+def section_problems(metrics: dict | None) -> list[str]:
+    """validate_record's check of every typed section a record's backend_metrics carries."""
+    return [p for s in SECTIONS if (metrics or {}).get(s.key) is not None for p in s.problems(metrics[s.key])]
+
+
+def merged(*sections: Section | None, **plain) -> dict:
+    """backend_metrics from typed sections (None ones left out) and plain keys."""
+    out = dict(plain)
+    for s in sections:
+        if s is not None:
+            out.update(s.to_metrics())
+    return out
+
+

@@ -1,0 +1,65 @@
+"""The typed sections of backend_metrics: written and read through one type, checked by validate_record."""
+from __future__ import annotations
+
+import pytest
+
+from common.results import validate_record
+from common.sections import (
+    SECTIONS,
+    Breakdown,
+    Bubble,
+    Collective,
+    CommPerStep,
+    Fp32Math,
+    GradComm,
+    StateBytes,
+    StateBytesPerRank,
+    TrainableParams,
+    merged,
+    section_problems,
+)
+
+WRITTEN = [
+    TrainableParams(2328298),
+    Fp32Math("tf32"),
+    StateBytesPerRank([StateBytes(100, 100, 200), StateBytes(50, 50, 100)]),
+    CommPerStep([{"all_reduce": Collective(4096, 2, 0.01), "send_recv": Collective(512, 4, None)}, None]),
+    Bubble(0.2, [0.67, 0.06]),
+    Breakdown(0.5, 0.1, 0.05, 0.001, 0.002, 0.653, 0.66, "torch", 3),
+    GradComm(4096, 0.1, 1.2, 1.9, 0.05, 2, "hook"),
+]
+
+
+@pytest.mark.parametrize("section", WRITTEN, ids=[type(s).__name__ for s in WRITTEN])
+def test_a_section_reads_back_what_was_written(section):
+    metrics = merged(section, tf_mode="mirrored")
+    assert type(section).from_metrics(metrics) == section and metrics["tf_mode"] == "mirrored"
+    assert section_problems(metrics) == []
+
+
+def test_every_typed_section_is_registered_under_its_own_key():
+    assert len({s.key for s in SECTIONS}) == len(SECTIONS) == len({type(s) for s in WRITTEN})
+
+
+def test_absent_sections_read_as_none_and_are_left_out():
+    assert Bubble.from_metrics({}) is None and Breakdown.from_metrics(None) is None
+    assert merged(None, TrainableParams(3)) == {"trainable_params": 3}
+
+
+def test_the_json_is_the_records_as_before():
+    """Writers moved to the types; the record's JSON did not change shape."""
+    assert StateBytesPerRank([StateBytes(1, 2, 3)]).to_metrics() == {
+        "state_bytes_per_rank": [{"params": 1, "grads": 2, "optimizer": 3}]}
+    assert CommPerStep([{"all_gather": Collective(8, 1, 0.5)}]).to_metrics() == {
+        "comm_per_step": [{"all_gather": {"bytes": 8, "calls": 1, "time_s": 0.5}}]}
+    assert Bubble(0.25).to_metrics() == {"bubble": {"analytic": 0.25, "measured_per_stage": None}}
+    assert WRITTEN[5].total_s == pytest.approx(0.653)  # the phases of one step added up
+
+
+def test_a_record_with_a_malformed_section_is_refused():
+    record = {"status": "failed", "error": "x", "backend_metrics": {"trainable_params": "many", "fp32_math": "fp8",
+                                                                    "bubble": {"measured_per_stage": [0.1]}}}
+    problems = validate_record(record)
+    assert any("backend_metrics.trainable_params" in p for p in problems)
+    assert any("backend_metrics.fp32_math" in p for p in problems)
+    assert any("backend_metrics.bubble" in p for p in problems)
