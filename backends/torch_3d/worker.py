@@ -33,7 +33,7 @@ def tie_group(where: Placement, timeout) -> dist.ProcessGroup | None:
     return mine
 
 
-class LayoutWorker(worker.Worker):
+class LayoutWorker(process_group.RankWorker):
     def start(self, cfg: RunConfig) -> worker.Process:
         me = process_group.join_process_group(cfg)
         layout = cfg.layout
@@ -52,12 +52,6 @@ class LayoutWorker(worker.Worker):
                             self.where.mesh)
         return LayoutTrainer(stage, cfg, process.device, process.rank, process.processes, self.where,
                              trainable), data.train
-
-    def finish(self, process):
-        process_group.finish_together()
-
-    def stop(self, process):
-        process_group.leave_process_group()
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from backends.torch_common.launch import process_group_backend
+from common import worker
 from common.config import RunConfig
 
 
@@ -68,3 +69,14 @@ def finish_together() -> None:
 def leave_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+class RankWorker(worker.Worker):
+    """A worker that is one rank of a torchrun job (torch_ddp, torch_3d): the ranks finish together, then
+    leave the process group, whatever happened."""
+
+    def finish(self, process: worker.Process) -> None:
+        finish_together()
+
+    def stop(self, process: worker.Process) -> None:
+        leave_process_group()

@@ -15,7 +15,7 @@ from common import worker
 from common.config import RunConfig
 
 
-class DDPWorker(worker.Worker):
+class DDPWorker(process_group.RankWorker):
     def config(self, cfg: RunConfig) -> RunConfig:
         return process_group.resumed(cfg)
 
@@ -39,12 +39,6 @@ class DDPWorker(worker.Worker):
                                metrics=lambda: {"restarts": restarts},
                                count_comm_in=lambda counter: count_ddp_allreduce(ddp, counter))
         return trainer, data.train
-
-    def finish(self, process):
-        process_group.finish_together()
-
-    def stop(self, process):
-        process_group.leave_process_group()
 
 
 if __name__ == "__main__":
