@@ -96,11 +96,12 @@ def test_calibrate_writes_a_positive_ratio_and_the_idiom(tmp_path, backend):
 
 
 @pytest.mark.parametrize("backend, workload, layout, grad_bytes, rel", [
+    # The probe waits for each collective, so communication a step overlaps with compute (DDP's buckets
+    # during the backward, FSDP's all-gathers) stands apart: the probe step is longer than the measured one
+    # by what was hidden (measured on 2 loaded cores: +29% for DDP's CNN, +32% for FSDP's MLM).
     # DDP's all-reduce: every float32 gradient, once per step, counted in DDP's comm hook only.
-    ("torch_ddp", "cnn", [], lambda record: 4 * record["params"], 0.10),
+    ("torch_ddp", "cnn", [], lambda record: 4 * record["params"], 0.5),
     # FSDP2: each rank reduce-scatters every gradient and all-gathers every parameter (forward and backward).
-    # The probe counts every op of the step and waits for each collective, so the all-gathers FSDP overlaps
-    # with compute stand apart: the probe step is longer than the measured one by what was hidden.
     ("torch_3d", "mlm", ["--optimizer-shard", "--model-size", "tiny"], None, 0.5),
 ])
 @pytest.mark.e2e
@@ -115,6 +116,7 @@ def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path, backend, worklo
     metrics = record["backend_metrics"]
     b, comm = metrics["breakdown"], metrics["grad_comm"]
     assert b["step_s"] == record["step_time_s"]["p50"]
+    assert breakdown_total(b) == pytest.approx(b["probe_step_s"], rel=0.10)  # the phases make up the probe step
     assert breakdown_total(b) == pytest.approx(b["step_s"], rel=rel)
     if grad_bytes:
         assert comm["bytes_per_step"] == grad_bytes(record)
