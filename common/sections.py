@@ -28,11 +28,12 @@ class Section:
 
     @classmethod
     def from_metrics(cls, metrics: dict | None):
+        """The section in a record's backend_metrics; None when it is absent."""
         raw = (metrics or {}).get(cls.key)
-        return None if raw is None else cls._read(raw)
+        return None if raw is None else cls.from_value(raw)
 
     @classmethod
-    def _read(cls, raw):
+    def from_value(cls, raw):
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in known})
 
@@ -40,7 +41,7 @@ class Section:
     def problems(cls, raw) -> list[str]:
         """What is wrong with the section's JSON; empty when it reads."""
         try:
-            cls._read(raw)
+            cls.from_value(raw)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:
             return [f"backend_metrics.{cls.key}: {exc}"]
         return []
@@ -56,7 +57,7 @@ class TrainableParams(Section):
         return int(self.count)
 
     @classmethod
-    def _read(cls, raw):
+    def from_value(cls, raw):
         if isinstance(raw, bool) or not isinstance(raw, int):
             raise TypeError(f"expected an integer, got {raw!r}")
         return cls(raw)
@@ -72,7 +73,7 @@ class Fp32Math(Section):
         return self.mode
 
     @classmethod
-    def _read(cls, raw):
+    def from_value(cls, raw):
         if raw not in FP32_MATH:
             raise ValueError(f"expected one of {FP32_MATH}, got {raw!r}")
         return cls(raw)
@@ -99,7 +100,7 @@ class StateBytesPerRank(Section):
         return [asdict(r) for r in self.ranks]
 
     @classmethod
-    def _read(cls, raw):
+    def from_value(cls, raw):
         return cls([StateBytes(**{p: int(r.get(p) or 0) for p in STATE_PARTS}) for r in raw])
 
 
@@ -120,7 +121,7 @@ class CommPerStep(Section):
         return [None if r is None else {k: asdict(c) for k, c in r.items()} for r in self.ranks]
 
     @classmethod
-    def _read(cls, raw):
+    def from_value(cls, raw):
         return cls([None if r is None else {k: Collective(**c) for k, c in r.items()} for r in raw])
 
     def bytes_of(self, rank: int, kind: str) -> int:

@@ -40,10 +40,10 @@ class Process:
     device: object = None     # the framework's device, for the backend's own use
 
 
-def data_parallel_process(cfg: RunConfig, rank: int, processes: int, local_rank: int, device: object = None,
+def data_parallel_process(cfg: RunConfig, rank: int, processes: int, keeps_result: bool, device: object = None,
                           local_devices: int = 1) -> Process:
     """A process that is one data-parallel replica of `processes`, feeding `local_devices` devices."""
-    return Process(rank, processes, keeps_result=local_rank == 0, replica=rank, replicas=processes,
+    return Process(rank, processes, keeps_result=keeps_result, replica=rank, replicas=processes,
                    samples=cfg.per_device_batch * local_devices, local_devices=local_devices, device=device)
 
 

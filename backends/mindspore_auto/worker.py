@@ -89,7 +89,7 @@ class MindSporeWorker(worker.Worker):
         _, self.pcfg, rank, processes = start_worker(cfg)
         keeps = rank % cfg.devices_per_node == 0  # msrun numbers ranks node by node
         if self.pcfg.mode == "data":  # this rank's shard of each micro-batch
-            return worker.data_parallel_process(cfg, rank, processes, 0 if keeps else 1)
+            return worker.data_parallel_process(cfg, rank, processes, keeps)
         # semi_auto/auto: every process loads all of it (full_batch) and the compiler splits it.
         return worker.Process(rank, processes, keeps_result=keeps, replica=0, replicas=1,
                               samples=cfg.global_batch // cfg.grad_accum)

@@ -48,8 +48,8 @@ class KerasWorker(worker.Worker):
         self.strategy = build_strategy(self.mode, devices, self.implementation, cfg.collective_timeout_s)
         if cfg.precision in MIXED_POLICIES:
             keras.config.set_dtype_policy(MIXED_POLICIES[cfg.precision])
-        local_rank = rank % (world // cfg.nnodes)
-        return worker.data_parallel_process(cfg, rank, world, local_rank, local_devices=local)
+        first_on_node = rank % (world // cfg.nnodes) == 0
+        return worker.data_parallel_process(cfg, rank, world, first_on_node, local_devices=local)
 
     def trainer(self, cfg, process, data, weights):
         keras.utils.set_random_seed(cfg.seed)

@@ -242,11 +242,11 @@ class LayoutTrainer(TorchTrainer):
                                  "weights": self._whole_weights()})
         # The first and the last stage both hold the tied token embedding, equal after every step.
         whole = {name: summary for r in ranks for name, summary in (r["weights"] or {}).items()}
-        comm = CommPerStep._read([r["comm"] for r in ranks]) if self._probe else None
+        comm = CommPerStep.from_value([r["comm"] for r in ranks]) if self._probe else None
         bubble = None
         if self.layout.pp > 1:
             idle = [[r["idle"] for r in ranks if r["coords"]["pp"] == s] for s in range(self.layout.pp)]
             measured = self._probe and all(v is not None for stage in idle for v in stage)
             bubble = Bubble(self.layout.bubble(), [max(stage) for stage in idle] if measured else None)
-        return merged(TrainableParams(self._trainable), StateBytesPerRank._read([r["state"] for r in ranks]), comm,
+        return merged(TrainableParams(self._trainable), StateBytesPerRank.from_value([r["state"] for r in ranks]), comm,
                       bubble, **{FINAL_PARAMS: dict(sorted(whole.items()))})

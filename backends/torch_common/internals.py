@@ -7,6 +7,7 @@ when an internal is gone, so that an upgrade of torch says which measurement it 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import time
 from collections.abc import Iterator
 
@@ -22,8 +23,6 @@ class Stopwatch:
 @contextlib.contextmanager
 def pipeline_wait_timer() -> Iterator[Stopwatch]:
     """Within the block, the seconds pipeline schedules spend waiting on their point-to-point batches."""
-    import importlib
-
     watch = Stopwatch()
     module = importlib.import_module(PIPELINE_WAIT[0])
     original = getattr(module, PIPELINE_WAIT[1], None)

@@ -22,7 +22,7 @@ class DDPWorker(process_group.RankWorker):
     def start(self, cfg: RunConfig) -> worker.Process:
         me = process_group.join_process_group(cfg)
         self.restarts = me.restarts
-        return worker.data_parallel_process(cfg, me.rank, me.world, me.local_rank, me.device)
+        return worker.data_parallel_process(cfg, me.rank, me.world, me.local_rank == 0, me.device)
 
     def trainer(self, cfg, process, data, weights):
         device = process.device

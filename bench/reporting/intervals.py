@@ -12,7 +12,7 @@ from collections import defaultdict
 import pandas as pd
 
 from bench.reporting.layouts import layout_name
-from common.stats import Interval, Row, ratio_interval, throughput_interval, verdict
+from common.stats import Interval, Row, point_throughput, ratio_interval, throughput_interval, verdict
 
 # What makes two runs the same row: repeats of it, or the same row in another folder.
 ROW_KEYS = ("workload", "backend", "strategy", "layout", "devices", "device_kind", "scaling", "global_batch",
@@ -111,8 +111,8 @@ def baseline_frame(records: list[dict], baseline: list[dict], threshold: float =
     for key in sorted(set(mine) & set(theirs), key=str):
         ratio = ratio_interval(_measured(mine[key]), _measured(theirs[key]))
         lines.append({**dict(zip(ROW_KEYS, key)), "runs": len(mine[key]), "baseline_runs": len(theirs[key]),
-                      "samples_per_s": throughput_interval(*_measured(mine[key])).value,
-                      "baseline_samples_per_s": throughput_interval(*_measured(theirs[key])).value,
+                      "samples_per_s": point_throughput(*_measured(mine[key])),
+                      "baseline_samples_per_s": point_throughput(*_measured(theirs[key])),
                       "ratio": ratio.value, "ratio_low": ratio.low, "ratio_high": ratio.high,
                       "verdict": verdict(ratio, threshold)})
     return pd.DataFrame(lines, columns=[*ROW_KEYS, "runs", "baseline_runs", "samples_per_s",
