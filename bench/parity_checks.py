@@ -44,7 +44,7 @@ STEP0_RTOL = 1e-4
 #   and MindSpore needed was at most 1.06 (with 3 probes, up to 97); SENSITIVITY_FACTOR is 2.
 # - Where nothing flips (the MLM: GELU and LayerNorm, no ReLU) the probes stay at rounding
 #   (<= 3e-6) and so does the tolerance, which still catches a 4e-5 drift like Keras' epsilon
-#   placement (backends/tf_mirrored/optimizer.py).
+#   placement (backends/keras_common/optimizer.py).
 ROUNDING_RTOL = 1e-5       # before any flip, the backends agree to float32 rounding (measured <= 5.6e-6)
 PROBE_PERTURBATION = 3e-6
 PROBE_SEEDS = (1, 2, 3, 4, 5, 6)

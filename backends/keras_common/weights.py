@@ -95,3 +95,15 @@ def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: 
         variable.assign(value)
         assigned.add(canon)
     check_complete(assigned, weights, "keras", unmapped)
+
+
+def canonical_names(spec: CnnSpec | BertSpec) -> dict[str, str]:
+    """Keras variable path -> its canonical name (common.initial_weights)."""
+    mapping = _cnn_map(spec) if isinstance(spec, CnnSpec) else _bert_map(spec)
+    return {path: canon for path, (canon, _) in mapping.items()}
+
+
+def keras_shapes(spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Keras variable path -> the shape of its value, known before the model is built (a LayoutMap needs it)."""
+    mapping = _cnn_map(spec) if isinstance(spec, CnnSpec) else _bert_map(spec)
+    return {path: tuple(convert(weights[canon]).shape) for path, (canon, convert) in mapping.items()}
