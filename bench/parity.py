@@ -14,7 +14,8 @@ With --layouts (names: bench/layouts.py; backends default torch_3d) it checks la
 layout trains the global batch 2b, against the same backend on 1 device with that global batch as
 the same number of accumulated micro-batches (pp<N>-mb<K> <-> --grad-accum K); the perturbed runs
 are that 1-device run's. A layout must leave step 0's loss, the curve and the final parameters as
-they were.
+they were. With several backends (--backends torch_3d,keras_jax) each framework's run of a layout is
+also held against the first backend's run of the same layout.
 """
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def _envelope(reference: dict | None, probes: list[dict]) -> list[float] | None:
 
 def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[list[pc.Check], dict]:
     """Per backend, every layout against its 1-device run of the same global batch and micro-batches."""
-    checks, runs = [], {}
+    checks, runs, ran, envelopes = [], {}, {}, {}
     for backend in args.backends:
         references = {}
         for k in reference_accumulations(args.layouts):
@@ -183,7 +184,20 @@ def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[li
         runs[backend] = {"references": {str(k): r.get("run_id") for k, r in references.items()},
                          "layouts": {n: r.get("run_id") for n, r in done.items()},
                          "probes": [p.get("run_id") for p in probes]}
-    return checks, runs
+        ran[backend] = {**{f"1 device x{k}": r for k, r in references.items()}, **done}
+        envelopes[backend] = envelope
+    return checks + cross_framework_checks(workload, ran, envelopes), runs
+
+
+def cross_framework_checks(workload: str, ran: dict[str, dict[str, dict]],
+                           envelopes: dict[str, list[float] | None]) -> list[pc.Check]:
+    """Every other backend's run of each layout (and each 1-device reference) against the first backend's run of
+    the same: the same layout computes the same thing in every framework, within the first backend's measured
+    sensitivity."""
+    first, *others = list(ran)
+    return [check for other in others for name, run in ran[other].items() if name in ran[first]
+            for check in pc.layout_checks(workload, f"{other} {name}", ran[first][name], run, envelopes[first],
+                                          against=f"{first} {name}")]
 
 
 def main(argv: list[str] | None = None) -> int:

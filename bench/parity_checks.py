@@ -233,15 +233,19 @@ def summary_line(checks: list[Check]) -> str:
 # its 1-device run ends.
 
 
+ONE_DEVICE = "1 device"
+
+
 def final_params(record: dict) -> dict | None:
     return (record.get("backend_metrics") or {}).get(FINAL_PARAMS)
 
 
-def _final_params_check(workload: str, name: str, reference: dict, run: dict, tolerance: float) -> Check:
-    title = f"{name}: final parameters = 1 device"
+def _final_params_check(workload: str, name: str, reference: dict, run: dict, tolerance: float,
+                        against: str = ONE_DEVICE) -> Check:
+    title = f"{name}: final parameters = {against}"
     ref, got = final_params(reference), final_params(run)
     if not ref or not got:
-        lacking = [w for w, r in (("the layout run", got), ("the 1-device run", ref)) if not r]
+        lacking = [w for w, r in (("the layout run", got), (f"the {against} run", ref)) if not r]
         return Check(workload, title, "skip", f"{' and '.join(lacking)} carr{'y' if len(lacking) > 1 else 'ies'} no "
                                               f"`backend_metrics.{FINAL_PARAMS}` (per-parameter norm and sum "
                                               "of the unsharded weights): nothing to compare")
@@ -259,22 +263,24 @@ def _final_params_check(workload: str, name: str, reference: dict, run: dict, to
 
 
 def layout_checks(workload: str, name: str, reference: dict, run: dict,
-                  envelope: list[float] | None = None) -> list[Check]:
-    """One layout against the 1-device run of the same global batch and micro-batches: the loss at step 0
-    within STEP0_RTOL, the curve within the per-step tolerance, the final parameters within its last value.
-    An unsupported layout is a skip with its reason; a failed one, or a failed reference, a failure."""
+                  envelope: list[float] | None = None, against: str = ONE_DEVICE) -> list[Check]:
+    """One layout against the 1-device run of the same global batch and micro-batches (or, `against` another
+    framework, that framework's run of the same layout): the loss at step 0 within STEP0_RTOL, the curve within
+    the per-step tolerance, the final parameters within its last value. An unsupported run is a skip with its
+    reason; a failed one, or a failed reference, a failure."""
     title = f"{name}: runs"
     if reference.get("status") != "ok":
         return [Check(workload, title, "fail" if reference.get("status") == "failed" else "skip",
-                      f"1-device run {reference.get('status')}: {reference.get('error')}")]
+                      f"{against} run {reference.get('status')}: {reference.get('error')}")]
     if run.get("status") != "ok":
         return [Check(workload, title, "fail" if run.get("status") == "failed" else "skip",
                       f"{run.get('status')}: {run.get('error')}")]
     c1, cn = curve_of(reference), curve_of(run)
     if not c1 or not cn:
-        return [Check(workload, title, "fail", "no loss curve in " + ("the layout run" if c1 else "the 1-device run"))]
+        missing = "the layout run" if c1 else f"the {against} run"
+        return [Check(workload, title, "fail", f"no loss curve in {missing}")]
     rel0 = _deviation(cn[:1], c1[:1])[0]
-    checks = [Check(workload, f"{name}: loss at step 0 = 1 device", "pass" if rel0 <= STEP0_RTOL else "fail",
+    checks = [Check(workload, f"{name}: loss at step 0 = {against}", "pass" if rel0 <= STEP0_RTOL else "fail",
                     f"relative difference {rel0:.1e} (tolerance {STEP0_RTOL:.0e})",
                     {"layout": cn[:1], "one": c1[:1]})]
     steps = min(len(c1), len(cn))
@@ -282,9 +288,9 @@ def layout_checks(workload: str, name: str, reference: dict, run: dict,
     step, worst, within = _worst(_deviation(cn[:steps], c1[:steps]), tolerance)
     detail = f"largest relative difference {worst:.1e} at step {step} (tolerance there {tolerance[step]:.1e})"
     if len(c1) != len(cn):
-        detail += f"; {len(cn)} steps in the layout run, {len(c1)} at 1 device"
-    checks.append(Check(workload, f"{name}: loss over {steps} steps = 1 device",
+        detail += f"; {len(cn)} steps in the layout run, {len(c1)} in the {against} run"
+    checks.append(Check(workload, f"{name}: loss over {steps} steps = {against}",
                         "pass" if within and len(c1) == len(cn) else "fail", detail,
                         {"one": c1, "layout": cn, "tolerance_per_step": tolerance}))
-    checks.append(_final_params_check(workload, name, reference, run, tolerance[-1]))
+    checks.append(_final_params_check(workload, name, reference, run, tolerance[-1], against))
     return checks

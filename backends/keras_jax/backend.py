@@ -11,6 +11,7 @@ import jax
 from backends.base import Backend
 from backends.keras_jax.devices import jax_env
 from backends.keras_jax.modes import mode_of
+from common.calibration import refuse_bare_options
 from common.config import RunConfig
 from common.devices import DevicePlan, cpu_plan, cuda_plan
 from common.errors import Unsupported
@@ -80,6 +81,12 @@ class KerasJax(Backend):
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         return launch(cfg, workdir, ["-m", WORKER], self._launcher(cfg, plan, workdir))
+
+    def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
+        if mode_of(cfg) != "single_process":
+            raise Unsupported("the bare Keras loop runs model.fit in one process (--jax-mode single_process)")
+        refuse_bare_options(cfg, self.name)
+        return launch(cfg, workdir, ["-m", "backends.keras_jax.bare"], self._launcher(cfg, plan, workdir))
 
     def _launcher(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> Launcher:
         if mode_of(cfg) == "single_process":

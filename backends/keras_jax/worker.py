@@ -31,7 +31,8 @@ COORDINATOR_ENV, PROCESS_ID_ENV, PROCESSES_ENV = ("PARBENCH_JAX_COORDINATOR", "P
 
 
 def _placed_axes(variable) -> tuple:
-    spec = tuple(variable.value.sharding.spec)
+    """The mesh axis each dimension of the variable's array is split over (a one-device array: none)."""
+    spec = tuple(getattr(variable.value.sharding, "spec", ()))
     return spec + (None,) * (len(variable.shape) - len(spec))
 
 
@@ -72,7 +73,9 @@ class KerasJaxWorker(worker.Worker):
             layout_map[key] = axes
         return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name=MESH_AXES[0]), mesh
 
-    def trainer(self, cfg, process, data, weights):
+    def model_on_mesh(self, cfg: RunConfig, weights):
+        """The workload's Keras model with its initial weights, laid out on the run's mesh as planned (checked);
+        (the model, the Keras DeviceMesh). The bare loop (bare.py) builds its model here too."""
         lay = cfg.layout
         keras.utils.set_random_seed(cfg.seed)
         self.plan = weight_plan(keras_shapes(cfg.spec, weights), lay)
@@ -90,6 +93,11 @@ class KerasJaxWorker(worker.Worker):
         wrong = unsplit(self.plan, {v.path: _placed_axes(v) for v in model.weights})
         if wrong:  # a LayoutMap entry that reached no variable would leave its weight replicated without a word
             raise RuntimeError(f"keras_jax: the model's weights are not laid out as planned: {'; '.join(wrong[:3])}")
+        return model, mesh
+
+    def trainer(self, cfg, process, data, weights):
+        lay = cfg.layout
+        model, mesh = self.model_on_mesh(cfg, weights)
         o = cfg.optim
         optimizer = TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay, beta_1=o.beta1, beta_2=o.beta2,
                                epsilon=o.eps)
