@@ -25,7 +25,7 @@ from common.data.batches import StepBatch
 from common.errors import Unsupported
 from common.final_params import FIELD as FINAL_PARAMS
 from common.final_params import summarise
-from common.sections import CommPerStep, StateBytesPerRank, TrainableParams, merged
+from common.sections import CommPerStep, Fp32Math, StateBytesPerRank, TrainableParams, merged
 
 MLM_TARGETS = ("mask_ids", "mask_weights")
 
@@ -256,5 +256,8 @@ class JaxTrainer:
                        "recompiled_in_measured_window": late,
                        "compile_detection": "the step is lowered and compiled explicitly before its first call"}
         trainable = int(sum(np.prod(a.shape) for a in self.trainable))
-        return merged(TrainableParams(trainable), self._state_bytes(), self._comm(), **compile_log,
+        # XLA runs float32 products as TF32 on GPUs that have it unless the matmul precision says otherwise.
+        exact = jax.config.jax_default_matmul_precision in ("highest", "float32")
+        fp32 = Fp32Math("tf32" if self.cfg.device_kind == "cuda" and not exact else "fp32")
+        return merged(TrainableParams(trainable), fp32, self._state_bytes(), self._comm(), **compile_log,
                       xla_step_memory_per_device=self._memory_analysis(), **{FINAL_PARAMS: self._final_params()})
