@@ -74,10 +74,6 @@ class KerasJax(Backend):
         if cfg.compile:
             raise Unsupported("--compile: keras_jax's step is always one XLA program (jax.jit); there is no "
                               "uncompiled mode to switch from, and compile time is always recorded apart")
-        if cfg.breakdown_steps:
-            raise Unsupported("--breakdown-steps: the step is one XLA program whose collectives GSPMD placed inside "
-                              "the forward and backward, so its phases cannot be timed apart without changing it; "
-                              "backend_metrics.comm_per_step (read from the compiled program) says what it sends")
 
     def run(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         return launch(cfg, workdir, ["-m", WORKER], self._launcher(cfg, plan, workdir))
@@ -126,6 +122,10 @@ class KerasJax(Backend):
             notes.append("BatchNorm statistics per data-parallel replica as in DDP (the step vmaps the model over the "
                          "replicas' slices of the batch), synchronised over the whole batch with --sync-bn; "
                          "evaluation uses replica 0's moving statistics")
+        if cfg.breakdown_steps:
+            notes.append("--breakdown-steps: GSPMD puts the data-parallel reduction inside the step, so the probe runs "
+                         "the gradients per replica (vmapped, unreduced) and the reduction as programs of their own; "
+                         "tensor-parallel and sharded-state collectives stay in forward+backward")
         if mode == "multi_process":
             notes.append("JAX's coordinator service listens at the address given; its CPU collectives (gloo) pick "
                          "their own interface")

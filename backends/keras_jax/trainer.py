@@ -136,6 +136,64 @@ class JaxTrainer:
         count = jnp.sum(batch["mask_weights"] if "mask_weights" in batch else batch["weight"])
         return jnp.stack([loss_sum, correct, count])
 
+    # ------------------------------------------------------------------ breakdown probe (common.loop)
+    probe_source = ("keras_jax: the gradients as one jitted program per data-parallel replica (vmapped over the "
+                    "replicas' slices, so without the data-parallel reduction; tensor-parallel and sharded-state "
+                    "collectives stay inside it), the reduction over 'batch' as a program of its own, then the whole "
+                    "step; optimizer = the step less the two; each waited for")
+
+    def _stacked(self, a) -> NamedSharding:
+        """A per-replica stack of `a`'s gradient: replicas over "batch", each laid out as `a`."""
+        spec = tuple(getattr(a.sharding, "spec", ()))
+        return NamedSharding(self.mesh, P("batch", *(None if axis == "batch" else axis for axis in spec)))
+
+    def _replica_grads(self, trainable, non_trainable, scalars, micro):
+        def grads_of(parts):
+            total = None
+            for part in parts:
+                def loss(t, part=part):
+                    logits, _ = self.model.stateless_call(t, non_trainable, model_inputs(part), training=True)
+                    return loss_and_correct(logits, part)[0] / scalars[1]
+                g = jax.grad(loss)(trainable)
+                total = g if total is None else [a + b for a, b in zip(total, g)]
+            return total
+        split = [jax.tree_util.tree_map(lambda x: x.reshape(self.dp, -1, *x.shape[1:]), b) for b in micro]
+        return jax.vmap(grads_of)(split)
+
+    def _build_probe(self) -> None:
+        stacked = [self._stacked(a) for a in self.trainable]
+        self._probe_grads = jax.jit(self._replica_grads, out_shardings=stacked)
+        self._probe_reduce = jax.jit(lambda grads: [g.sum(0) for g in grads], out_shardings=self._param_shardings)
+
+    def _timed(self, fn, *args):
+        began = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        return out, time.perf_counter() - began
+
+    def probe_step(self, batch: StepBatch, lr: float) -> dict[str, float]:
+        if not hasattr(self, "_probe_grads"):
+            self._build_probe()
+        micro = tuple(self._global(host_arrays(m), local_rows=True) for m in batch.micro)
+        scalars = self._scalars(lr, batch.denominator)
+        grads, fb = self._timed(self._probe_grads, self.trainable, self.non_trainable, scalars, micro)
+        comm = self._timed(self._probe_reduce, grads)[1] if self.dp > 1 else 0.0
+        before = time.perf_counter()
+        self.train_step(batch, lr)
+        step = time.perf_counter() - before
+        nbytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.trainable)
+        # The separate gradient and reduction programs are the instrument's: the loop takes them off the step.
+        return {"forward_backward_s": fb, "grad_comm_s": comm, "optimizer_s": max(0.0, step - fb - comm),
+                "grad_comm_bytes": nbytes if self.dp > 1 else 0, "instrument_s": fb + comm}
+
+    def link_probe(self, nbytes: float) -> tuple[int, int, list[float]]:
+        """The reduction over "batch" alone, on one float32 array of about nbytes per replica, after a warm-up."""
+        size = max(int(nbytes) // 4, 1 << 18)
+        host = np.zeros((self.dp, size), np.float32)
+        buffer = jax.make_array_from_callback(host.shape, self.batch_sharding, lambda index: host[index])
+        reduce = jax.jit(lambda x: x.sum(0), out_shardings=self.replicated)
+        times = [self._timed(reduce, buffer)[1] for _ in range(4)][1:]
+        return self.dp, size * 4, times
+
     # ------------------------------------------------------------------ feeding
     def _global(self, arrays: dict[str, np.ndarray], local_rows: bool) -> dict:
         """Global arrays sharded over "batch": from this process's rows (training: its replica's slice), or from
