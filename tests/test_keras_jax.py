@@ -122,7 +122,8 @@ LAYOUTS = {
     "tp2-multi_process": ["--devices", "2", "--model-parallel", "2", "--batch-size", "8",
                           "--jax-mode", "multi_process"],
     "fsdp2": ["--devices", "2", "--optimizer-shard", "--batch-size", "4"],
-    "dp2xtp2": ["--devices", "4", "--model-parallel", "2", "--batch-size", "4"],
+    # Recompute changes what is kept for the backward, never the result.
+    "dp2xtp2-rc": ["--devices", "4", "--model-parallel", "2", "--batch-size", "4", "--recompute"],
 }
 
 

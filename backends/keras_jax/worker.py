@@ -36,6 +36,18 @@ def _placed_axes(variable) -> tuple:
     return spec + (None,) * (len(variable.shape) - len(spec))
 
 
+def recompute(layer: keras.layers.Layer) -> None:
+    """The layer's activations recomputed in the backward pass (keras.remat: jax.checkpoint). keras.RematScope
+    would hand the layer's `training` flag to jax.checkpoint as a traced value, which keras-hub's dropout then
+    cannot test (a boolean conversion of a tracer): the flag stays a Python value here, outside the checkpoint."""
+    call = layer.call
+
+    def rematerialised(inputs, *args, training=None, **kwargs):
+        return keras.remat(lambda x, *a, **k: call(x, *a, training=training, **k))(inputs, *args, **kwargs)
+
+    layer.call = rematerialised
+
+
 class KerasJaxWorker(worker.Worker):
     def start(self, cfg: RunConfig) -> worker.Process:
         self.mode = mode_of(cfg)
@@ -82,13 +94,10 @@ class KerasJaxWorker(worker.Worker):
         distribution, mesh = self._distribution(cfg, self.plan)
         self.distribution_name = type(distribution).__name__
         keras.distribution.set_distribution(distribution)
-        layers = [f"transformer_layer_{i}" for i in range(getattr(cfg.spec, "layers", 0))]
-        remat = keras.RematScope(mode="list_of_layers", layer_names=layers) if lay.recompute else None
-        if remat:
-            with remat:
-                model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
-        else:
-            model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
+        model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
+        if lay.recompute:
+            for i in range(cfg.spec.layers):
+                recompute(model.get_layer(f"transformer_layer_{i}"))
         load_initial_weights(model, cfg.spec, weights)
         wrong = unsplit(self.plan, {v.path: _placed_axes(v) for v in model.weights})
         if wrong:  # a LayoutMap entry that reached no variable would leave its weight replicated without a word
