@@ -149,7 +149,8 @@ def keras_split(spec, canonical: str, layout: Layout) -> int | None:
         return None
     shards = np.split(convert(index), layout.tp, axis=axis)
     for dim in range(len(shape)):
-        if all(set(s.ravel()) == set(b.ravel()) for s, b in zip(shards, np.split(index, layout.tp, axis=dim))):
+        blocks = np.split(index, layout.tp, axis=dim)
+        if all(np.array_equal(np.sort(s, axis=None), np.sort(b, axis=None)) for s, b in zip(shards, blocks)):
             return dim
     return "other"
 
