@@ -157,15 +157,28 @@ def _start_daemon(host: Host, argv: list[str], pid_file: Path, env: dict) -> Non
         time.sleep(0.1)
 
 
-def _stop_daemon(pid_file: Path, timeout: float = 15) -> None:
-    with suppress(OSError, ValueError):
-        pid = int(pid_file.read_text().split()[0])
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            os.kill(pid, 0)  # raises ProcessLookupError (an OSError) once it is gone
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+def _stop_daemons(pid_files: list[Path], timeout: float = 15) -> None:
+    """SIGTERM to every daemon at once (each takes seconds to stop), SIGKILL to any left after `timeout`."""
+    pids = []
+    for pid_file in pid_files:
+        with suppress(OSError, ValueError, IndexError):
+            pids.append(int(pid_file.read_text().split()[0]))
+            os.kill(pids[-1], signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(0.1)
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @contextmanager
@@ -197,8 +210,7 @@ def slurm_cluster() -> Iterator[Cluster]:
             cluster.wait_idle()
             yield cluster
         finally:
-            for pid_file in reversed(pid_files):
-                _stop_daemon(pid_file)
+            _stop_daemons(pid_files)
             shutil.rmtree(root, ignore_errors=True)
 
 

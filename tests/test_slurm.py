@@ -128,8 +128,12 @@ def test_sbatch_sweep_runs_two_node_runs(cluster, tmp_path):
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_scancel_leaves_no_process_and_no_ok_record(cluster, tmp_path):
+    """SLURM stops a job the same way at its time limit: SIGTERM to every step and to the batch script. The
+    sweep's first run (torch_dp: one host, so refused on two nodes) finishes; the second is cancelled while
+    training: it leaves no record and no process, the first one's record stays, the summary is rewritten."""
     out = tmp_path / "out"
-    job = _submit_sweep(cluster, tmp_path, "--backends", "torch_ddp", *TINY, "--steps", "100000", "--out", str(out))
+    job = _submit_sweep(cluster, tmp_path, "--backends", "torch_dp,torch_ddp", *TINY, "--steps", "100000",
+                        "--out", str(out))
     _wait(cluster, job, 60, until={"RUNNING", *TERMINAL})
     deadline = time.monotonic() + 150
     while not all(any("worker" in c for c in cmds) for cmds in _job_processes(cluster).values()):
@@ -142,7 +146,11 @@ def test_scancel_leaves_no_process_and_no_ok_record(cluster, tmp_path):
         time.sleep(0.2)
     gone = time.monotonic() - cancelled
     assert _wait(cluster, job, 30) == "CANCELLED"
-    assert not [r for r in _records(out / RUN_RECORDS) if r["status"] == "ok"]
+    records = _records(out / RUN_RECORDS)
+    assert [(r["backend"], r["status"]) for r in records] == [("torch_dp", "invalid")], records
+    assert "runs on one host" in records[0]["error"] and records[0]["devices"] == 2
+    assert records[0]["run_id"] in (out / "summary.csv").read_text()
+    assert "bench.compare: cancelled by SIGTERM" in next(tmp_path.glob("slurm-*.out")).read_text()
     print(f"\nscancel of job {job}: no process of it on either node after {gone:.1f} s")
 
 
