@@ -76,7 +76,8 @@ class SlurmStep:
         return f"slurm{self.job_id}.{self.step_id or 'batch'}{restart}"
 
     def rendezvous_port(self) -> int:
-        return PORT_BASE + (int(self.job_id) % 1000) * 10 + int(self.step_id or 0) % 10
+        step = int(self.step_id) if (self.step_id or "").isdigit() else 0  # a batch or interactive step: 0
+        return PORT_BASE + (int(self.job_id) % 1000) * 10 + step % 10
 
     def world(self, nnodes: int | None = None, node_rank: int | None = None, master_addr: str | None = None,
               master_port: int | None = None, devices: int | None = None) -> World:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,15 @@ import pytest
 
 from common.errors import BadInput
 from common.results import NODE_RECORDS, RUN_RECORDS, SCHEDULER_FIELDS, validate_record
-from common.scheduler import PORT_BASE, PORT_SPAN, SlurmStep, job_node_count, slurm_step, srun_command
+from common.scheduler import (
+    PORT_BASE,
+    PORT_SPAN,
+    SlurmStep,
+    check_port_free,
+    job_node_count,
+    slurm_step,
+    srun_command,
+)
 from tests.conftest import REPO, run_cli
 from tests.netns import or_skip
 from tests.slurm_cluster import NODES, slurm_cluster, why_unavailable
@@ -251,8 +260,17 @@ def test_record_section_and_port_are_the_schema_and_in_range():
              for s in (0, 1, 9)}
     assert all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports) and len(ports) >= 9
     assert step.rendezvous_port() == SlurmStep("4711", "3", ("x",), "x", 1, None).rendezvous_port()
+    assert SlurmStep("4711", "interactive", ("x",), "x", 0, None).rendezvous_port() == PORT_BASE + 7110
     assert step.run_tag() == "slurm4711.3" and SlurmStep("4711", None, ("x",), "x", 1, None).run_tag() == \
         "slurm4711.batchr1"
+
+
+def test_node_0_refuses_a_derived_port_that_is_taken_in_one_line():
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(BadInput, match=f"rendezvous port {port} .* is taken on 127.0.0.1.*--master-port"):
+            check_port_free("127.0.0.1", port, _step())
+    check_port_free("127.0.0.1", port, _step())  # free again once the listener is gone
 
 
 def test_srun_command_and_job_nodes():
