@@ -288,3 +288,23 @@ def test_bench_run_outside_a_usable_allocation_says_why_in_one_line(tmp_path):
                    str(tmp_path), env={"SLURM_JOB_ID": "4711", "SLURMD_NODENAME": ""}, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "runs outside the job's nodes" in proc.stderr and not (tmp_path / RUN_RECORDS).exists()
+
+
+def test_bench_slurm_prints_a_script_that_runs_bench_compare_over_the_job(capsys, tmp_path, monkeypatch):
+    from bench import slurm
+
+    monkeypatch.chdir(tmp_path)
+    assert slurm.main(["--nodes", "2", "--time", "01:00:00", "--account", "proj x", "--gpus", "1,2",
+                       "--backends", "torch_ddp", "--timeout", "60"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2\n" in text and "#SBATCH --time=01:00:00\n" in text
+    assert "#SBATCH '--account=proj x'\n" in text and "--partition" not in text  # untouched, quoted, only if given
+    assert f"cd {tmp_path}\n" in text
+    assert text.rstrip().endswith(f"exec {sys.executable} -m bench.compare --srun --gpus 1,2 --backends torch_ddp "
+                                  "--timeout 60")
+    for argv, message in ((["--nodes", "2", "--gpus", "x"], "--gpus/--devices"), (["--gpus", "1"], "--nodes"),
+                          (["--nodes", "2", "--srun"], "set by the script itself")):
+        with pytest.raises(SystemExit) as exit_:
+            slurm.main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
