@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +24,7 @@ import pytest
 # Another user of two_hosts (tests/slurm_cluster.py) passes a subnet of its own, so that both may run at once.
 SUBNET_PREFIX = "10.231.{}"
 CHECK_TIMEOUT_S = 20
+NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts in place
 
 
 def why_unavailable() -> str | None:
@@ -78,6 +81,16 @@ def _check_link(a: Host, b: Host) -> None:
         server.wait()
 
 
+def _name_resolves_to(host: Host) -> None:
+    """Inside the namespace, this machine's host name resolves to the namespace's own address, as a cluster
+    node's name resolves to its address: programs that find their address from their host name (JAX's gloo
+    collectives) then bind there and not to loopback. `ip netns exec` mounts /etc/netns/NAME/hosts over
+    /etc/hosts for what it runs (ip-netns(8))."""
+    folder = NETNS_ETC / host.netns
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{host.address} {socket.gethostname()}\n")
+
+
 @contextmanager
 def or_skip(why_unavailable: Callable[[], str | None], make: Callable[[], AbstractContextManager], what: str):
     """For a fixture: what `make` makes, or a skip saying why not (what `why_unavailable` says, or the OSError
@@ -106,6 +119,7 @@ def two_hosts(prefix: str = "pb", subnet_prefix: str = SUBNET_PREFIX,
     try:
         for host in hosts:
             _must("netns", "add", host.netns)
+            _name_resolves_to(host)
         _must("link", "add", links[0], "type", "veth", "peer", "name", links[1])
         for host, link in zip(hosts, links):
             _must("link", "set", link, "netns", host.netns)
@@ -126,4 +140,5 @@ def two_hosts(prefix: str = "pb", subnet_prefix: str = SUBNET_PREFIX,
         for host in hosts:
             _kill_namespace_processes(host.netns)
             _ip("netns", "del", host.netns)  # takes its end of the veth pair, and so the pair, with it
+            shutil.rmtree(NETNS_ETC / host.netns, ignore_errors=True)
         _ip("link", "del", links[0])  # only there if setup failed before moving it

@@ -127,8 +127,8 @@ class KerasJax(Backend):
                          "the gradients per replica (vmapped, unreduced) and the reduction as programs of their own; "
                          "tensor-parallel and sharded-state collectives stay in forward+backward")
         if mode == "multi_process":
-            notes.append("JAX's coordinator service listens at the address given; its CPU collectives (gloo) pick "
-                         "their own interface")
+            notes.append("JAX's coordinator service listens at the address given; its CPU collectives (gloo) bind "
+                         "to the address this host's name resolves to (JAX offers no option to choose it)")
         if plan.kind == "cpu":
             notes.append("XLA's CPU threads: the process is pinned to devices x threads-per-device cores "
                          "(all of them when oversubscribed)")
