@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, compare, parity, report, and bench-<backend> for each backend.
+"""nox sessions: tests, tests-fast, slurm, lint, compare, parity, report, and bench-<backend> for each backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -37,6 +37,15 @@ def tests_fast(session: nox.Session) -> None:
     """The unit tests only (no process started: tests marked e2e are left out), in a few minutes."""
     session.install("-e", ".[torch,tf,mindspore,jax,dev]")
     session.run("pytest", "-m", "not e2e", *(session.posargs or ["-q"]), env=_env())
+
+
+@nox.session(python="3.11")
+def slurm(session: nox.Session) -> None:
+    """tests/test_slurm.py alone: bench.slurm and bench.run against a real slurmctld and two slurmd in two network
+    namespaces (needs root; installs slurm-wlm and munge with apt-get where missing, skips with the reason where
+    it cannot). The full suite runs it too."""
+    session.install("-e", ".[torch,tf,dev]")
+    session.run("pytest", "tests/test_slurm.py", *(session.posargs or ["-q"]), env=_env())
 
 
 @nox.session(python="3.11")
