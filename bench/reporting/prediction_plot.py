@@ -6,6 +6,8 @@ record, or an assumed MFU) and the validation error the model has earned.
 """
 from __future__ import annotations
 
+import textwrap
+
 from matplotlib.figure import Figure
 
 from bench.reporting.plots import Plot, _log2_devices_axis
@@ -15,9 +17,9 @@ GIB = 2**30
 
 def prediction_plot(rows: list[dict], memory_bytes: float, title: str, caption: str, slug: str) -> Plot:
     """`rows`: bench.predict's predictions (layout name, devices, samples_per_s, memory_per_rank_max, fits)."""
-    fig = Figure(figsize=(12, 5.4), layout="constrained")
+    fig = Figure(figsize=(12, 6.0), layout="constrained")
     speed, memory = fig.subplots(1, 2)
-    fig.suptitle(title, fontsize="medium")
+    fig.suptitle(title + "\n" + "\n".join(textwrap.wrap(caption, 160)), fontsize="small")
     data: dict[str, list] = {}
     devices = sorted({r["devices"] for r in rows})
     for name in dict.fromkeys(r["layout"] for r in rows):

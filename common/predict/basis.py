@@ -23,7 +23,7 @@ from common.layout import Layout
 from common.loop import EVAL_BATCH
 from common.peak_flops import PRECISION_MATH, peak_flops
 from common.predict.hardware import GB, Hardware
-from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes, transient_bytes
+from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes, transient_bytes, value_bytes
 from common.predict.work import parts
 from common.sections import Breakdown, StateBytesPerRank
 from common.spec import BertSpec, CnnSpec
@@ -44,6 +44,7 @@ class Basis:
     cores: int | None
     label: str                     # what the compute rests on, for every table and figure
     background: float = 0.0        # runnable threads of other programs while the 1-device run ran (CPU)
+    precision: str = "fp32"        # --precision: activations take 2 bytes a value under amp/fp16
     record_ids: tuple[str, ...] = ()
 
     @property
@@ -91,7 +92,9 @@ def evaluated(record: dict) -> bool:
 def _counted_memory(spec, record: dict) -> float:
     layout = record_layout(record)
     micro = record["global_batch"] // accumulation(record)
-    training = activation_bytes(spec, layout, 0, micro) + transient_bytes(spec, layout, 0)
+    training = activation_bytes(spec, layout, 0, micro, value_bytes=value_bytes((record.get("config") or {})
+                                                                              .get("precision"))) \
+        + transient_bytes(spec, layout, 0)
     evaluation = evaluation_bytes(spec, layout, 0, EVAL_BATCH) if evaluated(record) else 0.0
     return state_bytes(spec, layout, 0).total + max(training, evaluation)
 
@@ -128,7 +131,8 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
                  s_per_step=rest * step, memory_overhead=peak - counted if peak else None,
                  training_overhead=training - counted if training else None,
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
-                 label=label, record_ids=ids, background=background_load(main))
+                 label=label, record_ids=ids, background=background_load(main),
+                 precision=(main.get("config") or {}).get("precision") or "fp32")
 
 
 def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32") -> Basis:
@@ -141,4 +145,4 @@ def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32") -> Basis:
     return Basis(s_per_mac_sample=TRAINING_FLOPS_PER_MAC / (mfu * peak), s_per_micro_batch=0.0, s_per_param=opt,
                  s_per_step=0.0, memory_overhead=0.0, training_overhead=None, threads_per_device=None, cores=None,
                  label=f"compute ASSUMED: MFU {mfu:g} of {hardware.name}'s {math} datasheet peak "
-                       f"{peak / 1e12:g} TFLOP/s (no measured record)")
+                       f"{peak / 1e12:g} TFLOP/s (no measured record)", precision=precision)

@@ -31,6 +31,13 @@ from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
 
 FLOAT = 4          # bytes of a float32
+HALF = 2           # activations under autocast (--precision amp/fp16) are bf16/fp16 (an assumption: norms
+                   # and the loss stay float32)
+
+
+def value_bytes(precision: str | None) -> int:
+    """Bytes per activation value under a run's --precision."""
+    return HALF if precision in ("amp", "fp16") else FLOAT
 ADAM_MOMENTS = 2   # exp_avg, exp_avg_sq
 STEP_COUNTER = 4   # torch's AdamW keeps `step` as a float32 scalar tensor per parameter
 COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in")
@@ -114,12 +121,12 @@ def in_flight(layout: Layout, stage: int) -> int:
 
 
 def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro_batch: int,
-                     stage_split: list[int] | None = None) -> float:
+                     stage_split: list[int] | None = None, value_bytes: int = FLOAT) -> float:
     """Activations a rank of `stage` keeps at its peak, for micro-batches of `micro_batch` samples."""
     if isinstance(spec, CnnSpec):
         # Each conv's output and its BatchNorm/ReLU copies (3 per conv), the FC inputs.
         maps = sum(3 * size * size * c for size, c in zip(spec.feature_maps(), spec.conv_channels))
-        return FLOAT * micro_batch * (maps + spec.flat_features + sum(spec.fc_sizes))
+        return value_bytes * micro_batch * (maps + spec.flat_features + sum(spec.fc_sizes))
     s, h, i, p, v, tp = spec.seq_len, spec.hidden, spec.intermediate, spec.max_predictions, spec.vocab_size, layout.tp
     counts = stage_layer_counts(layout, spec.layers, stage_split)
     layer = s * h if layout.recompute else s * (4 * h + (4 * h + 2 * i) / tp)
@@ -130,7 +137,7 @@ def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro
         per_sample += 2 * s * h
     if stage == layout.pp - 1:
         per_sample += 4 * p * h + 2 * p * v / (tp if not layout.vocab_emb_dp else 1)
-    return FLOAT * per_sample * micro_batch * in_flight(layout, stage)
+    return value_bytes * per_sample * micro_batch * in_flight(layout, stage)
 
 
 def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_batch: int) -> float:

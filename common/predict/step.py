@@ -44,6 +44,7 @@ from common.predict.memory import (
     stage_params,
     state_bytes,
     transient_bytes,
+    value_bytes,
 )
 from common.predict.work import stage_layer_counts, stage_macs
 from common.sections import StateBytes
@@ -83,6 +84,12 @@ class Prediction:
     def fits(self, memory_bytes: float) -> bool:
         per_rank = self.memory_per_rank or self.model_per_rank
         return max(per_rank) <= memory_bytes
+
+
+def pipeline_s(per_micro_batch: list[float], micro_batches: int) -> float:
+    """Forward+backward of m micro-batches through stages taking e_s each (GPipe and 1F1B alike):
+    sum_s e_s + (m - 1) max_s e_s; with p equal stages (m + p - 1) e, whose idle share is (p-1)/(m+p-1)."""
+    return sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
 
 
 def _link(hardware: Hardware, layout: Layout, dim: str) -> Link:
@@ -178,7 +185,7 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     # what runs once per step (dp, FSDP, the tie) after it.
     inside = [sum(_comm_s(c, hardware, layout) for c in comms if c.dim in ("tp", "pp")) / m for comms in stage_comm]
     e = [p + c for p, c in zip(per_micro, inside)]
-    pipe = sum(e) + (m - 1) * max(e)
+    pipe = pipeline_s(e, m)
     busiest = max(range(layout.pp), key=lambda s: e[s])
     after, optimizer, all_comms = [], [], []
     for s, comms in enumerate(stage_comm):
@@ -199,7 +206,8 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     for rank in range(layout.devices):
         stage = layout.coordinates(rank)["pp"]
         state = state_bytes(spec, layout, rank, stage_split)
-        training_live = activation_bytes(spec, layout, stage, int(micro), stage_split) + \
+        training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
+                                         value_bytes(basis.precision)) + \
             transient_bytes(spec, layout, stage, stage_split)
         evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
         counted = state.total + max(training_live, evaluation)
