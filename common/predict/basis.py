@@ -8,8 +8,9 @@ From a measured 1-device record (the target device, same backend, workload and s
     holds 1-device runs of one global batch at two micro-batch counts, a fixed cost per micro-batch
     (launches, the dense embedding gradient) fitted from the two: fb(K) = K x c + B x macs x t;
   - the optimizer's time per parameter element, the rest (data, Python) per step;
-  - memory: the process peak and, where the record has it, the training's own memory, each less the state and
-    activations the model counts for that run, as the framework's fixed overhead.
+  - memory: the process peak and, where the record has it, the training's own memory (record["memory"]
+    ["training_per_rank"]), each less what the model counts for that run (common.predict.memory), as the
+    framework's fixed overhead.
 From an assumed MFU: forward+backward = 6 FLOPs per forward multiply-add at mfu x the datasheet peak
 (common.peak_flops); the optimizer bound by memory bandwidth (AdamW reads parameter, gradient and two
 moments and writes three: 28 bytes per float32 element); no fixed per-step or per-micro-batch cost, and no
@@ -72,7 +73,18 @@ def accumulation(record: dict) -> int:
 
 
 def stage_split(record: dict) -> list[int] | None:
-    return (record.get("layout") or {}).get("stage_split") or None
+    """Encoder layers per pipeline stage as a run placed them: layout.layers_per_stage where torch_3d records
+    it, else a layout.stage_split of counts ("3,1" or [3, 1]); None: the even split."""
+    layout = record.get("layout") or {}
+    placed = layout.get("layers_per_stage")
+    if placed:
+        return [int(n) for n in placed]
+    split = layout.get("stage_split")
+    if isinstance(split, list):
+        return [int(n) for n in split]
+    if isinstance(split, str) and split.replace(",", "").isdigit():
+        return [int(n) for n in split.split(",")]
+    return None
 
 
 def _shares(record: dict) -> tuple[float, float, float]:
@@ -89,14 +101,18 @@ def evaluated(record: dict) -> bool:
     return not (record.get("config") or {}).get("skip_eval")
 
 
-def _counted_memory(spec, record: dict) -> float:
+def _counted_memory(spec, record: dict) -> tuple[float, float]:
+    """What the model counts of a 1-device run's memory: (its process peak: state + the larger of training's
+    and evaluation's live values; its training growth: gradients, optimizer state and training's live values,
+    the weights being there before the first step, as common.memory measures it)."""
     layout = record_layout(record)
     micro = record["global_batch"] // accumulation(record)
-    training = activation_bytes(spec, layout, 0, micro, value_bytes=value_bytes((record.get("config") or {})
-                                                                              .get("precision"))) \
+    precision = (record.get("config") or {}).get("precision")
+    training = activation_bytes(spec, layout, 0, micro, value_bytes=value_bytes(precision)) \
         + transient_bytes(spec, layout, 0)
     evaluation = evaluation_bytes(spec, layout, 0, EVAL_BATCH) if evaluated(record) else 0.0
-    return state_bytes(spec, layout, 0).total + max(training, evaluation)
+    state = state_bytes(spec, layout, 0)
+    return state.total + max(training, evaluation), state.grads + state.optimizer + training
 
 
 def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
@@ -121,7 +137,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
     elements = (state.ranks[0].params // 4) if state else spec.param_count()
     peak = (main.get("peak_memory_per_rank") or [main.get("peak_memory_bytes")])[0]
     training = ((main.get("memory") or {}).get("training_per_rank") or [None])[0]
-    counted = _counted_memory(spec, main)
+    counted, counted_training = _counted_memory(spec, main)
     ids = tuple(r["run_id"] for r in records)
     label = (f"compute measured: {main['backend']} 1-device run {main['run_id']} "
              f"({main.get('devices_description') or main.get('device_kind')})")
@@ -129,7 +145,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
         label += f", per-micro-batch cost from {', '.join(ids[1:])}"
     return Basis(s_per_mac_sample=per_mac, s_per_micro_batch=per_micro, s_per_param=opt * step / elements,
                  s_per_step=rest * step, memory_overhead=peak - counted if peak else None,
-                 training_overhead=training - counted if training else None,
+                 training_overhead=training - counted_training if training else None,
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
                  precision=(main.get("config") or {}).get("precision") or "fp32")

@@ -70,7 +70,7 @@ class Prediction:
     idle_per_stage: list[float] | None
     state_per_rank: list[StateBytes]
     memory_per_rank: list[float] | None       # the process's peak, predicted from the measured overhead
-    training_per_rank: list[float] | None     # the training's own memory (state + activations + overhead)
+    training_per_rank: list[float] | None     # the training's growth: grads + optimizer + live values + overhead
     model_per_rank: list[float]               # state + activations + buffers, no framework overhead
     collectives: list[Collective]             # every stage's, one rank of each
     collectives_of_rank0: list[Collective]
@@ -215,8 +215,8 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         model.append(counted)
         if basis.memory_overhead is not None:
             memory.append(counted + basis.memory_overhead)
-        if basis.training_overhead is not None:
-            training.append(counted + basis.training_overhead)
+        if basis.training_overhead is not None:  # growth over the start: the weights were there before
+            training.append(state.grads + state.optimizer + training_live + basis.training_overhead)
     notes = [f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
              + (f" + {background:.1f} other runnable" if background else "")
              + f" on {basis.cores} cores: compute x{contention:.2f}"] if contention != 1 else []

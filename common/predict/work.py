@@ -43,12 +43,14 @@ def parts(spec: BertSpec | CnnSpec) -> Parts:
 
 
 def stage_layer_counts(layout: Layout, layers: int, stage_split: list[int] | None = None) -> list[int]:
-    """Encoder layers per pipeline stage: a recorded split, else common.layout's contiguous one."""
+    """Encoder layers per pipeline stage: a recorded split (a record's layout.layers_per_stage), else
+    common.layout's even one (Layout.stage_of_layer)."""
     if stage_split:
         if len(stage_split) != layout.pp or sum(stage_split) != layers:
             raise ValueError(f"stage_split {stage_split} does not cut {layers} layers into {layout.pp} stages")
         return list(stage_split)
-    return [len(layout.stage_layers(s, layers)) for s in range(layout.pp)]
+    stages = [layout.stage_of_layer(i, layers) for i in range(layers)]
+    return [stages.count(s) for s in range(layout.pp)]
 
 
 def stage_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[int] | None = None) -> list[float]:
