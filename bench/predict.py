@@ -141,13 +141,25 @@ def measured_basis(results: Path, hardware, workload: str, size: str) -> tuple[B
     return from_records(spec, refs), main
 
 
+def measured_peak(results: Path, hardware, precision: str) -> float | None:
+    """The latest achievable matmul peak (record["achievable_peak"]) a run in RESULTS measured on the
+    hardware's kind of device at `precision`; None when none did."""
+    target = _target_kind(hardware)
+    found = [r for r in load_records(results) if r.get("status") == "ok" and _device_kind_of(r) == target
+             and (r.get("config") or {}).get("precision") == precision
+             and ((r.get("achievable_peak") or {}).get("flops_per_s"))]
+    found.sort(key=lambda r: r.get("started_at") or "")
+    return float(found[-1]["achievable_peak"]["flops_per_s"]) if found else None
+
+
 def run_prediction(console: Console, args) -> int:
     hardware = hardware_files.load(args.hardware)
     spec = model_spec(args.workload, args.model_size)
     source = Path(args.source) if args.source else None
     main = None
     if args.assume_mfu is not None:
-        basis = from_mfu(args.assume_mfu, hardware, args.precision)
+        achievable = measured_peak(source, hardware, args.precision) if source else None
+        basis = from_mfu(args.assume_mfu, hardware, args.precision, achievable)
         backend = "torch_3d"
     else:
         basis, main = measured_basis(source, hardware, args.workload, args.model_size)

@@ -152,6 +152,9 @@ def test_assumed_mfu_is_labelled_and_uses_the_datasheet_peak():
     assert basis.assumed and "ASSUMED" in basis.label
     # 6 FLOPs per multiply-add at half of 989.5 TFLOP/s (bf16, dense).
     assert basis.s_per_mac_sample == pytest.approx(6 / (0.5 * 989.5e12))
+    # A measured achievable peak (a run's achievable_peak) replaces the datasheet's.
+    measured = from_mfu(0.5, hw, "amp", achievable=700e12)
+    assert measured.s_per_mac_sample == pytest.approx(6 / (0.5 * 700e12)) and "measured achievable" in measured.label
 
 
 def test_layout_names_at_a_device_count():

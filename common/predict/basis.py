@@ -151,14 +151,21 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
                  precision=(main.get("config") or {}).get("precision") or "fp32")
 
 
-def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32") -> Basis:
+def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32", achievable: float | None = None) -> Basis:
+    """Compute at `mfu` of a peak: `achievable` (FLOP/s a run's achievable_peak measured on this hardware), else
+    the hardware file's achievable_TFLOPS, else the datasheet's (common.peak_flops)."""
     math = PRECISION_MATH.get(precision, precision)
-    peak = peak_flops(hardware.device_name, math)
+    if achievable:
+        peak, what = achievable, "measured achievable peak"
+    elif math in hardware.achievable_tflops:
+        peak, what = hardware.achievable_tflops[math] * 1e12, "achievable peak (hardware file)"
+    else:
+        peak, what = peak_flops(hardware.device_name, math), "datasheet peak"
     if peak is None:
         raise ValueError(f"--assume-mfu: no {math} peak is known for {hardware.device_name or hardware.name!r} "
-                         "(common.peak_flops)")
+                         "(common.peak_flops, or achievable_TFLOPS in the hardware file)")
     opt = ADAMW_BYTES_PER_ELEMENT / (hardware.memory_GBps * GB) if hardware.memory_GBps else 0.0
     return Basis(s_per_mac_sample=TRAINING_FLOPS_PER_MAC / (mfu * peak), s_per_micro_batch=0.0, s_per_param=opt,
                  s_per_step=0.0, memory_overhead=0.0, training_overhead=None, threads_per_device=None, cores=None,
-                 label=f"compute ASSUMED: MFU {mfu:g} of {hardware.name}'s {math} datasheet peak "
+                 label=f"compute ASSUMED: MFU {mfu:g} of {hardware.name}'s {math} {what} "
                        f"{peak / 1e12:g} TFLOP/s (no measured record)", precision=precision)

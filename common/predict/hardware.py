@@ -38,6 +38,9 @@ class Hardware:
     comm_overlaps_compute: bool = False  # collectives run beside compute (own stream/engine), not on its cores
     sources: tuple[str, ...] = field(default_factory=tuple)
     path: str = ""
+    # Measured matmul peak per math mode (TFLOP/s), e.g. from a run's achievable_peak: --assume-mfu's base
+    # where given, before the datasheet's.
+    achievable_tflops: dict[str, float] = field(default_factory=dict)
 
     def link(self, crosses_nodes: bool) -> Link:
         """The level a group uses: the network when it crosses nodes, else the node's own."""
@@ -70,7 +73,8 @@ def load(name_or_file: str) -> Hardware:
                         memory_bytes=int(float(raw["memory_GiB"]) * 2**30), links=links,
                         memory_GBps=float(raw["memory_GBps"]) if raw.get("memory_GBps") else None,
                         comm_overlaps_compute=bool(raw.get("comm_overlaps_compute", False)),
-                        sources=tuple(raw.get("sources", ())), path=str(path))
+                        sources=tuple(raw.get("sources", ())), path=str(path),
+                        achievable_tflops={k: float(v) for k, v in raw.get("achievable_TFLOPS", {}).items()})
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"--hardware {path}: {type(exc).__name__}: {exc} (format: {HARDWARE_DIR}/README.md)") \
             from None
