@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -228,3 +229,13 @@ def test_a_gpu_cluster_from_cpu_records_is_refused_in_one_line(sweep):
     assert "--assume-mfu" in proc.stderr and "cpu" in proc.stderr
     assert sorted(p.name for p in sweep.rglob("*")) == before
     assert load_records(sweep)
+
+
+def test_a_rank_beyond_the_device_memory_does_not_fit_and_fsdp_shrinks_it():
+    hw = replace(hardware_files.load("h100-sxm-8"), memory_bytes=1.5 * 2**30)
+    basis = from_mfu(0.4, hw, "amp")
+    dp = predict(BASE, Layout(dp=8), 256, basis, hw)
+    fsdp = predict(BASE, Layout(dp=8, optimizer_shard=True), 256, basis, hw)
+    # BERT-base's 110M float32 parameters with gradients and AdamW moments: 16 bytes each, 1.6 GiB per replica.
+    assert max(s.total for s in dp.state_per_rank) > 1.6 * 2**30 and not dp.fits(hw.memory_bytes)
+    assert max(s.total for s in fsdp.state_per_rank) < 0.25 * 2**30 and fsdp.fits(hw.memory_bytes)
