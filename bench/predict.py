@@ -27,7 +27,7 @@ from common.layout import Layout
 from common.peak_flops import device_model
 from common.predict import hardware as hardware_files
 from common.predict.basis import Basis, from_mfu, from_records
-from common.predict.layouts import at_devices
+from common.predict.layouts import at_devices, check_name
 from common.predict.step import predict
 from common.predict.validation import references, validate
 from common.results import load_records, write_atomic, write_json_atomic
@@ -171,14 +171,17 @@ def run_prediction(console: Console, args) -> int:
     validation = validation_report.load(source) if source else None
     rests_on = (validation_report.summary_line(validation, str(source / validation_report.FILE)) if validation
                 else "Not validated: " + (f"no {validation_report.FILE} in {source} (run bench.predict --validate "
-                                          f"{source})" if source else "no results folder given (--from)"))
+                                          f"{source})." if source else "no results folder given (--from)."))
     if basis.assumed:
         rests_on += " The compute is ASSUMED (--assume-mfu), not measured: the validation does not cover it."
+    names = [e.strip() for e in args.layouts.split(",") if e.strip()]
+    for name in names:
+        check_name(name)
     rows = []
     for n in args.devices:
         batch = args.global_batch or DEFAULTS[args.workload].per_device_batch * n
         one = _one_device_rate(spec, batch / n, basis, hardware, backend)
-        for name in [e.strip() for e in args.layouts.split(",") if e.strip()]:
+        for name in names:
             rows.append(_row(spec, name, n, batch, basis, hardware, backend, one))
     out = Path(args.out) if args.out else (source if source else Path("predictions"))
     title = (f"{args.workload} {args.model_size} on {hardware.name}: predicted per layout\n"

@@ -15,7 +15,7 @@ from common.predict import hardware as hardware_files
 from common.predict.basis import Basis, from_mfu
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
 from common.predict.hardware import Link
-from common.predict.layouts import at_devices
+from common.predict.layouts import at_devices, check_name
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import collectives, pipeline_s, predict
 from common.results import load_records
@@ -167,6 +167,9 @@ def test_layout_names_at_a_device_count():
         at_devices("tp8xpp4", 8)
     with pytest.raises(ValueError, match="uses 4 devices"):
         at_devices("dp2xtp2", 8)
+    check_name("tp2xfsdp-rc")
+    with pytest.raises(ValueError, match="unknown option"):
+        check_name("dp-fast")
 
 
 def test_hardware_files_load_and_a_bad_one_is_one_line(tmp_path):

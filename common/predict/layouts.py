@@ -11,6 +11,12 @@ from common.layout import Layout
 BARE = ("dp", "fsdp")
 
 
+def check_name(entry: str) -> None:
+    """ValueError (one line, Layout.parse's) when a name breaks the grammar, whatever the device count."""
+    head, sep, options = entry.partition("-")
+    Layout.parse("x".join(f"{p}2" if p in BARE else p for p in head.split("x")) + sep + options)
+
+
 def at_devices(entry: str, devices: int) -> Layout:
     """The layout `entry` names at `devices` devices; ValueError in one line when it cannot fill them."""
     head, sep, options = entry.partition("-")
