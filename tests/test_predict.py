@@ -18,6 +18,7 @@ from common.predict.hardware import Link
 from common.predict.layouts import at_devices, check_name
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import collectives, pipeline_s, predict
+from common.predict.validation import probed_links, references
 from common.results import load_records
 from common.spec import BERT_SIZES
 from tests.conftest import run_cli
@@ -113,7 +114,10 @@ def test_collectives_by_hand():
     assert _by_kind(Layout(dp=2), backend="torch_ddp") == {"all_reduce": [1, 4 * TINY_PARAMS]}
     fsdp = _by_kind(Layout(dp=2, optimizer_shard=True))
     assert fsdp["reduce_scatter"] == [TINY.layers + 1, 4 * TINY_PARAMS]
-    assert fsdp["all_gather"][0] == 2 * TINY.layers + 1
+    # Every layer gathered twice (forward, backward), the root once: the whole model plus the layers again.
+    h, i = TINY.hidden, TINY.intermediate
+    layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
+    assert fsdp["all_gather"] == [2 * TINY.layers + 1, pytest.approx(4 * (TINY_PARAMS + TINY.layers * layer))]
     pp = Layout(pp=2, micro_batches=4)
     micro = 4 * 8 * TINY.seq_len * TINY.hidden
     assert _by_kind(pp, 0) == {"send_recv": [8, 8 * micro], "all_reduce": [1, 4 * TINY.vocab_size * TINY.hidden]}
@@ -242,3 +246,26 @@ def test_a_rank_beyond_the_device_memory_does_not_fit_and_fsdp_shrinks_it():
     # BERT-base's 110M float32 parameters with gradients and AdamW moments: 16 bytes each, 1.6 GiB per replica.
     assert max(s.total for s in dp.state_per_rank) > 1.6 * 2**30 and not dp.fits(hw.memory_bytes)
     assert max(s.total for s in fsdp.state_per_rank) < 0.25 * 2**30 and fsdp.fits(hw.memory_bytes)
+
+
+def _record(run_id, devices, batch, accumulation=1, backend="torch_3d", started="2026-01-01T00:00:00", link=None):
+    metrics = {"grad_comm": {"bytes_per_step": 1, "time_s": 1.0, "busbw_GBps": None, "link_GBps": link,
+                             "ring_bound_s": None, "ranks": devices}} if link else {}
+    return {"run_id": run_id, "status": "ok", "devices": devices, "global_batch": batch, "backend": backend,
+            "workload": "mlm", "device_kind": "cpu", "threads_per_device": 1, "host": {"name": "h"},
+            "config": {"model_size": "tiny", "precision": "fp32", "grad_accum": accumulation},
+            "layout": {"dp": devices}, "step_time_s": {"p50": 1.0}, "started_at": started,
+            "backend_metrics": metrics}
+
+
+def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batches():
+    one, four = _record("one", 1, 32), _record("four", 1, 32, accumulation=4)
+    other_backend, other_batch = _record("ddp", 1, 32, backend="torch_ddp"), _record("b64", 1, 64)
+    pipeline = {**_record("pp", 2, 32), "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}
+    records = [one, four, other_backend, other_batch, pipeline]
+    # The same accumulation first; the other micro-batch count of that batch gives the per-micro-batch cost.
+    assert [r["run_id"] for r in references(pipeline, records)] == ["four", "one"]
+    assert [r["run_id"] for r in references(_record("dp2", 2, 32), records)] == ["one", "four"]
+    assert references(_record("dp2", 2, 32, backend="keras_jax"), records) == []
+    probes = [_record("a", 2, 32, link=1.0), _record("b", 2, 32, link=3.0), _record("c", 4, 32, link=0.5)]
+    assert probed_links(probes) == {2: 2.0, 4: 0.5}

@@ -123,27 +123,22 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
                 out.append(Collective("all_reduce", "tie", FLOAT * rows * spec.hidden, 1, 2, True,
                                       "tied embedding gradient"))
     if layout.dp > 1 and layout.optimizer_shard:
-        layer_units = stage_layer_counts(layout, spec.layers, stage_split)[stage] if isinstance(spec, BertSpec) else 0
-        per_layer = (params - _root(spec, layout, stage, stage_split)) / max(layer_units, 1)
-        root = params - per_layer * layer_units
-        gathered = FLOAT * (2 * per_layer * layer_units + root) * layout.micro_batches
-        out.append(Collective("all_gather", "dp", gathered / max(2 * layer_units + 1, 1), 2 * layer_units + 1,
+        # FSDP units: each encoder layer, and the root (the rest of the stage); every micro-batch gathers each
+        # layer twice (forward, backward) and the root, which stays gathered, once; gradients scatter once.
+        units = stage_layer_counts(layout, spec.layers, stage_split)[stage] if isinstance(spec, BertSpec) else 0
+        per_layer = layer_elements(spec, layout) if units else 0
+        root = params - units * per_layer
+        m = layout.micro_batches
+        gathers = m * (2 * units + 1)
+        out.append(Collective("all_gather", "dp", FLOAT * m * (2 * units * per_layer + root) / gathers, gathers,
                               layout.dp, True, "FSDP parameter all-gathers"))
-        out.append(Collective("reduce_scatter", "dp", FLOAT * params / (layer_units + 1), layer_units + 1,
-                              layout.dp, True, "FSDP gradient reduce-scatters"))
+        out.append(Collective("reduce_scatter", "dp", FLOAT * params / (units + 1), units + 1, layout.dp, True,
+                              "FSDP gradient reduce-scatters"))
     elif layout.dp > 1:
         nbytes = FLOAT * params
         calls = max(1, -(-int(nbytes) // DDP_BUCKET_BYTES)) if backend == "torch_ddp" else 1
         out.append(Collective("all_reduce", "dp", nbytes / calls, calls, layout.dp, True, "gradient all-reduce"))
     return out
-
-
-def _root(spec, layout: Layout, stage: int, stage_split) -> float:
-    """Elements outside the encoder layers on this stage (FSDP's root unit)."""
-    if not isinstance(spec, BertSpec):
-        return float(stage_params(spec, layout, stage, stage_split))
-    layers = stage_layer_counts(layout, spec.layers, stage_split)[stage]
-    return stage_params(spec, layout, stage, stage_split) - layers * layer_elements(spec, layout)
 
 
 def _exposed(c: Collective, seconds: float, fb_s: float, backend: str, hardware: Hardware) -> float:
