@@ -11,8 +11,8 @@ from bench.reporting.tables import fmt_share
 
 FILE = "validation.json"
 COLUMNS = ["backend", "layout", "N", "step predicted (ms)", "step measured (ms)", "step error",
-           "error ignoring load", "memory/rank error", "state bytes exact", "idle per stage predicted",
-           "idle per stage measured", "comm bytes as counted", "notes"]
+           "error ignoring load", "memory/rank error", "training memory/rank error", "state bytes exact",
+           "idle per stage predicted", "idle per stage measured", "comm bytes as counted", "notes"]
 
 
 def load(results: Path) -> dict | None:
@@ -50,6 +50,7 @@ def rows(validation: dict) -> list[list[str]]:
         body.append([r["backend"], r["layout"], str(r["devices"]), f"{step['predicted'] * 1e3:,.0f}",
                      f"{step['measured'] * 1e3:,.0f}", _signed(step["error"]),
                      _signed(step.get("error_ignoring_load")), _signed(r["memory_per_rank"]["error"]),
+                     _signed((r.get("training_memory_per_rank") or {}).get("error")),
                      "" if exact is None else ("yes" if exact else "NO"), _shares(idle.get("predicted")),
                      _shares(idle.get("measured")), _comm(r.get("comm_per_step")), "; ".join(notes)])
     return body
@@ -65,6 +66,10 @@ def summary_line(validation: dict, source: str) -> str:
             f"{step['median_abs_error']:.1%}, largest {step['max_abs_error']:.1%} over {step['runs']} runs")
     if memory["runs"]:
         text += f"; memory per rank median {memory['median_abs_error']:.1%}, largest {memory['max_abs_error']:.1%}"
+    training = s.get("training_memory_per_rank") or {}
+    if training.get("runs"):
+        text += (f"; training memory median {training['median_abs_error']:.1%}, largest "
+                 f"{training['max_abs_error']:.1%}")
     text += f"; state bytes exact in {s['state_bytes_exact']} of {s['state_bytes_compared']}"
     over = validation["summary"]["oversubscribed_runs"]
     skipped = validation["summary"]["skipped_runs"]
@@ -82,6 +87,7 @@ def validation_blocks(results: Path) -> list[Block]:
     return [Heading("Prediction against measurement", 2),
             Text("Every multi-device run predicted by `bench.predict --validate` from this folder's 1-device runs "
                  "and link probes only (README: Predicting a layout). Errors are (predicted - measured) / measured "
-                 "of the median step and of each rank's peak memory (the worst rank). " +
+                 "of the median step and of each rank's peak memory (the worst rank); training memory is the growth "
+                 "over the start where a record measured it (record[\"memory\"]). " +
                  summary_line(validation, FILE)),
             Table(COLUMNS, rows(validation))]
