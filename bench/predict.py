@@ -212,9 +212,9 @@ def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, back
     try:
         layout = at_devices(name, devices)
         layout.validate(spec, batch)
+        p = predict(spec, layout, batch, basis, hardware, backend)
     except (ValueError, BadInput) as exc:
         return {**row, "invalid": str(exc)}
-    p = predict(spec, layout, batch, basis, hardware, backend)
     memory = p.memory_per_rank or p.model_per_rank
     return {**row, "layout_full": layout.name, "step_s": p.step_s, "samples_per_s": p.samples_per_s,
             "efficiency": p.samples_per_s / (devices * one), "memory_per_rank_max": max(memory),

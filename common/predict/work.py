@@ -45,6 +45,11 @@ def parts(spec: BertSpec | CnnSpec) -> Parts:
 def stage_layer_counts(layout: Layout, layers: int, stage_split: list[int] | None = None) -> list[int]:
     """Encoder layers per pipeline stage: a recorded split (a record's layout.layers_per_stage), else
     common.layout's even one (Layout.stage_of_layer)."""
+    chosen = getattr(layout, "stage_split", "even")  # a layout option of its own (--stage-split), once merged
+    if not stage_split and chosen not in (None, "even"):
+        if not str(chosen).replace(",", "").isdigit():
+            raise ValueError(f"--stage-split {chosen}: the model places even splits and explicit counts (e.g. 3,1)")
+        stage_split = [int(n) for n in str(chosen).split(",")]
     if stage_split:
         if len(stage_split) != layout.pp or sum(stage_split) != layers:
             raise ValueError(f"stage_split {stage_split} does not cut {layers} layers into {layout.pp} stages")
