@@ -97,14 +97,16 @@ def _link(hardware: Hardware, layout: Layout, dim: str) -> Link:
 
 
 def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, stage: int, backend: str,
-                stage_split: list[int] | None = None) -> list[Collective]:
-    """What one rank of `stage` issues per step."""
+                stage_split: list[int] | None = None, activation_value_bytes: int = FLOAT) -> list[Collective]:
+    """What one rank of `stage` issues per step. Activations travel at the run's precision
+    (`activation_value_bytes`: bf16 under autocast), gradients and parameters as float32 (torch's amp keeps
+    both in float32)."""
     micro = global_batch // (layout.dp * layout.micro_batches)
     out: list[Collective] = []
     params = stage_params(spec, layout, stage, stage_split)
     if isinstance(spec, BertSpec):
         layers = stage_layer_counts(layout, spec.layers, stage_split)[stage]
-        activation = FLOAT * micro * spec.seq_len * spec.hidden
+        activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
         m = layout.micro_batches
         if layout.tp > 1:
             calls = m * layers * (TP_FORWARD_ALL_REDUCES + TP_BACKWARD_ALL_REDUCES)
@@ -175,7 +177,8 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
     macs = stage_macs(spec, layout, stage_split)
     per_micro = [contention * (basis.s_per_micro_batch + basis.s_per_mac_sample * w * micro) for w in macs]
-    stage_comm = [collectives(spec, layout, global_batch, s, backend, stage_split) for s in range(layout.pp)]
+    stage_comm = [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
+                  for s in range(layout.pp)]
     # Communication inside the micro-batch loop (tp all-reduces, pipeline sends) sits in the stage's time;
     # what runs once per step (dp, FSDP, the tie) after it.
     inside = [sum(_comm_s(c, hardware, layout) for c in comms if c.dim in ("tp", "pp")) / m for comms in stage_comm]
