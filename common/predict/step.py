@@ -162,6 +162,28 @@ def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
     return c.calls * cost_s(c.kind, c.nbytes, c.ranks, link)
 
 
+def _memory(spec: BertSpec | CnnSpec, layout: Layout, micro: float, basis: Basis, stage_split: list[int] | None,
+            eval_batch: int | None) -> tuple[list[StateBytes], list[float], list[float], list[float]]:
+    """Per rank: its state, what the model counts (state + the larger of training's and evaluation's live
+    values), the process peak (that + the measured overhead) and the training's growth over its start."""
+    states, model, memory, training = [], [], [], []
+    for rank in range(layout.devices):
+        stage = layout.coordinates(rank)["pp"]
+        state = state_bytes(spec, layout, rank, stage_split)
+        training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
+                                         value_bytes(basis.precision)) + \
+            transient_bytes(spec, layout, stage, stage_split)
+        evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
+        counted = state.total + max(training_live, evaluation)
+        states.append(state)
+        model.append(counted)
+        if basis.memory_overhead is not None:
+            memory.append(counted + basis.memory_overhead)
+        if basis.training_overhead is not None:  # growth over the start: the weights were there before
+            training.append(state.grads + state.optimizer + training_live + basis.training_overhead)
+    return states, model, memory, training
+
+
 def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: Basis, hardware: Hardware,
             backend: str = "torch_3d", stage_split: list[int] | None = None, background: float | None = None,
             eval_batch: int | None = None) -> Prediction:
@@ -200,21 +222,7 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     comm_inside = m * inside[busiest]
     bubble = pipe - m * e[busiest] if layout.pp > 1 else 0.0
     idle = [(pipe - m * e[s]) / (pipe + max(after)) for s in range(layout.pp)] if layout.pp > 1 else None
-    states, model, memory, training = [], [], [], []
-    for rank in range(layout.devices):
-        stage = layout.coordinates(rank)["pp"]
-        state = state_bytes(spec, layout, rank, stage_split)
-        training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
-                                         value_bytes(basis.precision)) + \
-            transient_bytes(spec, layout, stage, stage_split)
-        evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
-        counted = state.total + max(training_live, evaluation)
-        states.append(state)
-        model.append(counted)
-        if basis.memory_overhead is not None:
-            memory.append(counted + basis.memory_overhead)
-        if basis.training_overhead is not None:  # growth over the start: the weights were there before
-            training.append(state.grads + state.optimizer + training_live + basis.training_overhead)
+    states, model, memory, training = _memory(spec, layout, micro, basis, stage_split, eval_batch)
     notes = [f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
              + (f" + {background:.1f} other runnable" if background else "")
              + f" on {basis.cores} cores: compute x{contention:.2f}"] if contention != 1 else []
