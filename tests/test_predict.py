@@ -12,7 +12,7 @@ from bench import predict as predict_cli
 from bench.report import main as report_main
 from common.layout import Layout
 from common.predict import hardware as hardware_files
-from common.predict.basis import Basis, from_mfu
+from common.predict.basis import Basis, from_mfu, measured_memory
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
 from common.predict.hardware import Link
 from common.predict.layouts import at_devices, check_name
@@ -269,3 +269,13 @@ def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batch
     assert references(_record("dp2", 2, 32, backend="keras_jax"), records) == []
     probes = [_record("a", 2, 32, link=1.0), _record("b", 2, 32, link=3.0), _record("c", 4, 32, link=0.5)]
     assert probed_links(probes) == {2: 2.0, 4: 0.5}
+
+
+def test_memory_figures_come_from_the_memory_section_shared_by_a_process_devices():
+    older = {"devices": 2, "peak_memory_per_rank": [100, 120]}
+    assert measured_memory(older, "process_peak_per_rank") == [100, 120]
+    assert measured_memory(older, "training_per_rank") == [None]
+    shared = {"devices": 4, "peak_memory_per_rank": [999], "memory": {
+        "process_peak_per_rank": [800], "training_per_rank": [400], "method": "m", "processes_share": True}}
+    assert measured_memory(shared, "process_peak_per_rank") == [200] * 4
+    assert measured_memory(shared, "training_per_rank") == [100] * 4

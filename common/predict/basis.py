@@ -101,6 +101,21 @@ def evaluated(record: dict) -> bool:
     return not (record.get("config") or {}).get("skip_eval")
 
 
+def measured_memory(record: dict, which: str) -> list[float | None]:
+    """Per device, a record's memory figure: `process_peak_per_rank` (record["memory"], else the older
+    peak_memory_per_rank) or `training_per_rank` (record["memory"] only). Where one process drives several
+    devices (memory.processes_share), each device's share of its process's figure."""
+    memory = record.get("memory") or {}
+    values = memory.get(which)
+    if values is None and which == "process_peak_per_rank":
+        values = record.get("peak_memory_per_rank") or [record.get("peak_memory_bytes")]
+    values = list(values or [None])
+    if memory.get("processes_share") and values:
+        per_process = max(1, record.get("devices", 1) // len(values))
+        values = [None if v is None else v / per_process for v in values for _ in range(per_process)]
+    return values
+
+
 def _counted_memory(spec, record: dict) -> tuple[float, float]:
     """What the model counts of a 1-device run's memory: (its process peak: state + the larger of training's
     and evaluation's live values; its training growth: gradients, optimizer state and training's live values,
@@ -135,8 +150,8 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
     step = main["step_time_s"]["p50"]
     state = StateBytesPerRank.from_metrics(main.get("backend_metrics"))
     elements = (state.ranks[0].params // 4) if state else spec.param_count()
-    peak = (main.get("peak_memory_per_rank") or [main.get("peak_memory_bytes")])[0]
-    training = ((main.get("memory") or {}).get("training_per_rank") or [None])[0]
+    peak = measured_memory(main, "process_peak_per_rank")[0]
+    training = measured_memory(main, "training_per_rank")[0]
     counted, counted_training = _counted_memory(spec, main)
     ids = tuple(r["run_id"] for r in records)
     label = (f"compute measured: {main['backend']} 1-device run {main['run_id']} "

@@ -16,7 +16,14 @@ from dataclasses import asdict, replace
 
 from common.layout import Layout
 from common.loop import EVAL_BATCH
-from common.predict.basis import accumulation, background_load, evaluated, from_records, stage_split
+from common.predict.basis import (
+    accumulation,
+    background_load,
+    evaluated,
+    from_records,
+    measured_memory,
+    stage_split,
+)
 from common.predict.hardware import Hardware
 from common.predict.step import Prediction, predict
 from common.sections import Bubble, CommPerStep, GradComm, StateBytesPerRank
@@ -88,8 +95,9 @@ def relative(predicted: float | None, measured: float | None) -> float | None:
 
 def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str) -> dict:
     measured_step = run["step_time_s"]["p50"]
-    peaks = run.get("peak_memory_per_rank") or []
-    training = (run.get("memory") or {}).get("training_per_rank")
+    peaks = [v for v in measured_memory(run, "process_peak_per_rank") if v is not None]
+    training = measured_memory(run, "training_per_rank") if (run.get("memory") or {}).get("training_per_rank") \
+        else None
     state = StateBytesPerRank.from_metrics(run.get("backend_metrics"))
     bubble = Bubble.from_metrics(run.get("backend_metrics"))
     mem_err = [relative(p, m) for p, m in zip(prediction.memory_per_rank or [], peaks)]
