@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package (pyproject's tomli)
+    import tomli as tomllib
 
 HARDWARE_DIR = Path(__file__).parent / "hardware"
 GB = 1e9
