@@ -28,14 +28,14 @@ def _env() -> dict[str, str]:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The test suite, on CPU, with real data from $PARBENCH_DATA_DIR."""
-    session.install("-e", ".[torch,tf,mindspore,dev]")
+    session.install("-e", ".[torch,tf,mindspore,jax,dev]")
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
 
 
 @nox.session(python="3.11", name="tests-fast")
 def tests_fast(session: nox.Session) -> None:
     """The unit tests only (no process started: tests marked e2e are left out), in a few minutes."""
-    session.install("-e", ".[torch,tf,mindspore,dev]")
+    session.install("-e", ".[torch,tf,mindspore,jax,dev]")
     session.run("pytest", "-m", "not e2e", *(session.posargs or ["-q"]), env=_env())
 
 
@@ -56,7 +56,7 @@ def compare(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def parity(session: nox.Session) -> None:
     """bench.parity: every backend runs the same experiment; arguments after -- go to bench.parity."""
-    session.install("-e", ".[torch,tf,mindspore]")
+    session.install("-e", ".[torch,tf,mindspore,jax]")
     session.run("python", "-m", "bench.parity", *(session.posargs or ["--data", "synthetic"]), env=_env())
 
 

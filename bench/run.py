@@ -62,7 +62,8 @@ def build_parser() -> OneLineParser:
     # Set by bench.calibrate: the framework's bare loop instead of the suite's, result in OUT/bare/RUN_ID.json.
     p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     add_run_options(p)
-    n = p.add_argument_group("several hosts (torch_ddp, tf_mirrored --tf-mode multi_worker, mindspore_auto)")
+    n = p.add_argument_group("several hosts (torch_ddp, torch_3d, tf_mirrored --tf-mode multi_worker, keras_jax "
+                             "--jax-mode multi_process, mindspore_auto)")
     n.add_argument("--nnodes", type=positive_int, default=1, help="hosts taking part; each runs bench.run")
     n.add_argument("--node-rank", type=non_negative_int, default=0, help="this host's rank; node 0 hosts the "
                    "rendezvous and writes the run's record")
@@ -266,7 +267,8 @@ def run(args, run_id: str, workdir: Path) -> int:
         record.update(describe_config(cfg, plan, backend))
         if cfg.multi_node and not backend.spans_hosts(cfg):
             raise BadInput(f"--nnodes {cfg.nnodes}: {backend.strategy_name(cfg)} runs on one host; several hosts "
-                           "need torch_ddp, tf_mirrored --tf-mode multi_worker or mindspore_auto")
+                           "need torch_ddp, torch_3d, tf_mirrored --tf-mode multi_worker, keras_jax --jax-mode "
+                           "multi_process or mindspore_auto")
         check_layout_supported(args.backend, cfg.layout)
         backend.check(cfg, plan)
         if cfg.tensorboard_dir:

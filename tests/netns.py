@@ -9,16 +9,19 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
 
 # A /30 inside the namespaces only: they have no other routes, so it cannot clash with the host's.
 SUBNET_PREFIX = "10.231.{}"
 CHECK_TIMEOUT_S = 20
+NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts in place
 
 
 def why_unavailable() -> str | None:
@@ -75,6 +78,16 @@ def _check_link(a: Host, b: Host) -> None:
         server.wait()
 
 
+def _name_resolves_to(host: Host) -> None:
+    """Inside the namespace, this machine's host name resolves to the namespace's own address, as a cluster
+    node's name resolves to its address: programs that find their address from their host name (JAX's gloo
+    collectives) then bind there and not to loopback. `ip netns exec` mounts /etc/netns/NAME/hosts over
+    /etc/hosts for what it runs (ip-netns(8))."""
+    folder = NETNS_ETC / host.netns
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{host.address} {socket.gethostname()}\n")
+
+
 @contextmanager
 def two_hosts() -> Iterator[tuple[Host, Host]]:
     """Namespaces `pb<pid>a`/`pb<pid>b`, veth `pb<pid>x`/`pb<pid>y`, 10.231.N.1/30 and .2/30, lo up in
@@ -87,6 +100,7 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
     try:
         for host in hosts:
             _must("netns", "add", host.netns)
+            _name_resolves_to(host)
         _must("link", "add", links[0], "type", "veth", "peer", "name", links[1])
         for host, link in zip(hosts, links):
             _must("link", "set", link, "netns", host.netns)
@@ -107,4 +121,5 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
         for host in hosts:
             _kill_namespace_processes(host.netns)
             _ip("netns", "del", host.netns)  # takes its end of the veth pair, and so the pair, with it
+            shutil.rmtree(NETNS_ETC / host.netns, ignore_errors=True)
         _ip("link", "del", links[0])  # only there if setup failed before moving it

@@ -28,6 +28,7 @@ TINY_MLM = ["--workload", "mlm", "--model-size", "tiny", "--steps", "3", "--warm
 BACKENDS = {
     "torch_ddp": ["--backend", "torch_ddp"],
     "tf_multi_worker": ["--backend", "tf_mirrored", "--tf-mode", "multi_worker"],
+    "keras_jax_multi_process": ["--backend", "keras_jax", "--jax-mode", "multi_process"],
 }
 
 
