@@ -12,7 +12,7 @@ from bench import predict as predict_cli
 from bench.report import main as report_main
 from common.layout import Layout
 from common.predict import hardware as hardware_files
-from common.predict.basis import Basis, from_mfu, measured_memory
+from common.predict.basis import Basis, from_mfu, measured_memory, per_process
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
 from common.predict.hardware import Link
 from common.predict.layouts import at_devices, check_name
@@ -79,6 +79,9 @@ def test_state_bytes_under_fsdp_follow_torch_chunk():
     for rank in range(2):
         assert vars(state_bytes(TINY, Layout(dp=2, optimizer_shard=True), rank)) == \
             _adamw(TINY_PARAMS // 2, TINY_TENSORS)
+    # Keras' AdamW counts its steps in one int64 per device (keras_jax's record of fsdp2: 18,894,352 bytes).
+    keras = state_bytes(TINY, Layout(dp=2, optimizer_shard=True), 0, backend="keras_jax")
+    assert keras.optimizer == 8 * (TINY_PARAMS // 2) + 8
     # torch.chunk of 5 rows in 4: 2, 2, 1, 0 rows.
     assert [fsdp_numel((5, 3), 4, i) for i in range(4)] == [6, 6, 3, 0]
 
@@ -271,11 +274,14 @@ def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batch
     assert probed_links(probes) == {2: 2.0, 4: 0.5}
 
 
-def test_memory_figures_come_from_the_memory_section_shared_by_a_process_devices():
+def test_memory_figures_come_from_the_memory_section_one_per_process():
     older = {"devices": 2, "peak_memory_per_rank": [100, 120]}
     assert measured_memory(older, "process_peak_per_rank") == [100, 120]
     assert measured_memory(older, "training_per_rank") == [None]
     shared = {"devices": 4, "peak_memory_per_rank": [999], "memory": {
         "process_peak_per_rank": [800], "training_per_rank": [400], "method": "m", "processes_share": True}}
-    assert measured_memory(shared, "process_peak_per_rank") == [200] * 4
-    assert measured_memory(shared, "training_per_rank") == [100] * 4
+    assert measured_memory(shared, "process_peak_per_rank") == [800]
+    assert measured_memory(shared, "training_per_rank") == [400]
+    # One process driving 4 devices holds the framework's overhead once and every device's share.
+    assert per_process([1, 2, 3, 4], 1, 10) == [20]
+    assert per_process([1, 2, 3, 4], 2, 10) == [13, 17]

@@ -102,18 +102,21 @@ def evaluated(record: dict) -> bool:
 
 
 def measured_memory(record: dict, which: str) -> list[float | None]:
-    """Per device, a record's memory figure: `process_peak_per_rank` (record["memory"], else the older
-    peak_memory_per_rank) or `training_per_rank` (record["memory"] only). Where one process drives several
-    devices (memory.processes_share), each device's share of its process's figure."""
+    """Per process, a record's memory figure: `process_peak_per_rank` (record["memory"], else the older
+    peak_memory_per_rank) or `training_per_rank` (record["memory"] only). A process that drives several
+    devices (tf_mirrored, keras_jax in one process) has one figure for all of them."""
     memory = record.get("memory") or {}
     values = memory.get(which)
     if values is None and which == "process_peak_per_rank":
         values = record.get("peak_memory_per_rank") or [record.get("peak_memory_bytes")]
-    values = list(values or [None])
-    if memory.get("processes_share") and values:
-        per_process = max(1, record.get("devices", 1) // len(values))
-        values = [None if v is None else v / per_process for v in values for _ in range(per_process)]
-    return values
+    return list(values or [None])
+
+
+def per_process(per_device: list[float], processes: int, overhead: float) -> list[float]:
+    """Per-device predictions gathered into `processes` processes of consecutive ranks, each with the
+    framework's overhead once."""
+    k = max(1, len(per_device) // max(processes, 1))
+    return [overhead + sum(per_device[i:i + k]) for i in range(0, len(per_device), k)]
 
 
 def _counted_memory(spec, record: dict) -> tuple[float, float]:
@@ -126,7 +129,7 @@ def _counted_memory(spec, record: dict) -> tuple[float, float]:
     training = activation_bytes(spec, layout, 0, micro, value_bytes=value_bytes(precision)) \
         + transient_bytes(spec, layout, 0)
     evaluation = evaluation_bytes(spec, layout, 0, EVAL_BATCH) if evaluated(record) else 0.0
-    state = state_bytes(spec, layout, 0)
+    state = state_bytes(spec, layout, 0, backend=record["backend"])
     return state.total + max(training, evaluation), state.grads + state.optimizer + training
 
 

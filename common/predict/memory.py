@@ -2,7 +2,8 @@
 
 State (common.sections.StateBytesPerRank, counted from each rank's shards after the last step): float32
 parameters and gradients of every tensor the rank holds (common.initial_weights.layout names them), AdamW's
-two moments of the same size and one float32 `step` counter per tensor. What a rank holds:
+two moments of the same size and its step counters (STEP_COUNTERS: torch one float32 per tensor, Keras one
+int64 per device). What a rank holds (keras_jax's GSPMD plan splits the same weights the same way):
   - pp: stage 0 the embeddings, the last stage the MLM head and its own copy of the tied token embedding;
   - tp (Megatron's plan): Q, K, V and FFN-in split by output rows (weight and bias), the attention output and
     FFN-out by input columns (their bias replicated), norms replicated; the token embedding and the head's
@@ -31,6 +32,9 @@ from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
 
 FLOAT = 4          # bytes of a float32
+# AdamW's counters beside its moments: torch.optim.AdamW keeps `step` as a float32 scalar tensor per
+# parameter tensor; a Keras optimizer one int64 `iterations` variable, replicated on every device.
+STEP_COUNTERS = {"torch": ("per tensor", 4), "keras": ("per device", 8)}
 HALF = 2           # activations under autocast (--precision amp/fp16) are bf16/fp16 (an assumption: norms
                    # and the loss stay float32)
 
@@ -39,7 +43,6 @@ def value_bytes(precision: str | None) -> int:
     """Bytes per activation value under a run's --precision."""
     return HALF if precision in ("amp", "fp16") else FLOAT
 ADAM_MOMENTS = 2   # exp_avg, exp_avg_sq
-STEP_COUNTER = 4   # torch's AdamW keeps `step` as a float32 scalar tensor per parameter
 COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in")
 ROWWISE = ("attention.output", "ffn.out")
 
@@ -94,8 +97,13 @@ def fsdp_numel(shape: tuple[int, ...], dp: int, index: int) -> int:
     return max(0, min(rows, shape[0] - index * rows)) * rest
 
 
+def framework_of(backend: str) -> str:
+    """Whose optimizer a backend steps with (STEP_COUNTERS' key)."""
+    return "keras" if backend.startswith(("keras", "tf_")) else "torch"
+
+
 def state_bytes(spec: BertSpec | CnnSpec, layout: Layout, rank: int,
-                stage_split: list[int] | None = None) -> StateBytes:
+                stage_split: list[int] | None = None, backend: str = "torch_3d") -> StateBytes:
     """Parameters, gradients and AdamW state one rank holds, in bytes."""
     c = layout.coordinates(rank)
     elements, tensors = 0, 0
@@ -103,8 +111,10 @@ def state_bytes(spec: BertSpec | CnnSpec, layout: Layout, rank: int,
         shape = tp_shape(t, layout)
         elements += fsdp_numel(shape, layout.dp, c["dp"]) if layout.optimizer_shard else math.prod(shape)
         tensors += 1
+    scope, size = STEP_COUNTERS[framework_of(backend)]
+    counters = size * (tensors if scope == "per tensor" else 1)
     return StateBytes(params=FLOAT * elements, grads=FLOAT * elements,
-                 optimizer=ADAM_MOMENTS * FLOAT * elements + STEP_COUNTER * tensors)
+                      optimizer=ADAM_MOMENTS * FLOAT * elements + counters)
 
 
 def stage_params(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_split: list[int] | None = None

@@ -74,6 +74,9 @@ class Prediction:
     model_per_rank: list[float]               # state + activations + buffers, no framework overhead
     collectives: list[Collective]             # every stage's, one rank of each
     collectives_of_rank0: list[Collective]
+    training_model_per_rank: list[float]      # gradients + optimizer state + training's live values
+    memory_overhead: float | None = None      # the framework's, once per process (the basis's)
+    training_overhead: float | None = None
     contention: float = 1.0
     notes: list[str] = field(default_factory=list)
 
@@ -163,25 +166,22 @@ def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
 
 
 def _memory(spec: BertSpec | CnnSpec, layout: Layout, micro: float, basis: Basis, stage_split: list[int] | None,
-            eval_batch: int | None) -> tuple[list[StateBytes], list[float], list[float], list[float]]:
-    """Per rank: its state, what the model counts (state + the larger of training's and evaluation's live
-    values), the process peak (that + the measured overhead) and the training's growth over its start."""
-    states, model, memory, training = [], [], [], []
+            eval_batch: int | None, backend: str) -> tuple[list[StateBytes], list[float], list[float]]:
+    """Per rank: its state, what the model counts of its process peak (state + the larger of training's and
+    evaluation's live values) and of its training's growth over the start (gradients, optimizer state and
+    training's live values: the weights were there before); the framework's overhead comes on top."""
+    states, model, growth = [], [], []
     for rank in range(layout.devices):
         stage = layout.coordinates(rank)["pp"]
-        state = state_bytes(spec, layout, rank, stage_split)
+        state = state_bytes(spec, layout, rank, stage_split, backend)
         training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
                                          value_bytes(basis.precision)) + \
             transient_bytes(spec, layout, stage, stage_split)
         evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
-        counted = state.total + max(training_live, evaluation)
         states.append(state)
-        model.append(counted)
-        if basis.memory_overhead is not None:
-            memory.append(counted + basis.memory_overhead)
-        if basis.training_overhead is not None:  # growth over the start: the weights were there before
-            training.append(state.grads + state.optimizer + training_live + basis.training_overhead)
-    return states, model, memory, training
+        model.append(state.total + max(training_live, evaluation))
+        growth.append(state.grads + state.optimizer + training_live)
+    return states, model, growth
 
 
 def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: Basis, hardware: Hardware,
@@ -222,7 +222,9 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     comm_inside = m * inside[busiest]
     bubble = pipe - m * e[busiest] if layout.pp > 1 else 0.0
     idle = [(pipe - m * e[s]) / (pipe + max(after)) for s in range(layout.pp)] if layout.pp > 1 else None
-    states, model, memory, training = _memory(spec, layout, micro, basis, stage_split, eval_batch)
+    states, model, growth = _memory(spec, layout, micro, basis, stage_split, eval_batch, backend)
+    memory = [m + basis.memory_overhead for m in model] if basis.memory_overhead is not None else []
+    training = [g + basis.training_overhead for g in growth] if basis.training_overhead is not None else []
     notes = [f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
              + (f" + {background:.1f} other runnable" if background else "")
              + f" on {basis.cores} cores: compute x{contention:.2f}"] if contention != 1 else []
@@ -230,4 +232,6 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
                       compute_s=compute, comm_exposed_s=comm_inside + max(after), bubble_s=bubble,
                       optimizer_s=max(optimizer), overhead_s=overhead, idle_per_stage=idle, state_per_rank=states,
                       memory_per_rank=memory or None, training_per_rank=training or None, model_per_rank=model,
-                      collectives=all_comms, collectives_of_rank0=stage_comm[0], contention=contention, notes=notes)
+                      collectives=all_comms, collectives_of_rank0=stage_comm[0], training_model_per_rank=growth,
+                      memory_overhead=basis.memory_overhead, training_overhead=basis.training_overhead,
+                      contention=contention, notes=notes)

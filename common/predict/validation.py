@@ -22,6 +22,7 @@ from common.predict.basis import (
     evaluated,
     from_records,
     measured_memory,
+    per_process,
     stage_split,
 )
 from common.predict.hardware import Hardware
@@ -98,6 +99,12 @@ def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str)
     peaks = [v for v in measured_memory(run, "process_peak_per_rank") if v is not None]
     training = measured_memory(run, "training_per_rank") if (run.get("memory") or {}).get("training_per_rank") \
         else None
+    if peaks and prediction.memory_per_rank and len(peaks) < run["devices"]:  # one process, several devices
+        prediction = replace(prediction, memory_per_rank=per_process(prediction.model_per_rank, len(peaks),
+                                                                     prediction.memory_overhead))
+    if training and prediction.training_per_rank and len(training) < run["devices"]:
+        prediction = replace(prediction, training_per_rank=per_process(prediction.training_model_per_rank,
+                                                                       len(training), prediction.training_overhead))
     state = StateBytesPerRank.from_metrics(run.get("backend_metrics"))
     bubble = Bubble.from_metrics(run.get("backend_metrics"))
     mem_err = [relative(p, m) for p, m in zip(prediction.memory_per_rank or [], peaks)]
