@@ -2,7 +2,7 @@
 
 nccl-tests (doc/PERFORMANCE.md) defines the bus bandwidth of a collective of S bytes over n ranks that took
 t seconds as busbw = algbw x factor, algbw = S / t, with factor 2(n-1)/n for all-reduce, (n-1)/n for
-reduce-scatter and all-gather (S the whole, unsharded buffer), and 1 for broadcast and point-to-point: the
+reduce-scatter, all-gather and all-to-all (S the whole, unsharded buffer), and 1 for broadcast and point-to-point: the
 bytes each rank's link carries per byte of S. A link of bus bandwidth B therefore moves a collective in
 factor x S / B, plus alpha per message step of the ring (2(n-1) steps for all-reduce, n-1 for reduce-scatter
 and all-gather, 1 for a send): t = steps x alpha + factor x S / B (Hockney's alpha-beta model; Thakur,
@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from common.layout import Layout
 from common.predict.hardware import GB, Link
 
-KINDS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "send_recv")
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
 
 
 def bus_factor(kind: str, ranks: int) -> float:
     """Bytes through each rank's link per byte of the collective's buffer (nccl-tests' busbw factor)."""
     if kind == "all_reduce":
         return 2.0 * (ranks - 1) / ranks
-    if kind in ("reduce_scatter", "all_gather"):
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):
         return (ranks - 1) / ranks
     if kind in ("broadcast", "send_recv"):
         return 1.0
@@ -38,7 +38,7 @@ def message_steps(kind: str, ranks: int) -> int:
     """Latency-bound message steps of a ring (one for a point-to-point send)."""
     if kind == "all_reduce":
         return 2 * (ranks - 1)
-    if kind in ("reduce_scatter", "all_gather", "broadcast"):
+    if kind in ("reduce_scatter", "all_gather", "all_to_all", "broadcast"):
         return ranks - 1
     return 1
 
@@ -65,7 +65,8 @@ class Collective:
     """One kind of collective a rank issues per step: bytes of each call's whole buffer and how many calls,
     over which mesh dimension; `exposed`: on the step's critical path (not hidden behind compute)."""
     kind: str
-    dim: str            # the mesh dimension of its group: tp, dp or pp ("tie": the tied embedding's pair)
+    dim: str            # its group's mesh dimension: tp, dp or pp ("tie": the tied embedding's pair; "all": every
+                        # device, for collectives a compiler placed, whose groups a record does not say)
     nbytes: float       # per call
     calls: int
     ranks: int

@@ -14,6 +14,8 @@ tests/test_predict.py):
   - pp: per micro-batch and stage boundary b x s x h sent forward and its gradient backward (each rank sends
     one and receives the other per boundary: 2 transfers per micro-batch and boundary); the tied token
     embedding's gradient all-reduced between the first and last stage once per step.
+keras_jax's collectives are XLA's (GSPMD places, fuses and combines them): they come as compiled, from a run's
+comm_per_step, costed over all its devices and exposed (an assumption).
 Overlap, per backend and layout (the rest is on the critical path):
   - torch_3d: everything exposed, except FSDP's gathers and scatters on hardware whose collectives run beside
     compute (a GPU's own stream; FSDP2 prefetches the next unit): there only what exceeds the compute, or at
@@ -157,6 +159,8 @@ def _exposed(c: Collective, seconds: float, fb_s: float, backend: str, hardware:
 
 
 def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
+    if c.dim == "all":
+        return c.calls * cost_s(c.kind, c.nbytes, c.ranks, hardware.link(layout.devices > hardware.devices_per_node))
     if c.dim == "tie":
         stride = group_stride(layout, "pp") * (layout.pp - 1)
         link = hardware.link(stride >= hardware.devices_per_node)
@@ -186,10 +190,11 @@ def _memory(spec: BertSpec | CnnSpec, layout: Layout, micro: float, basis: Basis
 
 def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: Basis, hardware: Hardware,
             backend: str = "torch_3d", stage_split: list[int] | None = None, background: float | None = None,
-            eval_batch: int | None = None) -> Prediction:
+            eval_batch: int | None = None, counted: list[Collective] | None = None) -> Prediction:
     """`background`: other programs' runnable threads on a CPU host during the run (None: none, and the
     1-device run's background is not accounted either). `eval_batch`: the run also evaluates in batches of
-    this many (its peak memory may be there); None: training only."""
+    this many (its peak memory may be there); None: training only. `counted`: the collectives a compiler placed
+    (keras_jax's GSPMD: a record's comm_per_step, as compiled), instead of the formulas; one stage only."""
     m = layout.micro_batches
     micro = global_batch / (layout.dp * m)
     contention = 1.0
@@ -199,8 +204,9 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
     macs = stage_macs(spec, layout, stage_split)
     per_micro = [contention * (basis.s_per_micro_batch + basis.s_per_mac_sample * w * micro) for w in macs]
-    stage_comm = [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
-                  for s in range(layout.pp)]
+    stage_comm = [counted] if counted is not None and layout.pp == 1 else \
+        [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
+         for s in range(layout.pp)]
     # Communication inside the micro-batch loop (tp all-reduces, pipeline sends) sits in the stage's time;
     # what runs once per step (dp, FSDP, the tie) after it.
     inside = [sum(_comm_s(c, hardware, layout) for c in comms if c.dim in ("tp", "pp")) / m for comms in stage_comm]
