@@ -231,9 +231,9 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     # After the measured window and the evaluation: the probe steps change neither.
     probing = cfg.breakdown_steps and hasattr(trainer, "probe_step")
     probes = _probe_steps(trainer, cfg, train, done, clock) if probing else []
+    process_peak = memory.process_peak()  # read before the matmul probe, whose operands are no training's
     trainer.all_reduce_sum([0.0])  # a barrier: every rank probes its device while the others probe theirs
     achievable = probe_rank(trainer, cfg.device_kind)
-    process_peak = memory.process_peak()
     mine = {"step_times": step_times, "data_wait": data_wait, "compiled_steps": compiled_steps,
             "losses": losses, "peak_memory_bytes": process_peak, "sample_digests": digests.hex(),
             "memory": {"process_peak": process_peak, "training": training_memory, "at_start": memory.at_start,
