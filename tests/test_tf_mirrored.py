@@ -183,10 +183,15 @@ def test_trainable_params_equal_spec(workload: str):
 @pytest.mark.parametrize("mode", ["mirrored", "multi_worker"])
 @pytest.mark.parametrize("workload", ["cnn", "mlm"])
 def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: str):
+    # Evaluating the MLM (1,704 sequences) is most of its run, and most of all in mirrored mode, where the one
+    # process evaluates alone: the MLM evaluates in multi_worker mode (each worker its shard, summed), and the
+    # one-process evaluation is the CNN's in mirrored mode.
+    skip_eval = workload == "mlm" and mode == "mirrored"
     proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", workload, "--devices", "2",
                    "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--data", "real",
                    "--data-dir", str(data_dir), "--tf-mode", mode, "--collective-timeout", "120",
-                   "--timeout", "400", "--out", str(tmp_path), "--tensorboard", str(tmp_path / "tb"))
+                   "--timeout", "400", "--out", str(tmp_path), "--tensorboard", str(tmp_path / "tb"),
+                   *(["--skip-eval"] if skip_eval else []))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = (tmp_path / "runs").glob("*.json")
     record = json.loads(path.read_text())
@@ -198,5 +203,6 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     assert metrics["all_reduce"] in record["notes"][0]
     assert metrics["trainable_params"] == record["params"] == model_spec(workload).param_count()
     assert record["measured_steps"] == 4 and len(record["loss"]["curve"]) == 6
-    assert record["eval"]["count"] > 0 and np.isfinite(record["loss"]["last"])
+    assert record["eval"] is None if skip_eval else record["eval"]["count"] > 0
+    assert np.isfinite(record["loss"]["last"])
     assert_tensorboard_log_is_the_record(tmp_path / "tb", record)
