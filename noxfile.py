@@ -1,4 +1,4 @@
-"""nox sessions: tests, lint, compare, parity, report, and bench-<backend> for each backend.
+"""nox sessions: tests, tests-fast, slurm, lint, compare, parity, report, and bench-<backend> for each backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -28,15 +28,24 @@ def _env() -> dict[str, str]:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The test suite, on CPU, with real data from $PARBENCH_DATA_DIR."""
-    session.install("-e", ".[torch,tf,mindspore,dev]")
+    session.install("-e", ".[torch,tf,mindspore,jax,dev]")
     session.run("pytest", *(session.posargs or ["-q"]), env=_env())
 
 
 @nox.session(python="3.11", name="tests-fast")
 def tests_fast(session: nox.Session) -> None:
     """The unit tests only (no process started: tests marked e2e are left out), in a few minutes."""
-    session.install("-e", ".[torch,tf,mindspore,dev]")
+    session.install("-e", ".[torch,tf,mindspore,jax,dev]")
     session.run("pytest", "-m", "not e2e", *(session.posargs or ["-q"]), env=_env())
+
+
+@nox.session(python="3.11")
+def slurm(session: nox.Session) -> None:
+    """tests/test_slurm.py alone: bench.slurm and bench.run against a real slurmctld and two slurmd in two network
+    namespaces (needs root; installs slurm-wlm and munge with apt-get where missing, skips with the reason where
+    it cannot). The full suite runs it too."""
+    session.install("-e", ".[torch,tf,dev]")
+    session.run("pytest", "tests/test_slurm.py", *(session.posargs or ["-q"]), env=_env())
 
 
 @nox.session(python="3.11")
@@ -56,7 +65,7 @@ def compare(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def parity(session: nox.Session) -> None:
     """bench.parity: every backend runs the same experiment; arguments after -- go to bench.parity."""
-    session.install("-e", ".[torch,tf,mindspore]")
+    session.install("-e", ".[torch,tf,mindspore,jax]")
     session.run("python", "-m", "bench.parity", *(session.posargs or ["--data", "synthetic"]), env=_env())
 
 

@@ -30,6 +30,7 @@ BACKENDS = {
     "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
                             options=("parallel_mode",), layouts=True),
+    "keras_jax": Entry("backends.keras_jax.backend", "KerasJax", "jax", "jax", options=("jax_mode",), layouts=True),
 }
 # Every run option that belongs to one backend.
 BACKEND_ONLY = frozenset(option for entry in BACKENDS.values() for option in entry.options)

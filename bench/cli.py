@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass, field
 
 from backends import BACKEND_ONLY, BACKENDS
+from backends.keras_jax.modes import MODES as JAX_MODES
 from common.config import COMPILE_MODES, PRECISIONS, SCALING_MODES
 from common.layout import OPTIONS as LAYOUT_OPTIONS
 from common.layout import LayoutOption
@@ -180,6 +181,8 @@ RUN_OPTIONS = (
                  "(needs --checkpoint-every)"),
     _option("--tf-mode", choices=("mirrored", "multi_worker"),
             help="tf_mirrored: one process over N logical devices (default), or one process per device"),
+    _option("--jax-mode", choices=JAX_MODES,
+            help="keras_jax: one process over N devices (default), or one process per device (jax.distributed)"),
     _option("--parallel-mode", choices=("data", "semi_auto", "auto"), default="data",
             help="mindspore_auto: MindSpore DATA_PARALLEL, SEMI_AUTO_PARALLEL or AUTO_PARALLEL"),
 )

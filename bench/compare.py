@@ -8,6 +8,9 @@ a table and writes summary.csv. Exit 0 when the sweep itself completed.
 With --layouts (names: bench/layouts.py) the sweep runs each layout at the devices it implies, all at
 one global batch (--scaling strong: --batch-size is the global batch), plus the 1-device run of that
 global batch for each micro-batch count among them (pp<N>-mb<K> <-> 1 device --grad-accum K).
+
+With --srun (inside a SLURM job; bench.slurm writes such scripts) each run is a job step over every node of
+the job, one bench.run per node, and --gpus counts devices per node.
 """
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ from common.results import (
     write_record,
     write_summary,
 )
+from common.scheduler import job_node_count, srun_command
 
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of --timeout
 # The run options a --layouts entry sets (and bench.compare then refuses on its own command line).
@@ -79,6 +83,9 @@ def build_parser() -> OneLineParser:
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="run every row R times, the rows interleaved in each repeat (order reversed every other "
                         "repeat), and report each row's median and 95%% interval (README: Reading a comparison)")
+    p.add_argument("--srun", action="store_true",
+                   help="inside a SLURM job (sbatch): run each bench.run as a job step over every node of the job, "
+                        "one task per node (bench.slurm's scripts do this); --gpus is then per node")
     add_run_options(p)
     return p
 
@@ -99,11 +106,13 @@ def bad_input(args, plan, sweep_id: str) -> dict[int, str]:
     """bench.run's own checks (those that need no framework) for every planned run, in this process:
     why each run that bench.run would refuse is bad input, by its index in the plan."""
     parser = bench_run.build_parser()
+    # Under --srun every run spans the job's nodes: its world (and so its batch split) is nodes x devices.
+    nodes = ["--nnodes", str(args.job_nodes)] if args.srun else []
     bad = {}
     for i, (workload, backend, devices, layout, grad_accum) in enumerate(plan):
         cmd = run_command(args, backend, workload, devices, "check", sweep_id, layout, grad_accum)
         try:
-            bench_run.check_run(parser.parse_args(cmd[3:]))
+            bench_run.check_run(parser.parse_args(cmd[3:] + nodes))
         except BadInput as exc:
             bad[i] = str(exc)
     return bad
@@ -140,29 +149,41 @@ class SweepCancelled(Exception):
 
 
 def run_one(args, backend, workload, devices, sweep_id, log_dir: Path, layout: Layout | None = None,
-            grad_accum: int = 1, invalid: str | None = None) -> str:
-    run_id = new_run_id(backend, workload, devices)
+            grad_accum: int = 1, invalid: str | None = None, srun_nodes: int = 0) -> str:
+    """One bench.run; with `srun_nodes`, as a SLURM job step over that many nodes (--srun), `devices` on each."""
+    world = devices * max(srun_nodes, 1)  # the run's name and a harness record count the world, as bench.run does
+    run_id = new_run_id(backend, workload, world)
     if invalid:  # bad input for this run only (the sweep refused input bad for every run)
         what = f"layout {layout.name}" if layout else f"{devices} device(s)"
-        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "invalid",
+        record_harness_failure(args, backend, workload, world, run_id, sweep_id, "invalid",
                                f"invalid for {what}: {invalid}", layout, grad_accum)
         return run_id
     log = log_dir / f"{run_id}.log"
     record = Path(args.out) / "runs" / f"{run_id}.json"
-    rc = launch(args, run_command(args, backend, workload, devices, run_id, sweep_id, layout, grad_accum), log,
-                run_id, record)
+    step = srun_command(srun_nodes) if srun_nodes else []
+    rc = launch(args, step + run_command(args, backend, workload, devices, run_id, sweep_id, layout, grad_accum),
+                log, run_id, record)
     if record.is_file():
         return run_id
     if rc == 2:  # refused by a backend's own check, e.g. a layout that does not divide the model
-        why = log_tail(log, 1).removeprefix("bench.run: error: ")
+        why = refusal(log)
         what = f"layout {layout.name}" if layout else f"{devices} device(s)"
-        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "invalid",
+        record_harness_failure(args, backend, workload, world, run_id, sweep_id, "invalid",
                                f"invalid for {what}: {why}", layout, grad_accum)
     else:
         why = "harness timed out" if rc is None else f"bench.run exited {rc} without a record"
-        record_harness_failure(args, backend, workload, devices, run_id, sweep_id, "failed",
+        record_harness_failure(args, backend, workload, world, run_id, sweep_id, "failed",
                                f"{why}: {log_tail(log)}", layout, grad_accum)
     return run_id
+
+
+def refusal(log: Path) -> str:
+    """bench.run's one line of bad input (under srun, srun's own lines follow it)."""
+    with contextlib.suppress(OSError):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith("bench.run: error: ")]
+        if lines:
+            return lines[-1].removeprefix("bench.run: error: ")
+    return log_tail(log, 1)
 
 
 def launch(args, cmd: list[str], log: Path, run_id: str, result: Path) -> int | None:
@@ -304,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.backends is None and LAYOUT_BACKEND not in backend_names():
             parser.error(f"--layouts runs {LAYOUT_BACKEND} by default, which this checkout lacks; give --backends")
         args.backends = args.backends or [LAYOUT_BACKEND]
+    args.job_nodes = 0
+    if args.srun:
+        try:
+            args.job_nodes = job_node_count()
+        except BadInput as exc:
+            parser.error(f"--srun: {exc}")
     args.devices = args.devices or [1, 2]
     args.backends = args.backends or list(backend_names())
     plan = sweep_plan(args)
@@ -337,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                 progress.update(task, description=f"{backend} {workload} {what}"
                                 + (f", repeat {repeat + 1}/{args.repeats}" if args.repeats > 1 else ""))
                 run_ids.append(run_one(args, backend, workload, devices, sweep_id, log_dir, layout, grad_accum,
-                                       invalid.get(i)))
+                                       invalid.get(i), args.job_nodes))
                 progress.advance(task)
         write_summary(out)
     except (Cancelled, SweepCancelled) as exc:

@@ -14,7 +14,8 @@ With --layouts (names: bench/layouts.py; backends default torch_3d) it checks la
 layout trains the global batch 2b, against the same backend on 1 device with that global batch as
 the same number of accumulated micro-batches (pp<N>-mb<K> <-> --grad-accum K); the perturbed runs
 are that 1-device run's. A layout must leave step 0's loss, the curve and the final parameters as
-they were.
+they were. With several backends (--backends torch_3d,keras_jax) each framework's run of a layout is
+also held against the first backend's run of the same layout.
 """
 from __future__ import annotations
 
@@ -164,7 +165,7 @@ def _envelope(reference: dict | None, probes: list[dict]) -> list[float] | None:
 
 def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[list[pc.Check], dict]:
     """Per backend, every layout against its 1-device run of the same global batch and micro-batches."""
-    checks, runs = [], {}
+    checks, runs, ran, envelopes = [], {}, {}, {}
     for backend in args.backends:
         references = {}
         for k in reference_accumulations(args.layouts):
@@ -176,17 +177,31 @@ def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[li
             else []
         checks.append(pc.probe_check(workload, backend if probes else None, probes))
         envelope = _envelope(first, probes)
+        weights = pc.weights_sensitivity(first, probes)
         done = {}
         for layout in args.layouts:
             console.print(f"{workload} {backend} {layout.name} ({layout.devices} devices) ...")
             done[layout.name] = run_one(args, backend, workload, layout.devices, stamp, layout=layout)
             console.print(f"  {done[layout.name]['status']} ({done[layout.name].get('duration_s') or 0:.0f} s)")
             checks += pc.layout_checks(workload, f"{backend} {layout.name}", references[layout.accumulation()],
-                                       done[layout.name], envelope)
+                                       done[layout.name], envelope, weights=weights)
         runs[backend] = {"references": {str(k): r.get("run_id") for k, r in references.items()},
                          "layouts": {n: r.get("run_id") for n, r in done.items()},
                          "probes": [p.get("run_id") for p in probes]}
-    return checks, runs
+        ran[backend] = {**{f"1 device x{k}": r for k, r in references.items()}, **done}
+        envelopes[backend] = (envelope, weights)
+    return checks + cross_framework_checks(workload, ran, envelopes), runs
+
+
+def cross_framework_checks(workload: str, ran: dict[str, dict[str, dict]],
+                           envelopes: dict[str, tuple[list[float] | None, float | None]]) -> list[pc.Check]:
+    """Every other backend's run of each layout (and each 1-device reference) against the first backend's run of
+    the same: the same layout computes the same thing in every framework, within the first backend's measured
+    sensitivity."""
+    first, *others = list(ran)
+    return [check for other in others for name, run in ran[other].items() if name in ran[first]
+            for check in pc.layout_checks(workload, f"{other} {name}", ran[first][name], run, envelopes[first][0],
+                                          against=f"{first} {name}", weights=envelopes[first][1])]
 
 
 def all_data_parallel_runs(args, stamp: str, console: Console) -> tuple[dict[tuple[str, str, int], dict],

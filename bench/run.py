@@ -4,9 +4,10 @@ Exit status (CONVENTIONS §3): 0 ok, 1 failed after starting, 2 bad input (one l
 3 unsupported on this machine (a record says why).
 
 Several hosts: every node runs bench.run with the same --nnodes/--master-addr/--master-port and its
-own --node-rank. Node 0 writes the run's record (OUT/runs/, aggregated over every rank of every
-node); the other nodes write the same record tagged with their node rank to OUT/node-records/, so
-that summaries and reports count the run once.
+own --node-rank, or, inside a SLURM job step (srun), with none of them: the allocation sets them
+(common.scheduler), and a node flag given there must agree with it. Node 0 writes the run's record
+(OUT/runs/, aggregated over every rank of every node); the other nodes write the same record tagged
+with their node rank to OUT/node-records/, so that summaries and reports count the run once.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -45,6 +47,7 @@ from common.layout import Layout, refuse_layout
 from common.nodes import check_node_options, describe_nodes
 from common.record import compile_notes, describe_config, measured_fields, skeleton, utilisation
 from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_json_atomic, write_record
+from common.scheduler import slurm_step
 from common.spec import DEFAULTS, model_spec
 from common.tensorboard import check_available as check_tensorboard
 
@@ -53,22 +56,26 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(prog="bench.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", required=True, choices=backend_names())
     p.add_argument("--workload", required=True, choices=workload_names())
-    p.add_argument("--devices", type=positive_int, required=True,
+    p.add_argument("--devices", type=positive_int,
                    help="devices on this node, one process each: CUDA devices when present, else virtual CPU "
-                        "devices; the run's world is --nnodes x this")
+                        "devices; the run's world is --nnodes x this (needed, except in a SLURM job step that "
+                        "gave the task GPUs: then those)")
     # Set by bench.compare, which must know the record's name before the run starts.
     p.add_argument("--sweep-id", default="", help=argparse.SUPPRESS)
     p.add_argument("--run-id", default="", help=argparse.SUPPRESS)
     # Set by bench.calibrate: the framework's bare loop instead of the suite's, result in OUT/bare/RUN_ID.json.
     p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
     add_run_options(p)
-    n = p.add_argument_group("several hosts (torch_ddp, tf_mirrored --tf-mode multi_worker, mindspore_auto)")
-    n.add_argument("--nnodes", type=positive_int, default=1, help="hosts taking part; each runs bench.run")
-    n.add_argument("--node-rank", type=non_negative_int, default=0, help="this host's rank; node 0 hosts the "
-                   "rendezvous and writes the run's record")
+    n = p.add_argument_group("several hosts (torch_ddp, torch_3d, tf_mirrored --tf-mode multi_worker, keras_jax "
+                             "--jax-mode multi_process, mindspore_auto); in a SLURM job step the allocation sets them")
+    n.add_argument("--nnodes", type=positive_int, default=1, action=Given,
+                   help="hosts taking part; each runs bench.run")
+    n.add_argument("--node-rank", type=non_negative_int, default=0, action=Given,
+                   help="this host's rank; node 0 hosts the rendezvous and writes the run's record")
     n.add_argument("--master-addr", help="node 0's IPv4 address, the same on every node (needed with --nnodes > 1)")
     n.add_argument("--master-port", type=port_number, help="node 0's rendezvous port, the same on every node "
-                   "(needed with --nnodes > 1; one node: this loopback port if given, else a free one)")
+                   "(needed with --nnodes > 1; one node: this loopback port if given, else a free one; under "
+                   "SLURM: one derived from the job and step ids)")
     s = p.add_argument_group("sensitivity probe (bench.parity)")
     s.add_argument("--init-perturbation", type=relative_size, default=0.0, metavar="REL",
                    help="scale every initial trainable weight by (1 + REL x N(0, 1)), e.g. 1e-6; default 0")
@@ -76,6 +83,34 @@ def build_parser() -> OneLineParser:
                    help="which draw of that noise (default 1)")
     return p
 
+
+class Given(argparse.Action):
+    """Stores the value and notes that the flag was typed: inside an allocation a typed node flag is held
+    against it, while a default one is taken from it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = {*getattr(namespace, "given", ()), self.dest}
+
+
+def resolve_nodes(args, env: Mapping[str, str] = os.environ) -> None:
+    """The node options and devices per node, from the SLURM job step bench.run runs in (common.scheduler) or
+    from the flags; sets args.scheduler (the record's section, None outside a scheduler) and
+    args.scheduler_tag (for the run's name, the same on every node). Bad input: a flag
+    that contradicts the allocation, an allocation bench.run cannot span, a node layout that cannot meet."""
+    step = slurm_step(env)
+    args.scheduler = step.record() if step else None
+    args.scheduler_tag = step.run_tag() if step else ""
+    if step:
+        given = getattr(args, "given", set())
+        world = step.world(nnodes=args.nnodes if "nnodes" in given else None,
+                           node_rank=args.node_rank if "node_rank" in given else None,
+                           master_addr=args.master_addr, master_port=args.master_port, devices=args.devices)
+        args.nnodes, args.node_rank, args.devices = world.nnodes, world.node_rank, world.devices
+        args.master_addr, args.master_port = world.master_addr, world.master_port
+    elif args.devices is None:
+        raise BadInput("the following arguments are required: --devices")
+    check_node_options(args.nnodes, args.node_rank, args.master_addr, args.master_port)
 
 
 def check_options(args) -> None:
@@ -91,7 +126,6 @@ def check_options(args) -> None:
     check_backend_options(args)
     if args.max_restarts and not args.checkpoint_every:
         raise BadInput("--max-restarts needs --checkpoint-every: a restart resumes from the newest checkpoint")
-    check_node_options(args.nnodes, args.node_rank, args.master_addr, args.master_port)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise BadInput(f"--out {out}: exists and is not a directory")
@@ -232,8 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     # run_supervised, which takes the launcher's process group down with it.
     cancel_on_signals()
     args = build_parser().parse_args(argv)
-    run_id = args.run_id or new_run_id(args.backend, args.workload, world_size(args))
+    try:
+        resolve_nodes(args)  # before check_run: the world it checks is the allocation's
+    except BadInput as exc:
+        print(f"bench.run: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    run_id = args.run_id or new_run_id(args.backend, args.workload, world_size(args), args.scheduler_tag)
     workdir = Path(args.out) / "logs" / run_id
+    if args.nnodes > 1:  # under SLURM every node shares --out (one filesystem): each keeps its config and logs apart
+        workdir /= f"node{args.node_rank}"
     try:
         return run(args, run_id, workdir)
     except Cancelled as exc:
@@ -253,7 +294,7 @@ def run(args, run_id: str, workdir: Path) -> int:
     t0, started = time.monotonic(), utc_now()
     world = world_size(args)
     record = skeleton(run_id, args.backend, args.workload, world, started, scaling=scaling_of(args),
-                      seed=args.seed, sweep_id=args.sweep_id, data=args.data,
+                      seed=args.seed, sweep_id=args.sweep_id, data=args.data, scheduler=args.scheduler,
                       **describe_nodes(args.nnodes, args.node_rank, args.devices, args.master_addr,
                                        args.master_port))
     try:
@@ -266,7 +307,8 @@ def run(args, run_id: str, workdir: Path) -> int:
         record.update(describe_config(cfg, plan, backend))
         if cfg.multi_node and not backend.spans_hosts(cfg):
             raise BadInput(f"--nnodes {cfg.nnodes}: {backend.strategy_name(cfg)} runs on one host; several hosts "
-                           "need torch_ddp, tf_mirrored --tf-mode multi_worker or mindspore_auto")
+                           "need torch_ddp, torch_3d, tf_mirrored --tf-mode multi_worker, keras_jax --jax-mode "
+                           "multi_process or mindspore_auto")
         check_layout_supported(args.backend, cfg.layout)
         backend.check(cfg, plan)
         if cfg.tensorboard_dir:

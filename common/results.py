@@ -28,8 +28,12 @@ REQUIRED_FIELDS = (
     "scaling", "per_device_batch", "global_batch", "warmup_steps", "measured_steps", "step_time_s",
     "samples_per_s", "tokens_per_s", "data_wait_fraction", "params", "flops_per_sample",
     "achieved_flops", "peak_memory_bytes", "loss", "eval", "seed", "config", "host", "versions",
-    "git_sha", "started_at", "duration_s", "notes",
+    "git_sha", "started_at", "duration_s", "notes", "scheduler",
 )
+# The record's `scheduler`: the job the run ran in (common.scheduler), null outside a scheduler. `nodes` is the
+# job step's node names in node-rank order (nodes.hosts says which ranks ran on which); `step_id` is null in a
+# batch script's own step.
+SCHEDULER_FIELDS = ("name", "job_id", "step_id", "nodes", "restart_count")
 STEP_TIME_KEYS = ("mean", "p50", "p90", "min", "max", "std")
 
 # The columns of summary.csv, in order; scaling_efficiency is computed per group.
@@ -44,7 +48,11 @@ SUMMARY_COLUMNS = (
 GROUP_KEYS = ("sweep_id", "host", "backend", "strategy", "workload", "data", "device_kind", "scaling")
 
 
-def new_run_id(backend: str, workload: str, devices: int) -> str:
+def new_run_id(backend: str, workload: str, devices: int, scheduler_tag: str = "") -> str:
+    """A time stamp and a random suffix; in a scheduler's job step, whose nodes must name the run alike without
+    talking to each other, the step's tag (common.scheduler) instead."""
+    if scheduler_tag:
+        return f"{scheduler_tag}-{backend}-{workload}-n{devices}"
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return f"{stamp}-{backend}-{workload}-n{devices}-{secrets.token_hex(3)}"
 
@@ -70,6 +78,9 @@ def validate_record(record: dict) -> list[str]:
                 problems.append("mlm record without tokens_per_s")
     elif not record.get("error"):
         problems.append(f"{record.get('status')} record without an error")
+    scheduler = record.get("scheduler")
+    if scheduler is not None and (not isinstance(scheduler, dict) or set(scheduler) != set(SCHEDULER_FIELDS)):
+        problems.append(f"scheduler {scheduler!r} is not an object with exactly {', '.join(SCHEDULER_FIELDS)}")
     if isinstance(record.get("backend_metrics"), dict):
         problems += section_problems(record["backend_metrics"])
     return problems

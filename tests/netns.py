@@ -9,16 +9,22 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 
 # A /30 inside the namespaces only: they have no other routes, so it cannot clash with the host's.
+# Another user of two_hosts (tests/slurm_cluster.py) passes a subnet of its own, so that both may run at once.
 SUBNET_PREFIX = "10.231.{}"
 CHECK_TIMEOUT_S = 20
+NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts in place
 
 
 def why_unavailable() -> str | None:
@@ -75,22 +81,49 @@ def _check_link(a: Host, b: Host) -> None:
         server.wait()
 
 
+def _name_resolves_to(host: Host) -> None:
+    """Inside the namespace, this machine's host name resolves to the namespace's own address, as a cluster
+    node's name resolves to its address: programs that find their address from their host name (JAX's gloo
+    collectives) then bind there and not to loopback. `ip netns exec` mounts /etc/netns/NAME/hosts over
+    /etc/hosts for what it runs (ip-netns(8))."""
+    folder = NETNS_ETC / host.netns
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{host.address} {socket.gethostname()}\n")
+
+
 @contextmanager
-def two_hosts() -> Iterator[tuple[Host, Host]]:
+def or_skip(why_unavailable: Callable[[], str | None], make: Callable[[], AbstractContextManager], what: str):
+    """For a fixture: what `make` makes, or a skip saying why not (what `why_unavailable` says, or the OSError
+    `make` raised on the way in; a failing test raises its own error, never into the fixture)."""
+    reason = why_unavailable()
+    if reason:
+        pytest.skip(reason)
+    try:
+        with make() as made:
+            yield made
+    except OSError as exc:
+        pytest.skip(f"{what}: {exc}")
+
+
+@contextmanager
+def two_hosts(prefix: str = "pb", subnet_prefix: str = SUBNET_PREFIX,
+              prefix_len: int = 30) -> Iterator[tuple[Host, Host]]:
     """Namespaces `pb<pid>a`/`pb<pid>b`, veth `pb<pid>x`/`pb<pid>y`, 10.231.N.1/30 and .2/30, lo up in
-    both. Everything is deleted on the way out, also when the test fails. Raises OSError when the
-    kernel refuses (the caller turns that into a skip with the reason)."""
-    tag = f"pb{os.getpid() % 10**8}"
+    both (`prefix`, `subnet_prefix` and `prefix_len` change the names and the subnet). Everything is
+    deleted on the way out, also when the test fails. Raises OSError when the kernel refuses (the
+    caller turns that into a skip with the reason)."""
+    tag = f"{prefix}{os.getpid() % 10**8}"
     names, links = (f"{tag}a", f"{tag}b"), (f"{tag}x", f"{tag}y")
-    subnet = SUBNET_PREFIX.format(os.getpid() % 250)
+    subnet = subnet_prefix.format(os.getpid() % 250)
     hosts = (Host(names[0], f"{subnet}.1"), Host(names[1], f"{subnet}.2"))
     try:
         for host in hosts:
             _must("netns", "add", host.netns)
+            _name_resolves_to(host)
         _must("link", "add", links[0], "type", "veth", "peer", "name", links[1])
         for host, link in zip(hosts, links):
             _must("link", "set", link, "netns", host.netns)
-            _must("-n", host.netns, "addr", "add", f"{host.address}/30", "dev", link)
+            _must("-n", host.netns, "addr", "add", f"{host.address}/{prefix_len}", "dev", link)
             _must("-n", host.netns, "link", "set", link, "up")
             _must("-n", host.netns, "link", "set", "lo", "up")
         deadline = time.monotonic() + CHECK_TIMEOUT_S
@@ -107,4 +140,5 @@ def two_hosts() -> Iterator[tuple[Host, Host]]:
         for host in hosts:
             _kill_namespace_processes(host.netns)
             _ip("netns", "del", host.netns)  # takes its end of the veth pair, and so the pair, with it
+            shutil.rmtree(NETNS_ETC / host.netns, ignore_errors=True)
         _ip("link", "del", links[0])  # only there if setup failed before moving it

@@ -284,7 +284,27 @@ def test_parity_step0_and_status_of_a_layout():
     [fail] = pc.layout_checks("mlm", "torch_3d dp2xtp2", _run(ONE), _run([], "failed", "rank 3 died"))
     assert fail.status == "fail"
     [ref] = pc.layout_checks("mlm", "torch_3d dp2", _run([], "failed", "reference died"), _run(ONE))
-    assert ref.status == "fail" and "1-device run failed" in ref.detail
+    assert ref.status == "fail" and "1 device run failed" in ref.detail
+
+
+def test_final_parameters_are_held_to_the_probes_measured_drift_and_frameworks_to_each_other():
+    """AdamW carries rounding further into small weights than into the loss: the final parameters may deviate
+    by twice what the reference's perturbed runs show, and no more; another framework's run of a layout is held
+    to the first framework's the same way."""
+    drifted = {**FINAL, "encoder.0.query.weight": {"norm": 12.5 * (1 + 5e-5), "sum": -0.25, "size": 16384}}
+    assert pc.weights_sensitivity(_run(ONE, final=FINAL), [_run(ONE, final=drifted)]) == pytest.approx(5e-5)
+    assert pc.weights_sensitivity(_run(ONE, final=FINAL), [_run(ONE)]) is None  # a probe without weights
+    off = {**FINAL, "encoder.0.query.weight": {"norm": 12.5 * (1 + 8e-5), "sum": -0.25, "size": 16384}}
+    strict = _by_name(pc.layout_checks("mlm", "keras_jax tp2", _run(ONE, final=FINAL), _run(ONE, final=off)))
+    assert strict["final parameters = 1 device"].status == "fail"
+    measured = _by_name(pc.layout_checks("mlm", "keras_jax tp2", _run(ONE, final=FINAL), _run(ONE, final=off),
+                                         against="torch_3d tp2", weights=5e-5))
+    assert measured["final parameters = torch_3d tp2"].status == "pass"
+    assert "1.0e-04" in measured["final parameters = torch_3d tp2"].detail
+    far = {**FINAL, "encoder.0.query.weight": {"norm": 12.5 * (1 + 2e-4), "sum": -0.25, "size": 16384}}
+    checks = _by_name(pc.layout_checks("mlm", "keras_jax tp2", _run(ONE, final=FINAL), _run(ONE, final=far),
+                                       against="torch_3d tp2", weights=5e-5))
+    assert checks["final parameters = torch_3d tp2"].status == "fail"
 
 
 @pytest.mark.e2e
@@ -319,3 +339,16 @@ def test_a_layout_sweep_leaves_one_record_per_layout_and_reference(layout_sweep)
     assert summary.count("\n") == 4
     assert json.loads((out / "runs" / f"{by_name['dp2'].run_id}.json").read_text())["layout"]["dp"] == 2
     assert Path(out / "logs").is_dir()
+
+
+def test_parity_holds_each_framework_against_the_first_per_layout():
+    from bench.parity import cross_framework_checks
+    ran = {"torch_3d": {"1 device x1": _run(ONE), "dp2": _run(ONE), "pp2-mb4": _run(ONE)},
+           "keras_jax": {"1 device x1": _run(ONE), "dp2": _run([v * (1 + 2e-7) for v in ONE]),
+                         "pp2-mb4": _run([], "unsupported", "keras.distribution has no pipeline parallelism")}}
+    checks = {c.name: c for c in cross_framework_checks("mlm", ran, {"torch_3d": (None, None),
+                                                                     "keras_jax": (None, None)})}
+    assert checks["keras_jax dp2: loss over 4 steps = torch_3d dp2"].status == "pass"
+    assert checks["keras_jax 1 device x1: loss at step 0 = torch_3d 1 device x1"].status == "pass"
+    assert checks["keras_jax pp2-mb4: runs"].status == "skip"
+    assert "no pipeline" in checks["keras_jax pp2-mb4: runs"].detail

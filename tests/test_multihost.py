@@ -19,7 +19,7 @@ from common.launch import free_port
 from common.nodes import exchange
 from common.results import NODE_RECORDS, RUN_RECORDS, validate_record
 from tests.conftest import REPO, run_cli
-from tests.netns import two_hosts, why_unavailable
+from tests.netns import or_skip, two_hosts, why_unavailable
 
 TINY_MLM = ["--workload", "mlm", "--model-size", "tiny", "--steps", "3", "--warmup-steps", "1", "--skip-eval",
             "--batch-size", "4", "--data", "real"]
@@ -28,19 +28,14 @@ TINY_MLM = ["--workload", "mlm", "--model-size", "tiny", "--steps", "3", "--warm
 BACKENDS = {
     "torch_ddp": ["--backend", "torch_ddp"],
     "tf_multi_worker": ["--backend", "tf_mirrored", "--tf-mode", "multi_worker"],
+    "keras_jax_multi_process": ["--backend", "keras_jax", "--jax-mode", "multi_process"],
 }
 
 
 @pytest.fixture
 def hosts():
-    reason = why_unavailable()
-    if reason:
-        pytest.skip(reason)
-    try:
-        with two_hosts() as pair:
-            yield pair
-    except OSError as exc:  # only setup raises OSError; a failing test raises its own error
-        pytest.skip(f"cannot make two network namespaces joined by veth: {exc}")
+    with or_skip(why_unavailable, two_hosts, "cannot make two network namespaces joined by veth") as pair:
+        yield pair
 
 
 def _node(host, rank: int, master, port: int, out: Path, *args: str) -> subprocess.Popen:

@@ -19,8 +19,8 @@ DEVICES = configure_devices("cpu", 2, 2, 2)
 
 import keras  # noqa: E402
 
+from backends.keras_common.models import build_model, trainable_param_count  # noqa: E402
 from backends.tf_mirrored.data import ReplicaBatches  # noqa: E402
-from backends.tf_mirrored.models import build_model, trainable_param_count  # noqa: E402
 from backends.tf_mirrored.strategy import build_strategy  # noqa: E402
 from backends.tf_mirrored.trainer import KerasTrainer, agree_on_overflow  # noqa: E402
 from common.config import RunConfig  # noqa: E402

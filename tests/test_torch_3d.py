@@ -6,8 +6,11 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from backends.keras_common.weights import weight_map
+from backends.keras_jax.layout_map import model_axis
 from backends.mindspore_auto.parallel_config import ParallelConfig
 from backends.mindspore_auto.strategies import bert_strategies
 from backends.torch_3d.parallelize import tensor_parallel_splits
@@ -145,10 +148,29 @@ def test_a_rank_dead_inside_a_pipeline_fails_the_run_naming_it(tmp_path, data_di
     assert faults.run_processes(out) == [], "processes of the run left behind"
 
 
+def keras_split(spec, canonical: str, layout: Layout) -> int | None:
+    """The canonical dimension keras_jax's LayoutMap splits: its Keras-layout split, traced back through the
+    conversion of the canonical weight (per-head Q/K/V, transposed kernels) by the canonical element indices
+    each shard holds. None: not split; "other": split, but not into contiguous blocks of one canonical dim."""
+    path, (_, convert) = next((p, m) for p, m in weight_map(spec).items() if m[0] == canonical)
+    shape = next(t.shape for t in weight_layout(spec) if t.name == canonical)
+    index = np.arange(int(np.prod(shape))).reshape(shape)
+    axis = model_axis(path, layout)
+    if axis is None:
+        return None
+    shards = np.split(convert(index), layout.tp, axis=axis)
+    for dim in range(len(shape)):
+        blocks = np.split(index, layout.tp, axis=dim)
+        if all(np.array_equal(np.sort(s, axis=None), np.sort(b, axis=None)) for s, b in zip(shards, blocks)):
+            return dim
+    return "other"
+
+
 @pytest.mark.parametrize("tp", [2, 4])
-def test_torch_3d_and_mindspore_split_the_same_dimension_of_the_same_weight(tp):
-    """Both in canonical weight names: for each weight of a BERT block, the dimension each framework
-    splits over the model-parallel devices (a [out, in] weight: 0 column-wise, 1 row-wise)."""
+def test_torch_3d_mindspore_and_keras_jax_split_the_same_dimension_of_the_same_weight(tp):
+    """All three in canonical weight names: for each weight of a BERT block, the dimension each framework
+    splits over the model-parallel devices (a [out, in] weight: 0 column-wise, 1 row-wise); keras_jax's
+    LayoutMap splits the Keras layouts (per head, transposed), traced back to canonical dims."""
     spec = BERT_SIZES["mini"]
     strategies = bert_strategies(ParallelConfig.from_layout(Layout(tp=tp), "semi_auto"))
 
@@ -163,6 +185,7 @@ def test_torch_3d_and_mindspore_split_the_same_dimension_of_the_same_weight(tp):
                      and len(t.shape) == 2]
     assert set(torch_splits) == set(block_weights)
     assert {name: mindspore_split(name) for name in block_weights} == torch_splits
+    assert {name: keras_split(spec, name, Layout(tp=tp)) for name in block_weights} == torch_splits
 
 
 def test_torch_3d_and_mindspore_split_the_vocabulary_on_the_same_dimension(tmp_path):
@@ -190,6 +213,9 @@ def test_torch_3d_and_mindspore_split_the_vocabulary_on_the_same_dimension(tmp_p
                "bias": [d for d, n in enumerate(strategies["head.decoder.bias"][1]) if n == 2]}
     assert torch_dims == {"table": [0], "bias": [0]}
     assert ms_dims == {"table": [0], "decoder": [0], "bias": [0]}  # the decoder is the table, tied
+    split = Layout(tp=2, vocab_emb_dp=False)
+    assert {"table": keras_split(TINY, "embeddings.token", split), "bias": keras_split(TINY, "head.bias", split)} \
+        == {"table": 0, "bias": 0}
 
 
 def test_layout_ranks_roles_and_bubble():

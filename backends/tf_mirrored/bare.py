@@ -15,10 +15,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from backends.keras_common.models import build_model
+from backends.keras_common.optimizer import TorchAdamW
+from backends.keras_common.weights import load_initial_weights
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
-from backends.tf_mirrored.models import build_model
-from backends.tf_mirrored.optimizer import TorchAdamW
-from backends.tf_mirrored.weights import load_initial_weights
 from backends.tf_mirrored.worker import KerasWorker
 from common.calibration import BareClock, bare_result, rank_steps
 from common.config import RunConfig

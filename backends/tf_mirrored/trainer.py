@@ -17,8 +17,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from backends.keras_common.optimizer import TorchAdamW
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
-from backends.tf_mirrored.optimizer import TorchAdamW
 from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import StepBatch

@@ -12,12 +12,12 @@ import sys
 import keras
 import tensorflow as tf
 
+from backends.keras_common.models import build_model, trainable_param_count
+from backends.keras_common.weights import load_initial_weights
 from backends.tf_mirrored.data import ReplicaBatches
 from backends.tf_mirrored.devices import configure_devices, physical_gpus
-from backends.tf_mirrored.models import build_model, trainable_param_count
 from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy, mode_of
 from backends.tf_mirrored.trainer import KerasTrainer
-from backends.tf_mirrored.weights import load_initial_weights
 from common import worker
 from common.config import RunConfig
 from common.sections import TrainableParams

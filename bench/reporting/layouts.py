@@ -18,7 +18,7 @@ LAYOUT_SWEEP_PREFIX = "layouts-"
 REFERENCE_KEYS = ("sweep_id", "host", "backend", "workload", "data", "device_kind", "global_batch", "accumulation")
 COLUMNS = ["layout", "backend", "N", "status", "samples/s", "efficiency vs 1 device", "peak memory max (MiB)",
            "peak memory per rank (MiB)", "params+grads+optimizer per rank (MiB)", "bubble analytic",
-           "bubble measured per stage", "communication per step per rank (MiB)", "reason / notes"]
+           "bubble measured per stage", "communication per step per rank (MiB)", "compile (s)", "reason / notes"]
 
 
 def _splits(layout: dict | None) -> bool:
@@ -72,7 +72,8 @@ def layout_frame(records: list[dict]) -> pd.DataFrame:
             frame.loc[group.index, "reference_samples_per_s"] = base.iloc[-1].samples_per_s
     frame["efficiency"] = frame.samples_per_s / (frame.devices * frame.reference_samples_per_s)
     frame.loc[frame.status != "ok", "efficiency"] = float("nan")
-    return frame.sort_values(["workload", "sweep_id", "host", "backend", "devices", "layout"], kind="stable")
+    # The frameworks side by side: each layout's rows together, one per backend.
+    return frame.sort_values(["workload", "sweep_id", "host", "devices", "layout", "backend"], kind="stable")
 
 
 def mib(nbytes) -> float:
@@ -128,5 +129,6 @@ def layout_table(frame: pd.DataFrame, records_by_id: dict[str, dict], workload: 
         body.append([row.layout, row.backend, str(row.devices), row.status, fmt_number(row.samples_per_s),
                      fmt_efficiency(row.efficiency), fmt_number(mib(max(peaks))) if peaks else "",
                      _per_rank(peaks), _state(StateBytesPerRank.from_metrics(metrics)), analytic, measured,
-                     _comm(CommPerStep.from_metrics(metrics)), _remark(r, row)])
+                     _comm(CommPerStep.from_metrics(metrics)), fmt_number(metrics.get("compile_s")),
+                     _remark(r, row)])
     return COLUMNS, body

@@ -7,12 +7,15 @@ with biases `[heads, head_dim]`, the output kernel `[heads, head_dim, hidden]`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import keras
 import numpy as np
 
 from common.initial_weights import check_complete, check_shape
 from common.spec import BertSpec, CnnSpec
+
+if TYPE_CHECKING:  # Keras itself is not needed to map names and layouts (tests read the mapping without it)
+    import keras
 
 Convert = Callable[[np.ndarray], np.ndarray]
 
@@ -83,7 +86,7 @@ def _bert_map(spec: BertSpec) -> dict[str, tuple[str, Convert]]:
 
 def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> None:
     """Assign every canonical tensor to its Keras variable (all replicas of a mirrored one)."""
-    mapping = _cnn_map(spec) if isinstance(spec, CnnSpec) else _bert_map(spec)
+    mapping = weight_map(spec)
     assigned, unmapped = set(), []
     for variable in model.weights:
         if variable.path not in mapping:
@@ -95,3 +98,19 @@ def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: 
         variable.assign(value)
         assigned.add(canon)
     check_complete(assigned, weights, "keras", unmapped)
+
+
+def weight_map(spec: CnnSpec | BertSpec) -> dict[str, tuple[str, Convert]]:
+    """Keras variable path -> (canonical name, the conversion of a canonical array to the Keras layout)."""
+    return _cnn_map(spec) if isinstance(spec, CnnSpec) else _bert_map(spec)
+
+
+def canonical_names(spec: CnnSpec | BertSpec) -> dict[str, str]:
+    """Keras variable path -> its canonical name (common.initial_weights)."""
+    return {path: canon for path, (canon, _) in weight_map(spec).items()}
+
+
+def keras_shapes(spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """Keras variable path -> the shape of its value, known before the model is built (a LayoutMap needs it)."""
+    mapping = weight_map(spec)
+    return {path: tuple(convert(weights[canon]).shape) for path, (canon, convert) in mapping.items()}

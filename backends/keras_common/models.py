@@ -3,6 +3,8 @@
 Their initial values come from common.initial_weights (weights.py loads them), not from Keras' initializers."""
 from __future__ import annotations
 
+import math
+
 import keras
 import keras_hub
 
@@ -54,4 +56,4 @@ def build_model(workload: str, spec: CnnSpec | BertSpec, sync_bn: bool = False) 
 
 
 def trainable_param_count(model: keras.Model) -> int:
-    return sum(int(w.numpy().size) for w in model.trainable_weights)
+    return sum(math.prod(w.shape) for w in model.trainable_weights)

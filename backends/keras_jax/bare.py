@@ -1,0 +1,69 @@
+"""keras_jax's reference: Keras `model.fit` on the same distribution (the same mesh and LayoutMap).
+
+    python -m backends.keras_jax.bare CONFIG.json RESULT.json   (started by KerasJax.run_bare)
+
+The same devices, threads, model, layout and initial weights as the suite's run; the samples of every step as
+NumPy arrays that fit batches to the global batch and lays out over "batch" itself (its JAX trainer, one jitted
+train step); the loss Keras' own sparse cross-entropy.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import keras
+import numpy as np
+
+from backends.keras_common.optimizer import TorchAdamW
+from backends.keras_jax.worker import KerasJaxWorker
+from common.calibration import BareClock, bare_result, rank_steps
+from common.config import RunConfig
+from common.initial_weights import run_initial_weights
+from common.results import write_json_atomic
+
+IDIOM = "Keras model.fit (JAX trainer, jit_compile) over NumPy arrays under the same keras.distribution layout"
+
+
+class StepClock(keras.callbacks.Callback):
+    def __init__(self, clock: BareClock):
+        super().__init__()
+        self.clock = clock
+
+    def on_train_begin(self, logs=None):
+        self.clock.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        jax.block_until_ready([v.value for v in self.model.trainable_variables])  # JAX dispatches asynchronously
+        self.clock.tick()
+
+
+def fit_arrays(steps: list[dict[str, np.ndarray]]) -> tuple:
+    """(x, y, sample_weight) for fit, every step's samples in order."""
+    columns = {k: np.concatenate([s[k] for s in steps]) for k in steps[0]}
+    if "image" in columns:
+        return columns["image"], columns["label"].astype(np.int32), None
+    ids = columns["input_ids"]
+    x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": columns["padding_mask"].astype(np.int32),
+         "mask_positions": columns["mask_positions"]}
+    return x, columns["mask_ids"], columns["mask_weights"]
+
+
+def main(config_path: str, result_path: str) -> None:
+    cfg = RunConfig.load(Path(config_path))
+    suite = KerasJaxWorker()
+    suite.start(cfg)  # the suite's own start: the same devices and precision policy
+    model, _ = suite.model_on_mesh(cfg, run_initial_weights(cfg))
+    x, y, weight = fit_arrays(rank_steps(cfg, 0, 1, cfg.layout.dp))
+    o = cfg.optim
+    model.compile(optimizer=TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay, beta_1=o.beta1,
+                                       beta_2=o.beta2, epsilon=o.eps),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=True)
+    clock = BareClock(cfg.warmup_steps)
+    model.fit(x, y, sample_weight=weight, batch_size=cfg.global_batch, epochs=1, shuffle=False,
+              callbacks=[StepClock(clock)], verbose=0)
+    write_json_atomic(Path(result_path), bare_result([clock.result()], cfg.global_batch, IDIOM))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
