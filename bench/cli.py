@@ -122,11 +122,24 @@ def _option(*flags: str, **kwargs) -> RunOption:
     return RunOption(flags, kwargs)
 
 
+def _argument_type(parse, name: str):
+    """argparse's type for a parser that raises ValueError: its reason on the error line."""
+    def convert(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    convert.__name__ = name
+    return convert
+
+
 def _layout_option(o: LayoutOption) -> RunOption:
     if isinstance(o.default, bool):
         kind = {"action": argparse.BooleanOptionalAction if o.default else "store_true"}
     elif o.choices:
         kind = {"choices": o.choices}
+    elif o.parse is not None:
+        kind = {"type": _argument_type(o.parse, o.flag[2:])}
     else:
         kind = {"type": positive_int}
     return RunOption((o.flag,), {**kind, "default": o.default, "dest": o.field, "help": o.help}, layout=True)

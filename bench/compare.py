@@ -224,8 +224,8 @@ def _devices_cell(row) -> str:
 
 def print_table(console: Console, frame) -> None:
     table = Table(title="parbench sweep")
-    for col in ("workload", "backend", "devices", "data", "status", "samples/s", "efficiency", "MFU", "step p50 (s)",
-                "data wait", "eval", "note"):
+    for col in ("workload", "backend", "devices", "data", "status", "samples/s", "efficiency", "MFU",
+                "MFU (measured peak)", "step p50 (s)", "data wait", "eval", "note"):
         left = col in ("workload", "backend", "devices", "data", "status", "note")
         table.add_column(col, justify="left" if left else "right")
     for row in frame.itertuples():
@@ -233,7 +233,7 @@ def print_table(console: Console, frame) -> None:
         # An error quotes worker logs, whose "[file.cc:537]" rich would otherwise read as markup.
         table.add_row(row.workload, row.backend, _devices_cell(row), str(row.data or "?"), row.status,
                       _fmt(row.samples_per_s, "{:.1f}"), _fmt(row.scaling_efficiency, "{:.2f}"),
-                      _fmt(row.mfu, "{:.1%}"), _fmt(row.step_time_p50, "{:.4f}"),
+                      _fmt(row.mfu, "{:.1%}"), _fmt(row.mfu_achievable, "{:.1%}"), _fmt(row.step_time_p50, "{:.4f}"),
                       _fmt(row.data_wait_fraction, "{:.1%}"), _fmt(row.eval_value, "{:.4f}"),
                       escape(row.error or "") if row.status != "ok" else "")
     console.print(table)

@@ -13,8 +13,10 @@ A name is DIMS[-OPTION]..., no spaces:
            rc       recompute layer activations in the backward pass (--recompute)
            vocab    split the token embedding and the tied MLM head over the vocabulary (--no-vocab-emb-dp;
                     needs tp)
+           split<S> encoder layers per pipeline stage (--stage-split; pipelines only): splitauto balances the
+                    stages by cost, split3+1 gives the counts ('+' for the flag's ',')
 
-e.g. dp2, tp2, pp2, fsdp2, dp2xtp2, pp2-mb4-1f1b, tp2-vocab-rc, fsdp2xtp2xpp2-mb8.
+e.g. dp2, tp2, pp2, fsdp2, dp2xtp2, pp2-mb4-1f1b, pp2-mb4-1f1b-splitauto, tp2-vocab-rc, fsdp2xtp2xpp2-mb8.
 
 A layout runs at the devices it implies (dp x tp x pp) with the same global batch as every other layout
 of its sweep; its reference is one device training that global batch as the same number of accumulated

@@ -12,10 +12,12 @@ sweep passes on, the flags a backend refuses by name, and the names are all deri
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 from common.errors import BadInput, Unsupported
 from common.spec import BertSpec, CnnSpec
+from common.stage_split import EVEN, even_split, layers_per_stage, parse_split
 
 SCHEDULES = ("gpipe", "1f1b")
 MESH_DIMS = ("pp", "dp", "tp")
@@ -33,6 +35,12 @@ class LayoutOption:
     token: str = ""    # its name part among a name's options: a count's prefix (mb<K>) or the word that sets it
     needs: str = ""    # the dimension a name must have for the token to mean anything ...
     needs_why: str = ""  # ... and how a bad name is told so
+    # A free-form value (neither a count, a choice nor a switch): its parser, ValueError for a bad one; in a
+    # name it follows its token, its commas written '+' (a sweep's --layouts list is comma-separated).
+    parse: Callable[[str], str] | None = None
+
+    def name_part(self, value) -> str:
+        return f"{self.token}{str(value).replace(',', '+')}"
 
     @property
     def is_count(self) -> bool:
@@ -61,6 +69,10 @@ OPTIONS = (
     LayoutOption("vocab_emb_dp", "--vocab-emb-dp", "replicate the embedding table (default) or split its "
                  "vocabulary over model-parallel devices", True, token="vocab", needs="tp",
                  needs_why="splits the vocabulary over tensor parallel: it needs tp<N>"),
+    LayoutOption("stage_split", "--stage-split", "encoder layers per pipeline stage: even (the last stage takes "
+                 "any remainder), auto (balanced by each stage's cost, common.stage_split, the embeddings and the "
+                 "MLM head included) or a list, e.g. 3,1", EVEN, token="split", needs="pp",
+                 needs_why="places layers on pipeline stages: it needs pp<N>", parse=parse_split),
 )
 OPTION = {o.field: o for o in OPTIONS}
 _DIMENSION = re.compile(r"(fsdp|dp|tp|pp)([0-9]+)")
@@ -78,6 +90,7 @@ class Layout:
     # True: the token embedding (and the MLM head tied to it) is replicated; False: its
     # vocabulary is split over the tensor-parallel devices.
     vocab_emb_dp: bool = True
+    stage_split: str = EVEN      # --stage-split: even, auto or layers per stage ("3,1")
 
     @property
     def devices(self) -> int:
@@ -109,10 +122,12 @@ class Layout:
         options = []
         for o in OPTIONS:
             value = getattr(self, o.field)
-            if o.dim or not (o.token or o.choices) or (o.needs and getattr(self, o.needs) == 1):
+            if o.dim or not (o.token or o.choices or o.parse) or (o.needs and getattr(self, o.needs) == 1):
                 continue
             if o.is_count and o.token:
                 options.append(f"{o.token}{value}")
+            elif o.parse is not None:
+                options += [o.name_part(value)] if value != o.default else []
             elif value != o.default:
                 options.append(o.token or str(value))
         return "-".join(["x".join(d for d in dims if d) or "1 device", *options])
@@ -159,6 +174,8 @@ class Layout:
             raise BadInput(f"--pipeline-schedule {self.schedule} with 1 pipeline stage: there is no pipeline")
         if pp > 1 and k < pp:
             raise BadInput(f"--micro-batches {k} is fewer than the {pp} pipeline stages")
+        if self.stage_split != EVEN and pp == 1:
+            raise BadInput(f"--stage-split {self.stage_split} with 1 pipeline stage: there is nothing to split")
         if pp > 1 and grad_accum > 1:
             raise BadInput(f"--grad-accum {grad_accum} with {pp} pipeline stages: the pipeline's "
                            "--micro-batches already accumulate")
@@ -180,6 +197,11 @@ class Layout:
                 raise BadInput(f"{what} {size} is not divisible by model parallel {tp}")
         if spec.layers < pp:
             raise BadInput(f"{spec.layers} layers cannot fill {pp} pipeline stages")
+        if self.stage_split not in (EVEN, "auto"):
+            counts = [int(n) for n in self.stage_split.split(",")]
+            if len(counts) != pp or sum(counts) != spec.layers:
+                raise BadInput(f"--stage-split {self.stage_split}: {pp} stages of {spec.name} BERT's {spec.layers} "
+                               f"layers need {pp} counts that add up to {spec.layers}")
 
     def _validate_cnn(self, spec: CnnSpec) -> None:
         tp, pp = self.tp, self.pp
@@ -190,6 +212,9 @@ class Layout:
             raise BadInput(f"the CNN's {cnn_layers(spec)} layers cannot fill {pp} pipeline stages")
         if not self.vocab_emb_dp:
             raise BadInput("--no-vocab-emb-dp: the CNN has no embedding table")
+        if self.stage_split != EVEN:
+            raise BadInput(f"--stage-split {self.stage_split}: the CNN's pipeline is cut evenly; a split by cost "
+                           "places the MLM's encoder layers")
 
     def bubble(self) -> float:
         """The analytic idle share of a GPipe/1F1B pipeline step: (pp - 1) / (micro-batches + pp - 1)."""
@@ -201,18 +226,22 @@ class Layout:
         return {"pp": stage, "dp": rest // self.tp, "tp": rest % self.tp}
 
     def stage_of_layer(self, layer: int, layers: int) -> int:
-        """Contiguous layers per stage, the last stage taking any remainder (the MindSpore tutorial's rule)."""
-        per_stage = max((layers + 1) // self.pp, 1)
-        return min(layer // per_stage, self.pp - 1)
+        """The stage of a layer under an even split (common.stage_split.even_split)."""
+        ends = [sum(even_split(layers, self.pp)[:s + 1]) for s in range(self.pp)]
+        return next(s for s, end in enumerate(ends) if layer < end)
 
-    def stage_layers(self, stage: int, layers: int) -> list[int]:
-        return [i for i in range(layers) if self.stage_of_layer(i, layers) == stage]
+    def stage_layers(self, stage: int, spec: BertSpec, samples: int) -> list[int]:
+        """The encoder layers a stage holds under --stage-split; `samples`: the sequences one pipeline runs per
+        step (global batch / dp), which the auto split's costs weigh."""
+        counts = layers_per_stage(self.stage_split, spec, self.pp, samples)
+        first = sum(counts[:stage])
+        return list(range(first, first + counts[stage]))
 
-    def holds(self, rank: int, spec: CnnSpec | BertSpec) -> str:
+    def holds(self, rank: int, spec: CnnSpec | BertSpec, samples: int) -> str:
         """What one rank holds, in words: its stage's parts and the share of them."""
         c = self.coordinates(rank)
         if isinstance(spec, BertSpec):
-            layers = self.stage_layers(c["pp"], spec.layers)
+            layers = self.stage_layers(c["pp"], spec, samples)
             parts = [f"layers {layers[0]}-{layers[-1]}"]
             if c["pp"] == 0:
                 parts.insert(0, "embeddings")
@@ -228,10 +257,13 @@ class Layout:
             what += f", parameters and optimizer state shard {c['dp'] + 1}/{self.dp}"
         return what
 
-    def as_record(self, spec: CnnSpec | BertSpec) -> dict:
-        per_rank = [{"rank": r, "dp": c["dp"], "tp": c["tp"], "pp": c["pp"], "holds": self.holds(r, spec)}
+    def as_record(self, spec: CnnSpec | BertSpec, global_batch: int) -> dict:
+        samples = global_batch // self.dp
+        per_rank = [{"rank": r, "dp": c["dp"], "tp": c["tp"], "pp": c["pp"], "holds": self.holds(r, spec, samples)}
                     for r in range(self.devices) for c in [self.coordinates(r)]]
-        return {**asdict(self), "per_rank": per_rank}
+        placed = {"layers_per_stage": layers_per_stage(self.stage_split, spec, self.pp, samples)} \
+            if isinstance(spec, BertSpec) else {}
+        return {**asdict(self), **placed, "per_rank": per_rank}
 
     @classmethod
     def for_devices(cls, devices: int, **options) -> Layout:
@@ -262,11 +294,17 @@ def _option_word(entry: str, word: str) -> tuple[str, object]:
             continue
         if o.is_count and o.token and (match := re.fullmatch(rf"{o.token}([0-9]+)", word)):
             return o.field, _size(match.group(1), o.token, entry, 1)
+        if o.parse is not None and word.startswith(o.token):
+            try:
+                return o.field, o.parse(word[len(o.token):])
+            except ValueError as exc:
+                raise ValueError(f"{entry!r}: {word!r}: {exc}") from None
         if word in o.choices:
             return o.field, word
         if o.token and word == o.token and isinstance(o.default, bool):
             return o.field, not o.default
     words = [w for o in OPTIONS for w in ([f"{o.token}<K>"] if o.is_count and o.token else
+                                          [f"{o.token}<VALUE>"] if o.parse else
                                           [*o.choices, *([o.token] if o.token and not o.is_count else [])])]
     raise ValueError(f"{entry!r}: unknown option {word!r}; choose from {', '.join(words)}")
 

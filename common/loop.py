@@ -13,10 +13,12 @@ from typing import Protocol
 
 import numpy as np
 
+from common.achievable import achievable_section, probe_rank
 from common.breakdown import grad_comm_summary, link_gbps_from_probe, summarize_breakdown
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
 from common.data.datasets import SplitData
+from common.memory import MemoryWindow, memory_section
 from common.nodes import hosts_table, rank_host
 from common.sections import Breakdown, GradComm, merged
 from common.spec import DEFAULTS, learning_rate
@@ -59,7 +61,9 @@ class Trainer(Protocol):
     def load_checkpoint(self, directory: Path) -> int | None:
         """The step to continue from, or None when the directory holds no checkpoint."""
 
-    def peak_memory_bytes(self) -> int: ...
+    def peak_memory_bytes(self) -> int:
+        """The process's peak: resident set on a CPU, the allocator's peak on a GPU (the record's
+        peak_memory_bytes)."""
 
     def backend_metrics(self) -> dict:
         """What is specific to the strategy (phase times, compile time...), for the record."""
@@ -71,6 +75,14 @@ class Trainer(Protocol):
     #   step with the device synchronised between its phases; probe_source: what timed them;
     # link_probe(nbytes) -> (ranks, bytes sent, [seconds of each]): a plain all-reduce of about nbytes on the
 #   collective the gradients use, for the link's bandwidth.
+    # Optional, for the record's `memory` (common.memory; a trainer without it is measured through /proc):
+    # allocator_memory(reset) -> (bytes held now, peak since the last reset) from the framework's allocator over
+    #   this process's devices, the peak reset after reading when reset is True; None where the framework keeps
+    #   no counters for them (CPUs); allocator_source: the counters it reads, in words.
+    # Optional, for the record's `achievable_peak` (common.achievable; a trainer without it gets null):
+    # time_matmul(n, repeats) -> (math mode, [seconds]): `repeats` timed n x n x n products at the run's precision on
+    #   one of this rank's devices (each of them at once where it drives several), after one untimed, the device
+    #   synchronised around each, on the threads one device has.
 
 
 def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
@@ -151,8 +163,9 @@ def _breakdown(trainer: Trainer, probes: list[dict], measured_step_s: float | No
 
 
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
-             clock=time.perf_counter) -> dict:
-    """Train, evaluate and gather; returns the aggregated outcome on every rank."""
+             clock=time.perf_counter, local_devices: int = 1) -> dict:
+    """Train, evaluate and gather; returns the aggregated outcome on every rank. local_devices: the devices
+    one process drives (MirroredStrategy, DataParallel), whose memory its figures hold together."""
     ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     start = 0
     if cfg.resume and ckpt_dir is not None:
@@ -164,6 +177,9 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     compiled_last_step = getattr(trainer, "compiled_last_step", None)
     digests = SampleDigests()
     best, evals_since_best, stopped_early = -math.inf, 0, False
+    # From here to the last step: the training's own memory (common.memory), evaluations left out.
+    memory = MemoryWindow(getattr(trainer, "allocator_memory", None), trainer.peak_memory_bytes)
+    memory.open()
     began = last_report = clock()
     done = start
     for step in range(start, cfg.total_steps):
@@ -190,7 +206,9 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         if done == fault_at:
             os._exit(FAULT_EXIT_CODE)
         if cfg.eval_every and done % cfg.eval_every == 0 and done < cfg.total_steps:
+            memory.pause()
             result = _evaluate(trainer, cfg, eval_data)
+            memory.resume()
             history.append({"step": done, "elapsed_s": clock() - began, "value": result["value"],
                             "loss": result["loss"]})
             # Every rank sees the same all-reduced value, so every rank stops at the same step.
@@ -201,6 +219,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
             if cfg.patience and evals_since_best >= cfg.patience:
                 stopped_early = True
                 break
+    training_memory = memory.close()
     if ckpt_dir and cfg.checkpoint_every and done % cfg.checkpoint_every:
         trainer.save_checkpoint(ckpt_dir, done)  # the final state, for resume and for comparisons
 
@@ -212,9 +231,14 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     # After the measured window and the evaluation: the probe steps change neither.
     probing = cfg.breakdown_steps and hasattr(trainer, "probe_step")
     probes = _probe_steps(trainer, cfg, train, done, clock) if probing else []
+    process_peak = memory.process_peak()  # read before the matmul probe, whose operands are no training's
+    trainer.all_reduce_sum([0.0])  # a barrier: every rank probes its device while the others probe theirs
+    achievable = probe_rank(trainer, cfg.device_kind)
     mine = {"step_times": step_times, "data_wait": data_wait, "compiled_steps": compiled_steps,
-            "losses": losses, "peak_memory_bytes": trainer.peak_memory_bytes(), "sample_digests": digests.hex(),
-            "backend_metrics": trainer.backend_metrics(),
+            "losses": losses, "peak_memory_bytes": process_peak, "sample_digests": digests.hex(),
+            "memory": {"process_peak": process_peak, "training": training_memory, "at_start": memory.at_start,
+                       "method": memory.description(getattr(trainer, "allocator_source", "its counters"))},
+            "backend_metrics": trainer.backend_metrics(), "achievable": achievable,
             "host": rank_host(cfg.nnodes, cfg.node_rank, cfg.master_addr)}
     # Every rank gets the aggregate: with several hosts, each node's first process writes it locally.
     ranks = trainer.all_gather(mine)
@@ -239,6 +263,9 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         "sample_digests": _merge_digests(ranks),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
         "peak_memory_per_rank": [r["peak_memory_bytes"] for r in ranks],
+        "memory": memory_section([r["memory"] for r in ranks], processes_share=local_devices > 1),
+        "achievable_peak": achievable_section([r["achievable"] for r in ranks], cfg.device_kind,
+                                              cfg.threads_per_device),
         "backend_metrics": ranks[0]["backend_metrics"] or None,
         "train_wall_s": clock() - began,
         "hosts": hosts_table([r["host"] for r in ranks]),

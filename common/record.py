@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from common.achievable import mfu_achievable
 from common.config import RunConfig
 from common.devices import DevicePlan
 from common.hostinfo import git_sha, host_info, package_versions, performance_env
@@ -17,7 +18,8 @@ def skeleton(run_id: str, backend: str, workload: str, devices: int, started_at:
     record = dict.fromkeys(REQUIRED_FIELDS)
     record.update(schema_version=SCHEMA_VERSION, run_id=run_id, backend=backend, workload=workload,
                   devices=devices, started_at=started_at, host=host_info(), versions=package_versions(),
-                  git_sha=git_sha(), environment=performance_env(), notes=[], config={}, mfu=None)
+                  git_sha=git_sha(), environment=performance_env(), notes=[], config={}, mfu=None,
+                  mfu_achievable=None, memory=None, achievable_peak=None)
     record.update(known)
     return record
 
@@ -32,7 +34,8 @@ def describe_config(cfg: RunConfig, plan: DevicePlan, backend) -> dict:
         "oversubscribed": plan.oversubscribed,
         "devices_description": plan.description, "scaling": cfg.scaling, "data": cfg.data,
         "per_device_batch": cfg.per_device_batch, "global_batch": cfg.global_batch,
-        "warmup_steps": cfg.warmup_steps, "layout": cfg.layout.as_record(spec), "params": spec.param_count(),
+        "warmup_steps": cfg.warmup_steps, "layout": cfg.layout.as_record(spec, cfg.global_batch),
+        "params": spec.param_count(),
         "flops_per_sample": training_flops_per_sample(spec), "seed": cfg.seed, "sweep_id": cfg.sweep_id,
         "config": {**asdict(cfg), "model": asdict(spec), "optimizer": asdict(cfg.optim)},
         "host": host_info(list(plan.hardware)),
@@ -55,7 +58,8 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
         total_steps=outcome.get("total_steps"), start_step=outcome.get("start_step"),
         steps_done=outcome.get("steps_done"), stopped_early=outcome.get("stopped_early"),
         train_wall_s=outcome.get("train_wall_s"), backend_metrics=outcome.get("backend_metrics"),
-        sample_digests=outcome.get("sample_digests"),
+        sample_digests=outcome.get("sample_digests"), memory=outcome.get("memory"),
+        achievable_peak=outcome.get("achievable_peak"),
     )
     if outcome.get("breakdown"):  # the workers of some backends replace backend_metrics after the loop
         fields["backend_metrics"] = {**(fields["backend_metrics"] or {}), "breakdown": outcome["breakdown"],
@@ -72,13 +76,16 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
 
 def utilisation(cfg: RunConfig, plan: DevicePlan, record: dict) -> dict:
     """`mfu` (null where no peak is known) and `mfu_basis`: the device model, math mode and peak it rests on.
-    A backend whose float32 products run on tensor cores says so in backend_metrics.fp32_math ("tf32")."""
+    A backend whose float32 products run on tensor cores says so in backend_metrics.fp32_math ("tf32").
+    `mfu_achievable`: against the peak measured on the run's devices (common.achievable), on a CPU the only MFU."""
     math = PRECISION_MATH[cfg.precision]
     if math == "fp32":
         math = (Fp32Math.from_metrics(record.get("backend_metrics")) or Fp32Math()).mode
     found = mfu(record.get("achieved_flops"), plan.kind, plan.hardware[0] if plan.hardware else None,
                 plan.physical_devices, math)
-    return {"mfu": found["mfu"], "mfu_basis": found["basis"]}
+    return {"mfu": found["mfu"], "mfu_basis": found["basis"],
+            "mfu_achievable": mfu_achievable(record.get("achieved_flops"), record["devices"],
+                                             record.get("achievable_peak"))}
 
 
 def compile_notes(record: dict) -> list[str]:

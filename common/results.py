@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from common.sections import section_problems
+from common.sections import record_section_problems, section_problems
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -40,8 +40,8 @@ STEP_TIME_KEYS = ("mean", "p50", "p90", "min", "max", "std")
 SUMMARY_COLUMNS = (
     "run_id", "sweep_id", "status", "backend", "strategy", "workload", "data", "devices", "device_kind",
     "virtual", "threads_per_device", "oversubscribed", "scaling", "per_device_batch", "global_batch",
-    "measured_steps", "samples_per_s", "tokens_per_s", "scaling_efficiency", "mfu", "step_time_p50",
-    "step_time_p90", "data_wait_fraction", "peak_memory_bytes", "eval_metric", "eval_value",
+    "measured_steps", "samples_per_s", "tokens_per_s", "scaling_efficiency", "mfu", "mfu_achievable",
+    "step_time_p50", "step_time_p90", "data_wait_fraction", "peak_memory_bytes", "eval_metric", "eval_value",
     "loss_last", "host", "started_at", "error",
 )
 # Runs compare only within one of these groups: same machine, same experiment.
@@ -81,6 +81,10 @@ def validate_record(record: dict) -> list[str]:
     scheduler = record.get("scheduler")
     if scheduler is not None and (not isinstance(scheduler, dict) or set(scheduler) != set(SCHEDULER_FIELDS)):
         problems.append(f"scheduler {scheduler!r} is not an object with exactly {', '.join(SCHEDULER_FIELDS)}")
+    problems += record_section_problems(record)
+    mfu = record.get("mfu_achievable")
+    if mfu is not None and (isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or mfu < 0):
+        problems.append(f"mfu_achievable {mfu!r} is not a non-negative number")
     if isinstance(record.get("backend_metrics"), dict):
         problems += section_problems(record["backend_metrics"])
     return problems
@@ -136,7 +140,8 @@ def _row(r: dict) -> dict:
         "oversubscribed": r.get("oversubscribed"), "scaling": r.get("scaling"),
         "per_device_batch": r.get("per_device_batch"), "global_batch": r.get("global_batch"),
         "measured_steps": r.get("measured_steps"), "samples_per_s": r.get("samples_per_s"),
-        "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"), "step_time_p50": st.get("p50"),
+        "tokens_per_s": r.get("tokens_per_s"), "mfu": r.get("mfu"), "mfu_achievable": r.get("mfu_achievable"),
+        "step_time_p50": st.get("p50"),
         "step_time_p90": st.get("p90"),
         "data_wait_fraction": r.get("data_wait_fraction"), "peak_memory_bytes": r.get("peak_memory_bytes"),
         "eval_metric": ev.get("metric"), "eval_value": ev.get("value"),

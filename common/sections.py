@@ -175,6 +175,88 @@ SECTIONS: tuple[type[Section], ...] = (TrainableParams, Fp32Math, StateBytesPerR
                                        Breakdown, GradComm)
 
 
+class RecordSection(Section):
+    """A section at the record's top level (`key` in the record itself, not in backend_metrics)."""
+
+    def to_record(self) -> dict:
+        return self.to_metrics()
+
+    @classmethod
+    def from_record(cls, record: dict | None):
+        raw = (record or {}).get(cls.key)
+        return None if raw is None else cls.from_value(raw)
+
+    @classmethod
+    def problems(cls, raw) -> list[str]:
+        return [p.removeprefix("backend_metrics.") for p in super().problems(raw)]
+
+
+def _numbers(raw, what: str, kind: type | tuple[type, ...] = int, nullable: bool = True) -> list:
+    """A list of numbers of `kind` (None allowed where nullable), or TypeError naming `what`."""
+    if not isinstance(raw, list):
+        raise TypeError(f"{what}: expected a list, got {raw!r}")
+    for v in raw:
+        if not ((v is None and nullable) or (isinstance(v, kind) and not isinstance(v, bool))):
+            raise TypeError(f"{what}: expected numbers{' or null' if nullable else ''}, got {v!r}")
+    return raw
+
+
+@dataclass(frozen=True)
+class Memory(RecordSection):
+    """Per rank (process): the process's peak (the record's peak_memory_per_rank) and the training's own
+    memory, the growth from just before the first step to the peak of the training steps (common.memory;
+    None: not measured), with `method` saying how it was measured. processes_share: one process drives
+    several devices (MirroredStrategy, DataParallel), so a device's share is its process's figure divided
+    by the process's devices. at_start_per_rank: what the same counter read when the window opened."""
+    key: ClassVar[str] = "memory"
+    process_peak_per_rank: list[int]
+    training_per_rank: list[int | None]
+    method: str | None
+    processes_share: bool
+    at_start_per_rank: list[int | None] | None = None
+
+    @classmethod
+    def from_value(cls, raw):
+        known = super().from_value(raw)
+        _numbers(known.process_peak_per_rank, "process_peak_per_rank", nullable=False)
+        _numbers(known.training_per_rank, "training_per_rank")
+        if known.at_start_per_rank is not None:
+            _numbers(known.at_start_per_rank, "at_start_per_rank")
+        if not isinstance(known.processes_share, bool):
+            raise TypeError(f"processes_share: expected true or false, got {known.processes_share!r}")
+        return known
+
+
+@dataclass(frozen=True)
+class AchievablePeak(RecordSection):
+    """The highest matmul FLOP/s one device reached in a short probe after the measured window
+    (common.achievable): the mean over ranks of each rank's device, at the run's precision, the m x n x k
+    product that reached it, and each rank's figure (None: that rank measured nothing)."""
+    key: ClassVar[str] = "achievable_peak"
+    flops_per_s: float
+    precision: str
+    method: str
+    shape: list[int]
+    per_rank: list[float | None]
+
+    @classmethod
+    def from_value(cls, raw):
+        known = super().from_value(raw)
+        _numbers([known.flops_per_s], "flops_per_s", (int, float), nullable=False)
+        _numbers(known.per_rank, "per_rank", (int, float))
+        if len(_numbers(known.shape, "shape", nullable=False)) != 3:
+            raise ValueError(f"shape: expected [m, n, k], got {known.shape!r}")
+        return known
+
+
+RECORD_SECTIONS: tuple[type[RecordSection], ...] = (Memory, AchievablePeak)
+
+
+def record_section_problems(record: dict) -> list[str]:
+    """validate_record's check of every typed top-level section a record carries."""
+    return [p for s in RECORD_SECTIONS if record.get(s.key) is not None for p in s.problems(record[s.key])]
+
+
 def section_problems(metrics: dict | None) -> list[str]:
     """validate_record's check of every typed section a record's backend_metrics carries."""
     return [p for s in SECTIONS if (metrics or {}).get(s.key) is not None for p in s.problems(metrics[s.key])]

@@ -115,19 +115,34 @@ class BertSpec:
         """Masked positions per sequence are padded to this many (keras-hub `mask_selection_length`)."""
         return math.ceil(self.mask_rate * self.seq_len)
 
+    # The parts a pipeline places (common.stage_split): the embeddings on the first stage, the layers, the MLM
+    # head on the last (its decoder weight is the token table, counted with the embeddings).
+    def embedding_params(self) -> int:
+        return (self.vocab_size + self.seq_len + self.type_vocab_size) * self.hidden + 2 * self.hidden
+
+    def layer_params(self) -> int:
+        h, i = self.hidden, self.intermediate
+        return 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+
+    def head_params(self) -> int:
+        h = self.hidden
+        return (h * h + h) + 2 * h + self.vocab_size
+
     def param_count(self) -> int:
-        h, i, v = self.hidden, self.intermediate, self.vocab_size
-        embeddings = (v + self.seq_len + self.type_vocab_size) * h + 2 * h
-        layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
-        head = (h * h + h) + 2 * h + v
-        return embeddings + self.layers * layer + head
+        return self.embedding_params() + self.layers * self.layer_params() + self.head_params()
+
+    def layer_forward_macs(self) -> int:
+        """Per sequence, one encoder layer: Q, K, V, O, the two attention products, the FFN."""
+        h, i, s = self.hidden, self.intermediate, self.seq_len
+        return 4 * s * h * h + 2 * s * s * h + 2 * s * h * i
+
+    def head_forward_macs(self) -> int:
+        """Per sequence: the head's dense and the vocabulary projection, at the `max_predictions` positions."""
+        return self.max_predictions * (self.hidden * self.hidden + self.hidden * self.vocab_size)
 
     def forward_macs(self) -> int:
         """Per sequence. The vocabulary projection runs only at the `max_predictions` gathered positions."""
-        h, i, s = self.hidden, self.intermediate, self.seq_len
-        per_layer = 4 * s * h * h + 2 * s * s * h + 2 * s * h * i
-        head = self.max_predictions * (h * h + h * self.vocab_size)
-        return self.layers * per_layer + head
+        return self.layers * self.layer_forward_macs() + self.head_forward_macs()
 
 
 BERT_SIZES = {

@@ -126,7 +126,7 @@ def _train(worker: Worker, cfg: RunConfig, process: Process) -> dict:
     data = load_data(cfg, process)
     trainer, feed = worker.trainer(cfg, process, data, run_initial_weights(cfg))
     try:
-        return run_loop(trainer, cfg, feed, data.eval)
+        return run_loop(trainer, cfg, feed, data.eval, local_devices=process.local_devices)
     finally:
         close = getattr(feed, "close", None)
         if close is not None:

@@ -143,6 +143,9 @@ def _record(index: int, layout: Layout, grad_accum: int, sps: float | None, stat
                       tokens_per_s=sps * 128, step_time_s=dict.fromkeys(("mean", "p50", "p90", "min", "max"), step)
                       | {"std": 0.0}, data_wait_fraction=0.01, params=4_578_573, flops_per_sample=10**9,
                       achieved_flops=sps * 10**9, peak_memory_bytes=max(peaks), peak_memory_per_rank=peaks,
+                      memory={"process_peak_per_rank": peaks, "training_per_rank": [p // 4 for p in peaks],
+                              "method": "growth of VmHWM", "processes_share": False},
+                      mfu_achievable=sps * 10**9 / (n * 4e10),
                       loss={"first": 10.5, "last": 10.4, "curve": [[0, 10.5], [1, 10.45], [2, 10.4]]},
                       backend_metrics=metrics, duration_s=20.0)
     assert validate_record(record) == [], record["run_id"]
@@ -181,6 +184,8 @@ def test_layout_table_holds_each_layout_with_its_reference_and_reason():
     assert table["dp2"]["samples/s"] == "60.0"
     assert table["dp2"]["peak memory max (MiB)"] == "312.0"
     assert table["pp2-mb4-1f1b"]["peak memory per rank (MiB)"] == "200.0, 180.0"
+    assert table["pp2-mb4-1f1b"]["training memory per rank (MiB)"] == "50.0, 45.0"
+    assert table["dp2"]["MFU (measured peak)"] == f"{60e9 / (2 * 4e10):.1%}"
     assert table["pp2-mb4-1f1b"]["params+grads+optimizer per rank (MiB)"] == "9.0+9.0+18.0, 9.0+9.0+18.0"
     assert table["pp2-mb4-1f1b"]["bubble analytic"] == "20.0%"
     assert table["pp2-mb4-1f1b"]["bubble measured per stage"] == "25.0%, 30.0%"

@@ -233,6 +233,8 @@ def test_mlm_records_are_valid(mlm_runs):
         assert record["params"] == TINY.param_count()
         assert record["backend_metrics"]["compile_s"] > 0
         assert record["eval"]["metric"] == "masked_accuracy" and record["eval"]["count"] > 0
+        assert all(t > 0 for t in record["memory"]["training_per_rank"]) and record["mfu_achievable"] > 0
+        assert len(record["achievable_peak"]["per_rank"]) == devices
 
 
 @pytest.mark.e2e
@@ -304,6 +306,9 @@ def test_model_parallel_on_cpu_is_unsupported(tmp_path, data_dir):
     record = _record(tmp_path)
     assert record["status"] == "unsupported" and "requires Ascend or GPU" in record["error"]
     assert validate_record(record) == []
+    split = _bench(tmp_path / "split", "mlm", 2, 8, "--parallel-mode", "semi_auto", "--pipeline-stages", "2",
+                   "--micro-batches", "2", "--stage-split", "auto")
+    assert split.returncode == 3 and _record(tmp_path / "split")["error"].startswith("--stage-split auto: ")
 
 
 @pytest.mark.e2e

@@ -386,7 +386,8 @@ def test_one_gpu_run_shares_a_panel_with_the_virtual_runs_it_anchors():
                               framework_version="2.4.1", warmup_steps=5, seed=0, host=host, versions={},
                               device_kind="cuda", virtual=n > 1, threads_per_device=None,
                               devices_description=f"{n} on one GPU")
-            record.update(_ok_fields("host-b", backend, "cnn", n, index), mfu=0.01 * (index + 1))
+            record.update(_ok_fields("host-b", backend, "cnn", n, index), mfu=0.01 * (index + 1),
+                          mfu_achievable=0.02 * (index + 1))
             records.append(record)
     blocks, plots = build_report(records, "results")
     throughput = _plot((blocks, plots), "cnn", "throughput")
@@ -398,4 +399,4 @@ def test_one_gpu_run_shares_a_panel_with_the_virtual_runs_it_anchors():
         assert [n for n, _ in drawn[label]] == [1, 2, 4]  # the anchor and its virtual runs on one line
         assert [n for n, _ in drawn[f"_virtual: {label}"]] == [2, 4]
     [row] = [row for row in _md_tables(to_markdown(blocks))["cnn"] if row["N"] == "4" and row["backend"] == "torch_dp"]
-    assert row["MFU"] == "6.0%"
+    assert row["MFU"] == "6.0%" and row["MFU (measured peak)"] == "12.0%"

@@ -98,7 +98,8 @@ def test_a_step_in_which_any_rank_compiled_leaves_every_rank_window():
 
 
 @pytest.mark.parametrize("path", ["results/.summary.lock", "results/summary.csv", "results/runs/r.json",
-                                  "results/logs/sweep/r.log", "results/report.md", "results/plots/cnn-loss.png"])
+                                  "results/logs/sweep/r.log", "results/report.md", "results/plots/cnn-loss.png",
+                                  "results/validation.json", "results/predict-mlm-base-h100-sxm-8.json"])
 def test_what_runs_and_reports_write_under_results_is_git_ignored(path):
     """A clone stays clean after its first sweep and report (the summary's lock file was not ignored)."""
     proc = subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=REPO, capture_output=True, text=True)

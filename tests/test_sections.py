@@ -5,17 +5,21 @@ import pytest
 
 from common.results import validate_record
 from common.sections import (
+    RECORD_SECTIONS,
     SECTIONS,
+    AchievablePeak,
     Breakdown,
     Bubble,
     Collective,
     CommPerStep,
     Fp32Math,
     GradComm,
+    Memory,
     StateBytes,
     StateBytesPerRank,
     TrainableParams,
     merged,
+    record_section_problems,
     section_problems,
 )
 
@@ -63,3 +67,36 @@ def test_a_record_with_a_malformed_section_is_refused():
     assert any("backend_metrics.trainable_params" in p for p in problems)
     assert any("backend_metrics.fp32_math" in p for p in problems)
     assert any("backend_metrics.bubble" in p for p in problems)
+
+
+TOP_LEVEL = [
+    Memory([2_300_000_000, 2_200_000_000], [150_000_000, None], "growth of VmHWM", False, [2_000_000_000, None]),
+    AchievablePeak(6.1e10, "fp32", "best of 5", [512, 512, 512], [6.1e10, None]),
+]
+
+
+@pytest.mark.parametrize("section", TOP_LEVEL, ids=[type(s).__name__ for s in TOP_LEVEL])
+def test_a_top_level_section_reads_back_what_was_written(section):
+    assert {type(s) for s in TOP_LEVEL} == set(RECORD_SECTIONS)
+    record = {"status": "failed", "error": "x", **section.to_record()}
+    assert type(section).from_record(record) == section
+    assert record_section_problems(record) == []
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("memory", {"process_peak_per_rank": [None], "training_per_rank": [], "method": None,
+                "processes_share": False}, "process_peak_per_rank"),
+    ("memory", {"process_peak_per_rank": [1], "training_per_rank": ["big"], "method": None,
+                "processes_share": False}, "training_per_rank"),
+    ("memory", {"process_peak_per_rank": [1], "training_per_rank": [1], "method": None,
+                "processes_share": "no"}, "processes_share"),
+    ("memory", {"process_peak_per_rank": [1]}, "memory"),
+    ("achievable_peak", {"flops_per_s": 1.0, "precision": "fp32", "method": "m", "shape": [4, 4],
+                         "per_rank": [1.0]}, "shape"),
+    ("achievable_peak", {"flops_per_s": "fast", "precision": "fp32", "method": "m", "shape": [4, 4, 4],
+                         "per_rank": [1.0]}, "flops_per_s"),
+    ("mfu_achievable", -0.5, "mfu_achievable"),
+])
+def test_a_record_with_a_malformed_top_level_section_is_refused(key, value, says):
+    problems = validate_record({"status": "failed", "error": "x", key: value})
+    assert any(p.startswith(key) and says in p for p in problems), problems

@@ -14,6 +14,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from backends.tf_mirrored.devices import configure_devices  # noqa: E402
+from backends.tf_mirrored.matmul import time_matmul  # noqa: E402
 
 DEVICES = configure_devices("cpu", 2, 2, 2)
 
@@ -179,6 +180,11 @@ def test_trainable_params_equal_spec(workload: str):
     assert not any("pooled" in w.path for w in model.weights)
 
 
+def test_the_matmul_probe_times_one_product_per_device_at_once():
+    precision, seconds = time_matmul(DEVICES, "fp32", 64, 3)
+    assert precision == "fp32" and len(seconds) == 3 and all(0 < s < 1 for s in seconds)
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("mode", ["mirrored", "multi_worker"])
 @pytest.mark.parametrize("workload", ["cnn", "mlm"])
@@ -206,3 +212,8 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     assert record["eval"] is None if skip_eval else record["eval"]["count"] > 0
     assert np.isfinite(record["loss"]["last"])
     assert_tensorboard_log_is_the_record(tmp_path / "tb", record)
+    processes = metrics["processes"]
+    memory, peak = record["memory"], record["achievable_peak"]
+    assert memory["processes_share"] is (mode == "mirrored") and len(memory["training_per_rank"]) == processes
+    assert all(0 < t < p for t, p in zip(memory["training_per_rank"], memory["process_peak_per_rank"]))
+    assert len(peak["per_rank"]) == processes and record["mfu_achievable"] > 0

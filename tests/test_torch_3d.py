@@ -67,8 +67,9 @@ def one_device(tmp_path_factory, layout_sweep):
 LAYOUTS = {
     "dp2": (None, "whole"),
     "tp2": (None, "whole"),
-    "pp2-gpipe": (["--devices", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--batch-size", "4"],
-                  "accumulated"),
+    # auto: the tiny BERT's two layers leave one split, which the layout must still resolve and say
+    "pp2-gpipe": (["--devices", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--batch-size", "4",
+                   "--stage-split", "auto"], "accumulated"),
     "pp2-1f1b": (["--devices", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--batch-size", "4",
                   "--pipeline-schedule", "1f1b", "--recompute"], "accumulated"),
     "fsdp2": (["--devices", "2", "--optimizer-shard", "--batch-size", "4"], "whole"),
@@ -106,6 +107,16 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
     devices = record["devices"]
     assert lay["dp"] * lay["tp"] * lay["pp"] == devices and len(lay["per_rank"]) == devices
     assert len(record["peak_memory_per_rank"]) == devices
+    memory = record["memory"]
+    assert memory["process_peak_per_rank"] == record["peak_memory_per_rank"] and not memory["processes_share"]
+    # the training's own memory: at least the gradients and optimizer state each rank counted, below its process
+    for training, peak, state in zip(memory["training_per_rank"], memory["process_peak_per_rank"],
+                                     metrics["state_bytes_per_rank"]):
+        assert state["grads"] + state["optimizer"] <= training < peak
+    assert "VmHWM" in memory["method"]
+    peak = record["achievable_peak"]
+    assert len(peak["per_rank"]) == devices and all(f > 0 for f in peak["per_rank"]) and peak["precision"] == "fp32"
+    assert record["mfu_achievable"] == pytest.approx(record["achieved_flops"] / (devices * peak["flops_per_s"]))
     states, comm = metrics["state_bytes_per_rank"], metrics["comm_per_step"]
     assert len(states) == len(comm) == devices
     whole = ref["backend_metrics"]["state_bytes_per_rank"][0]
@@ -125,6 +136,7 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
         bubble = metrics["bubble"]
         assert bubble["analytic"] == pytest.approx(1 / 3)
         assert len(bubble["measured_per_stage"]) == 2 and all(0 <= b < 1 for b in bubble["measured_per_stage"])
+        assert lay["layers_per_stage"] == [1, 1]
         assert lay["per_rank"][0]["holds"].startswith("embeddings + layers 0-0")
         assert lay["per_rank"][-1]["holds"].endswith("MLM head")
 
@@ -225,7 +237,7 @@ def test_layout_ranks_roles_and_bubble():
     assert lay.coordinates(0) == {"pp": 0, "dp": 0, "tp": 0}
     assert lay.coordinates(3) == {"pp": 0, "dp": 1, "tp": 1}
     assert lay.coordinates(6) == {"pp": 1, "dp": 1, "tp": 0}
-    roles = lay.as_record(TINY)["per_rank"]
+    roles = lay.as_record(TINY, 8)["per_rank"]
     assert roles[0]["holds"] == "embeddings + layers 0-0, heads, FFN shard 1/2"
     assert roles[7]["holds"] == "layers 1-1 + MLM head, heads, FFN shard 2/2"
 

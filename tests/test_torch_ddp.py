@@ -140,6 +140,12 @@ def test_compare_one_and_two_devices_on_real_mnist(torch_sweep):
         assert r["params"] == r["backend_metrics"]["trainable_params"] == 2_328_298 and "params_note" not in r
         assert r["threads_per_device"] == r["config"]["threads_per_device"]
         assert r["samples_per_s"] > 0 and r["achieved_flops"] == pytest.approx(r["samples_per_s"] * 69_257_088)
+        memory = r["memory"]
+        assert len(memory["training_per_rank"]) == len(memory["process_peak_per_rank"]) == r["devices"]
+        # gradients and AdamW's two moments of 2.3M float32 parameters at least, the process's peak at most
+        assert all(3 * 4 * 2_328_298 <= t < p for t, p in zip(memory["training_per_rank"],
+                                                               memory["process_peak_per_rank"]))
+        assert r["mfu"] is None and 0 < r["mfu_achievable"] < 1  # a CPU: the measured peak is the only one
     assert len({r["sweep_id"] for r in records}) == 1
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 4  # torch_dp's two rows too
@@ -147,6 +153,7 @@ def test_compare_one_and_two_devices_on_real_mnist(torch_sweep):
     assert by_n.loc[1, "scaling_efficiency"] == pytest.approx(1.0)
     expected = by_n.loc[2, "samples_per_s"] / (2 * by_n.loc[1, "samples_per_s"])
     assert by_n.loc[2, "scaling_efficiency"] == pytest.approx(expected)
+    assert (summary.mfu_achievable > 0).all()
     assert "torch_ddp" in proc.stdout and "ok" in proc.stdout  # the table
 
 
@@ -178,6 +185,8 @@ def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
     assert outcome["eval"]["count"] == 200
     assert len(outcome["loss"]["curve"]) == outcome["steps_done"]
     assert np.isfinite(outcome["loss"]["last"]) and outcome["loss"]["last"] < outcome["loss"]["first"]
+    # the evaluations (--eval-every) are left out of the training's memory; the probe comes after the steps
+    assert outcome["memory"]["training_per_rank"][0] > 0 and outcome["achievable_peak"]["per_rank"][0] > 0
 
 
 

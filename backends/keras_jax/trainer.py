@@ -25,6 +25,7 @@ from common.data.batches import StepBatch
 from common.errors import Unsupported
 from common.final_params import FIELD as FINAL_PARAMS
 from common.final_params import summarise
+from common.peak_flops import PRECISION_MATH
 from common.sections import CommPerStep, Fp32Math, StateBytesPerRank, TrainableParams, merged
 
 MLM_TARGETS = ("mask_ids", "mask_weights")
@@ -267,6 +268,26 @@ class JaxTrainer:
             return int(sum(s.get("peak_bytes_in_use", 0) for s in stats))
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
+    def time_matmul(self, n: int, repeats: int) -> tuple[str, list[float]]:
+        """(math mode, seconds of each of `repeats` rounds of one n x n x n product on every device this process
+        drives, all at once, after an untimed round): common.achievable's probe, as the step runs its devices."""
+        devices = jax.local_devices()
+        dtype = jnp.bfloat16 if self.cfg.precision == "amp" else jnp.float32
+        sharding = NamedSharding(jax.sharding.Mesh(np.array(devices), ("d",)), P("d"))
+        host = np.random.default_rng(0).standard_normal((len(devices), n, n), np.float32).astype(dtype)
+        a, b = jax.device_put(host, sharding), jax.device_put(host, sharding)
+        products = jax.jit(lambda x, y: jnp.sum(jnp.matmul(x, y), axis=(1, 2)))
+        jax.block_until_ready(products(a, b))
+        seconds = [self._timed(products, a, b)[1] for _ in range(repeats)]
+        return self._math_mode(), seconds
+
+    def _math_mode(self) -> str:
+        """What a product runs as: the precision's, or TF32 for float32 on GPUs (XLA's default matmul precision)."""
+        exact = jax.config.jax_default_matmul_precision in ("highest", "float32")
+        if self.cfg.precision == "fp32" and self.cfg.device_kind == "cuda" and not exact:
+            return "tf32"
+        return PRECISION_MATH[self.cfg.precision]
+
     # ------------------------------------------------------------------ what the record gets
     def _device_order(self) -> list[int]:
         """Device ids in rank order: the mesh's (batch, model) grid, model innermost (common.layout's ranks)."""
@@ -314,8 +335,6 @@ class JaxTrainer:
                        "recompiled_in_measured_window": late,
                        "compile_detection": "the step is lowered and compiled explicitly before its first call"}
         trainable = int(sum(np.prod(a.shape) for a in self.trainable))
-        # XLA runs float32 products as TF32 on GPUs that have it unless the matmul precision says otherwise.
-        exact = jax.config.jax_default_matmul_precision in ("highest", "float32")
-        fp32 = Fp32Math("tf32" if self.cfg.device_kind == "cuda" and not exact else "fp32")
+        fp32 = Fp32Math("tf32" if self._math_mode() == "tf32" else "fp32")
         return merged(TrainableParams(trainable), fp32, self._state_bytes(), self._comm(), **compile_log,
                       xla_step_memory_per_device=self._memory_analysis(), **{FINAL_PARAMS: self._final_params()})

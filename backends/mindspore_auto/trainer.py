@@ -20,6 +20,7 @@ from mindspore import Tensor, amp, nn, ops
 from mindspore.communication import GlobalComm
 from mindspore.experimental.optim import AdamW
 
+from backends.mindspore_auto.matmul import time_matmul
 from backends.mindspore_auto.models import INPUT_COLUMNS
 from backends.mindspore_auto.parallel_config import ParallelConfig
 from common.config import RunConfig
@@ -360,6 +361,19 @@ class MindSporeTrainer:
         if self.loss_scaler is None:
             return {}
         return {"loss_scale_final": self._loss_scale(), "loss_scale_skipped_steps": self.skipped_steps}
+
+    allocator_source = "mindspore.runtime.memory_allocated and max_memory_allocated"
+
+    def allocator_memory(self, reset: bool) -> tuple[int, int] | None:
+        if self.cfg.device_kind == "cpu":
+            return None
+        held, peak = int(ms.runtime.memory_allocated()), int(ms.runtime.max_memory_allocated())
+        if reset:
+            ms.runtime.reset_peak_memory_stats()
+        return held, peak
+
+    def time_matmul(self, n: int, repeats: int) -> tuple[str, list[float]]:
+        return time_matmul(self.cfg.precision, n, repeats)
 
     def peak_memory_bytes(self) -> int:
         if self.cfg.device_kind != "cpu":

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from backends.keras_common.optimizer import TorchAdamW
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from backends.tf_mirrored.matmul import time_matmul
 from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import StepBatch
@@ -284,6 +285,21 @@ class KerasTrainer:
         tf32 = self.device_kind == "cuda" and tf.config.experimental.tensor_float_32_execution_enabled()
         return {**(self.compile_log.metrics() if self.cfg.compile else {}), **scaling,
                 **Fp32Math("tf32" if tf32 else "fp32").to_metrics()}
+
+    allocator_source = "tf.config.experimental.get_memory_info current and peak, summed over the logical GPUs"
+
+    def allocator_memory(self, reset: bool) -> tuple[int, int] | None:
+        if self.device_kind != "cuda":
+            return None
+        names = [d.name for d in tf.config.list_logical_devices("GPU")]
+        infos = [tf.config.experimental.get_memory_info(name) for name in names]
+        if reset:
+            for name in names:
+                tf.config.experimental.reset_memory_stats(name)
+        return sum(i["current"] for i in infos), sum(i["peak"] for i in infos)
+
+    def time_matmul(self, n: int, repeats: int) -> tuple[str, list[float]]:
+        return time_matmul(list(self.strategy.extended.worker_devices), self.cfg.precision, n, repeats)
 
     def peak_memory_bytes(self) -> int:
         if self.device_kind == "cuda":

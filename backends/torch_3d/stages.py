@@ -70,7 +70,9 @@ class CnnWithLoss(nn.Module):
         return torch.stack([loss, correct.float()])
 
 
-def stage_module(workload: str, model: nn.Module, layout: Layout, stage: int) -> nn.Module:
+def stage_module(workload: str, model: nn.Module, layout: Layout, stage: int, global_batch: int) -> nn.Module:
+    """This stage's part of the model; its layers follow --stage-split (common.layout.Layout.stage_layers)."""
     if workload == "cnn":
         return CnnWithLoss(model)
-    return BertStage(model, layout.stage_layers(stage, model.spec.layers), stage == 0, stage == layout.pp - 1)
+    layers = layout.stage_layers(stage, model.spec, global_batch // layout.dp)
+    return BertStage(model, layers, stage == 0, stage == layout.pp - 1)

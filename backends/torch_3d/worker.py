@@ -48,8 +48,8 @@ class LayoutWorker(process_group.RankWorker):
         torch.manual_seed(cfg.seed)
         model = initialised_model(cfg.workload, cfg.spec, weights).to(process.device)
         trainable = param_count(model)
-        stage = parallelize(stage_module(cfg.workload, model, cfg.layout, self.where.coords["pp"]), cfg.layout,
-                            self.where.mesh)
+        part = stage_module(cfg.workload, model, cfg.layout, self.where.coords["pp"], cfg.global_batch)
+        stage = parallelize(part, cfg.layout, self.where.mesh)
         return LayoutTrainer(stage, cfg, process.device, process.rank, process.processes, self.where,
                              trainable), data.train
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.torch_common.comm import CommCounter, link_probe
+from backends.torch_common.matmul import time_matmul
 from backends.torch_common.weights import final_params
 from common.checkpoints import commit, valid_checkpoints
 from common.compile_log import CompileLog
@@ -75,8 +76,11 @@ def sample_count(tensors: dict[str, torch.Tensor]) -> float:
 class TorchTrainer:
     def __init__(self, model: nn.Module, core: nn.Module, cfg: RunConfig, device: torch.device,
                  rank: int = 0, world: int = 1, metrics: Callable[[], dict] | None = None,
-                 count_comm_in: Callable[[CommCounter], None] | None = None):
+                 count_comm_in: Callable[[CommCounter], None] | None = None,
+                 memory_devices: list[int] | None = None):
         self.model, self.core, self.cfg, self.device = model, core, cfg, device
+        # The CUDA devices whose allocators hold this process's training: DataParallel's replicas, else its own.
+        self._memory_devices = memory_devices or ([device] if device.type == "cuda" else [])
         # Where the probe steps count communication: by default every op of the step passes the counter (a
         # dispatch mode, slow for a many-op model); a backend whose collectives all pass one place (DDP's comm
         # hook) counts them there instead, installed before the first probe step.
@@ -253,6 +257,21 @@ class TorchTrainer:
             return Fp32Math(fp32).to_metrics()
         return {**Fp32Math(fp32).to_metrics(), "loss_scale_final": float(self.scaler.get_scale()),
                 "loss_scale_skipped_steps": self.skipped_steps}
+
+    allocator_source = "torch.cuda.memory_allocated and max_memory_allocated, summed over the process's devices"
+
+    def allocator_memory(self, reset: bool) -> tuple[int, int] | None:
+        if not self._memory_devices:
+            return None
+        held = sum(int(torch.cuda.memory_allocated(d)) for d in self._memory_devices)
+        peak = sum(int(torch.cuda.max_memory_allocated(d)) for d in self._memory_devices)
+        if reset:
+            for d in self._memory_devices:
+                torch.cuda.reset_peak_memory_stats(d)
+        return held, peak
+
+    def time_matmul(self, n: int, repeats: int) -> tuple[str, list[float]]:
+        return time_matmul(self.device, self.cfg.precision, n, repeats)
 
     def peak_memory_bytes(self) -> int:
         if self.device.type == "cuda":

@@ -96,7 +96,8 @@ class DataParallelWorker(worker.Worker):
                 "memory_imbalance": max(per_device) / max(1, min(per_device)) if per_device else None,
             }
 
-        trainer = TorchTrainer(model, core, cfg, process.device, metrics=metrics)
+        trainer = TorchTrainer(model, core, cfg, process.device, metrics=metrics,
+                               memory_devices=list(dict.fromkeys(device_ids)))
         if len(set(device_ids)) < len(device_ids):
             reason = probe_repeated_device(model, core, cfg, trainer.to_device(data.train.get(0).micro[0]))
             if reason:

@@ -3,6 +3,7 @@ its table and figures."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pandas as pd
 
@@ -14,6 +15,7 @@ from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
 from bench.reporting.plots import PLOTTERS, Plot, mark_absent
 from bench.reporting.series import DATA_NAMES, Series, build_series
 from bench.reporting.tables import workload_table
+from bench.reporting.validation import validation_blocks
 from common.results import STATUSES, summary_frame
 
 
@@ -163,5 +165,5 @@ def build_report(records: list[dict], results: str, filters: str = "", skipped: 
         blocks += section + extra
         plots[workload] += layout_plots
     repeated, plots["repeats"] = repeats_section(records)
-    blocks += repeated + calibration_blocks(records) + breakdown_blocks(records)
+    blocks += repeated + calibration_blocks(records) + breakdown_blocks(records) + validation_blocks(Path(results))
     return blocks, plots

@@ -11,14 +11,17 @@ import pandas as pd
 
 from bench.reporting.tables import fmt_efficiency, fmt_number, fmt_share
 from common.layout import Layout
-from common.sections import COMM_KINDS, STATE_PARTS, Bubble, CommPerStep, StateBytesPerRank
+from common.sections import COMM_KINDS, STATE_PARTS, Bubble, CommPerStep, Memory, StateBytesPerRank
 
 LAYOUT_SWEEP_PREFIX = "layouts-"
 # Rows of one comparison: the reference must match all of these, and the run count of devices must be 1.
 REFERENCE_KEYS = ("sweep_id", "host", "backend", "workload", "data", "device_kind", "global_batch", "accumulation")
-COLUMNS = ["layout", "backend", "N", "status", "samples/s", "efficiency vs 1 device", "peak memory max (MiB)",
-           "peak memory per rank (MiB)", "params+grads+optimizer per rank (MiB)", "bubble analytic",
-           "bubble measured per stage", "communication per step per rank (MiB)", "compile (s)", "reason / notes"]
+# peak memory: the process's (common.loop); training memory: the growth from the first step to the peak of the
+# training steps (common.memory), which shows what sharding and splitting save where the process peak hides it.
+COLUMNS = ["layout", "backend", "N", "status", "samples/s", "efficiency vs 1 device", "MFU (measured peak)",
+           "peak memory max (MiB)", "peak memory per rank (MiB)", "training memory per rank (MiB)",
+           "params+grads+optimizer per rank (MiB)", "bubble analytic", "bubble measured per stage",
+           "communication per step per rank (MiB)", "compile (s)", "reason / notes"]
 
 
 def _splits(layout: dict | None) -> bool:
@@ -81,7 +84,14 @@ def mib(nbytes) -> float:
 
 
 def _per_rank(values) -> str:
-    return ", ".join(f"{mib(v):,.1f}" for v in values) if values else ""
+    return ", ".join("?" if v is None else f"{mib(v):,.1f}" for v in values) if values else ""
+
+
+def _training(memory: Memory | None) -> str:
+    """Per rank, and per process where one process drives several devices."""
+    if not memory or not any(v is not None for v in memory.training_per_rank):
+        return ""
+    return _per_rank(memory.training_per_rank) + (" (per process)" if memory.processes_share else "")
 
 
 def _state(state: StateBytesPerRank | None) -> str:
@@ -127,8 +137,10 @@ def layout_table(frame: pd.DataFrame, records_by_id: dict[str, dict], workload: 
         peaks = r.get("peak_memory_per_rank") or ([r["peak_memory_bytes"]] if r.get("peak_memory_bytes") else [])
         analytic, measured = _bubble(Bubble.from_metrics(metrics))
         body.append([row.layout, row.backend, str(row.devices), row.status, fmt_number(row.samples_per_s),
-                     fmt_efficiency(row.efficiency), fmt_number(mib(max(peaks))) if peaks else "",
-                     _per_rank(peaks), _state(StateBytesPerRank.from_metrics(metrics)), analytic, measured,
+                     fmt_efficiency(row.efficiency), fmt_share(r.get("mfu_achievable")),
+                     fmt_number(mib(max(peaks))) if peaks else "", _per_rank(peaks),
+                     _training(Memory.from_record(r)), _state(StateBytesPerRank.from_metrics(metrics)),
+                     analytic, measured,
                      _comm(CommPerStep.from_metrics(metrics)), fmt_number(metrics.get("compile_s")),
                      _remark(r, row)])
     return COLUMNS, body

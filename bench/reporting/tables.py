@@ -76,14 +76,14 @@ def workload_table(frame: pd.DataFrame, records_by_id: dict[str, dict], workload
     metrics = sorted({m for m in rows.eval_metric.dropna()}) or ["accuracy"]
     unit = throughput_unit(workload)
     columns = ["backend", *(FIELD_HEADERS[f] for f in fields), "device", "N", "data", "status", unit,
-               "scaling efficiency", "MFU", "step p50 (ms)", "step p90 (ms)", "data wait", "peak memory (MiB)",
-               "/".join(metrics), "reason / notes"]
+               "scaling efficiency", "MFU", "MFU (measured peak)", "step p50 (ms)", "step p90 (ms)", "data wait",
+               "peak memory (MiB)", "/".join(metrics), "reason / notes"]
     body = []
     for row in rows.itertuples():
         throughput = row.tokens_per_s if workload == "mlm" else row.samples_per_s
         body.append([row.backend, *(describe_field(f, getattr(row, f)) for f in fields), device_cell(row),
                      str(row.devices), describe_field("data", row.data), row.status, fmt_number(throughput),
-                     fmt_efficiency(row.scaling_efficiency), fmt_share(row.mfu),
+                     fmt_efficiency(row.scaling_efficiency), fmt_share(row.mfu), fmt_share(row.mfu_achievable),
                      fmt_ms(row.step_time_p50), fmt_ms(row.step_time_p90), fmt_share(row.data_wait_fraction),
                      fmt_mib(row.peak_memory_bytes), fmt_accuracy(row.eval_value),
                      remark(row, records_by_id[row.run_id])])

@@ -1,0 +1,28 @@
+"""MindSpore's part of the achievable-peak probe (common.achievable): timed square products on this
+process's device."""
+from __future__ import annotations
+
+import time
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, ops
+
+from common.peak_flops import PRECISION_MATH
+
+# The dtype a run's --precision puts MindSpore's matrix products in (amp O1's float16 MatMul for fp16).
+MATMUL_DTYPES = {"fp16": ms.float16, "fp32": ms.float32}
+
+
+def time_matmul(precision: str, n: int, repeats: int, seed: int = 0) -> tuple[str, list[float]]:
+    """(math mode, seconds of each of `repeats` n x n x n products after an untimed one); each product is
+    reduced to a scalar and read, which waits for the device."""
+    rng = np.random.default_rng(seed)
+    a, b = (Tensor(rng.standard_normal((n, n), np.float32), MATMUL_DTYPES[precision]) for _ in range(2))
+    ops.matmul(a, b).sum().asnumpy()
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        ops.matmul(a, b).sum().asnumpy()
+        seconds.append(time.perf_counter() - t0)
+    return PRECISION_MATH[precision], seconds

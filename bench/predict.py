@@ -1,0 +1,250 @@
+"""python -m bench.predict --from RESULTS --hardware NAME|FILE --devices 8,64,512 --layouts dp,fsdp,tp2xdp,pp4-1f1b
+                          [--workload mlm] [--model-size base] [--global-batch B] [--assume-mfu 0.4]
+python -m bench.predict --validate RESULTS [--hardware NAME|FILE]
+
+Predicts a training step of each layout at each device count on the hardware described (step time, samples/s,
+efficiency, memory per rank, whether it fits, the exposed communication and bubble), from a 1-device run
+measured on that kind of device or from an MFU the user states, labelled as an assumption. --validate
+predicts every multi-device run of a results folder from its 1-device runs and link probes, prints predicted
+against measured, and writes RESULTS/validation.json. The model: common/predict (README: Predicting a layout).
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
+from bench.reporting import validation as validation_report
+from bench.reporting.prediction_plot import prediction_plot
+from common.config import PRECISIONS
+from common.errors import BadInput
+from common.layout import Layout
+from common.peak_flops import device_model
+from common.predict import hardware as hardware_files
+from common.predict.basis import Basis, from_mfu, from_records
+from common.predict.layouts import at_devices, check_name
+from common.predict.step import predict
+from common.predict.validation import references, validate
+from common.results import load_records, write_atomic, write_json_atomic
+from common.spec import BERT_SIZES, DEFAULTS, model_spec
+
+DEFAULT_CPU_HARDWARE = "cpu-loopback-2core"
+GIB = 2**30
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="bench.predict", description=__doc__.split("\n\n")[0])
+    p.add_argument("--validate", metavar="RESULTS", help="predict every multi-device run of RESULTS from its "
+                   "1-device runs and link probes; print and write RESULTS/validation.json")
+    p.add_argument("--from", dest="source", metavar="RESULTS",
+                   help="results folder whose 1-device run on the --hardware's kind of device gives the compute")
+    p.add_argument("--hardware", metavar="NAME|FILE",
+                   help=f"a bundled description ({', '.join(hardware_files.available())}) or a TOML file of "
+                        f"yours (common/predict/hardware/README.md); --validate defaults to {DEFAULT_CPU_HARDWARE}")
+    p.add_argument("--devices", type=int_list, default=[8, 64, 512], help="device counts (default 8,64,512)")
+    p.add_argument("--layouts", default="dp,fsdp,tp2xdp,tp8xdp,pp4-1f1b",
+                   help="layout names (README: Layouts); a bare dp or fsdp takes the devices the rest leave")
+    p.add_argument("--workload", choices=workload_names(), default="mlm")
+    p.add_argument("--model-size", choices=sorted(BERT_SIZES), default="base")
+    p.add_argument("--global-batch", type=positive_int,
+                   help="global batch at every device count (default: the workload's per-device batch x devices)")
+    p.add_argument("--assume-mfu", type=positive_float, metavar="MFU",
+                   help="compute at this fraction of the device's datasheet peak instead of a measured run "
+                        "(labelled as an assumption in every table and figure)")
+    p.add_argument("--precision", choices=PRECISIONS, default="amp",
+                   help="with --assume-mfu: the math mode whose peak the MFU is of (default amp: bf16)")
+    p.add_argument("--out", help="folder for the figure and predictions.json (default: --from's folder, "
+                                 "else ./predictions)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(width=200)
+    try:
+        if args.validate:
+            return run_validation(console, Path(args.validate), args.hardware or DEFAULT_CPU_HARDWARE)
+        if not args.hardware:
+            parser.error("--hardware is needed to predict (or --validate RESULTS)")
+        if not args.source and args.assume_mfu is None:
+            parser.error("give --from RESULTS (a measured 1-device run) or --assume-mfu MFU")
+        return run_prediction(console, args)
+    except (ValueError, BadInput) as exc:
+        parser.error(str(exc))
+    return 2
+
+
+# -- validation ------------------------------------------------------------------------------------------
+
+def run_validation(console: Console, results: Path, hardware_name: str) -> int:
+    if not (results / "runs").is_dir():
+        raise ValueError(f"--validate {results}: no runs/ folder of run records there")
+    hardware = hardware_files.load(hardware_name)
+    result = validate(load_records(results), hardware)
+    if not result["runs"] and not result["skipped"]:
+        raise ValueError(f"--validate {results}: no ok multi-device run to predict")
+    write_json_atomic(results / validation_report.FILE, result)
+    table = Table(title=f"predicted vs measured, {results}", title_justify="left")
+    for column in validation_report.COLUMNS:
+        table.add_column(column, overflow="fold")
+    for row in validation_report.rows(result):
+        table.add_row(*(escape(cell) for cell in row))
+    console.print(table)
+    for skipped in result["skipped"]:
+        console.print(f"left out: {skipped['run_id']}: {escape(skipped['why'])}")
+    console.print(validation_report.summary_line(result, str(results / validation_report.FILE)))
+    return 0
+
+
+# -- prediction ------------------------------------------------------------------------------------------
+
+def _device_kind_of(record: dict) -> str:
+    """A record's device: 'cpu', or the GPU model common.peak_flops knows it by."""
+    if record.get("device_kind") != "cuda":
+        return str(record.get("device_kind"))
+    gpus = (record.get("host") or {}).get("gpus") or []
+    found = device_model(gpus[0] if gpus else None)
+    return found[0] if found else "cuda"
+
+
+def _target_kind(hardware) -> str:
+    if hardware.device_kind != "cuda":
+        return hardware.device_kind
+    found = device_model(hardware.device_name)
+    return found[0] if found else "cuda"
+
+
+def measured_basis(results: Path, hardware, workload: str, size: str) -> tuple[Basis, dict]:
+    """The basis from RESULTS' 1-device runs on the hardware's kind of device; ValueError (one line) when
+    there is none, naming the devices the folder does hold."""
+    records = [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
+               and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")]
+    target = _target_kind(hardware)
+    usable = [r for r in records if _device_kind_of(r) == target]
+    if not usable:
+        held = sorted({_device_kind_of(r) for r in records}) or ["none"]
+        raise ValueError(f"{results} has no 1-device {workload} run on {target} (its runs: {', '.join(held)}); "
+                         f"compute measured on one kind of device does not predict {hardware.name}: "
+                         "pass --assume-mfu MFU to predict from an assumed utilisation")
+    # torch_3d runs layouts; a run of the size asked for, the latest.
+    usable.sort(key=lambda r: (r["backend"] == "torch_3d", (r.get("config") or {}).get("model_size") == size,
+                               r.get("started_at") or ""), reverse=True)
+    main = usable[0]
+    spec = model_spec(workload, (main.get("config") or {}).get("model_size") or "tiny")
+    refs = references(main, records) or [main]
+    return from_records(spec, refs), main
+
+
+def measured_peak(results: Path, hardware, precision: str) -> float | None:
+    """The latest achievable matmul peak (record["achievable_peak"]) a run in RESULTS measured on the
+    hardware's kind of device at `precision`; None when none did."""
+    target = _target_kind(hardware)
+    found = [r for r in load_records(results) if r.get("status") == "ok" and _device_kind_of(r) == target
+             and (r.get("config") or {}).get("precision") == precision
+             and ((r.get("achievable_peak") or {}).get("flops_per_s"))]
+    found.sort(key=lambda r: r.get("started_at") or "")
+    return float(found[-1]["achievable_peak"]["flops_per_s"]) if found else None
+
+
+def run_prediction(console: Console, args) -> int:
+    hardware = hardware_files.load(args.hardware)
+    spec = model_spec(args.workload, args.model_size)
+    source = Path(args.source) if args.source else None
+    main = None
+    if args.assume_mfu is not None:
+        achievable = measured_peak(source, hardware, args.precision) if source else None
+        basis = from_mfu(args.assume_mfu, hardware, args.precision, achievable)
+        backend = "torch_3d"
+    else:
+        basis, main = measured_basis(source, hardware, args.workload, args.model_size)
+        backend = main["backend"]
+        measured_size = (main.get("config") or {}).get("model_size")
+        if args.workload == "mlm" and measured_size != args.model_size:
+            basis = _relabel(basis, f"; measured at size {measured_size}, scaled to {args.model_size} by "
+                                    "multiply-adds (an assumption)")
+    validation = validation_report.load(source) if source else None
+    rests_on = (validation_report.summary_line(validation, str(source / validation_report.FILE)) if validation
+                else "Not validated: " + (f"no {validation_report.FILE} in {source} (run bench.predict --validate "
+                                          f"{source})." if source else "no results folder given (--from)."))
+    if basis.assumed:
+        rests_on += " The compute is ASSUMED (--assume-mfu), not measured: the validation does not cover it."
+    names = [e.strip() for e in args.layouts.split(",") if e.strip()]
+    for name in names:
+        check_name(name)
+    rows = []
+    for n in args.devices:
+        batch = args.global_batch or DEFAULTS[args.workload].per_device_batch * n
+        one = _one_device_rate(spec, batch / n, basis, hardware, backend)
+        for name in names:
+            rows.append(_row(spec, name, n, batch, basis, hardware, backend, one))
+    out = Path(args.out) if args.out else (source if source else Path("predictions"))
+    title = (f"{args.workload} {args.model_size} on {hardware.name}: predicted per layout\n"
+             f"{basis.label}")
+    slug = f"predict-{args.workload}-{args.model_size}-{hardware.name}"
+    _print(console, rows, hardware, basis, rests_on, title)
+    plot = prediction_plot(rows, hardware.memory_bytes, title, rests_on, slug)
+    written = [write_atomic(out / "plots" / f"{slug}.png", plot.png()),
+               write_json_atomic(out / f"{slug}.json", {"hardware": hardware.name, "hardware_file": hardware.path,
+                                                         "compute": basis.label, "assumed": basis.assumed,
+                                                         "validation": rests_on, "workload": args.workload,
+                                                         "model_size": args.model_size, "rows": rows})]
+    console.print(f"figure: {written[0]}; table: {written[1]}")
+    return 0
+
+
+def _relabel(basis: Basis, extra: str) -> Basis:
+    return replace(basis, label=basis.label + extra)
+
+
+def _one_device_rate(spec, per_device_batch: float, basis: Basis, hardware, backend: str) -> float:
+    """Samples/s of one device at the per-device batch: what N devices are held against (efficiency)."""
+    return predict(spec, Layout(), per_device_batch, basis, hardware, backend).samples_per_s
+
+
+def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, backend: str, one: float) -> dict:
+    row = {"layout": name, "devices": devices, "global_batch": batch}
+    try:
+        layout = at_devices(name, devices)
+        layout.validate(spec, batch)
+        p = predict(spec, layout, batch, basis, hardware, backend)
+    except (ValueError, BadInput) as exc:
+        return {**row, "invalid": str(exc)}
+    memory = p.memory_per_rank or p.model_per_rank
+    return {**row, "layout_full": layout.name, "step_s": p.step_s, "samples_per_s": p.samples_per_s,
+            "efficiency": p.samples_per_s / (devices * one), "memory_per_rank_max": max(memory),
+            "state_per_rank_max": max(s.total for s in p.state_per_rank), "fits": p.fits(hardware.memory_bytes),
+            "comm_exposed_share": p.comm_exposed_s / p.step_s, "bubble_share": p.bubble_s / p.step_s,
+            "parts_s": {"compute": p.compute_s, "comm_exposed": p.comm_exposed_s, "bubble": p.bubble_s,
+                        "optimizer": p.optimizer_s, "overhead": p.overhead_s},
+            "collectives": [asdict(c) for c in p.collectives], "notes": p.notes}
+
+
+def _print(console: Console, rows: list[dict], hardware, basis: Basis, rests_on: str, title: str) -> None:
+    table = Table(title=title, title_justify="left", caption=rests_on, caption_justify="left")
+    for column in ("layout", "N", "as", "step (ms)", "samples/s", "efficiency", "memory/rank (GiB)", "fits",
+                   "exposed comm", "bubble"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        if "invalid" in r:
+            table.add_row(r["layout"], str(r["devices"]), "", "", "", "", "", "", "", escape(r["invalid"]))
+            continue
+        table.add_row(r["layout"], str(r["devices"]), r["layout_full"], f"{r['step_s'] * 1e3:,.1f}",
+                      f"{r['samples_per_s']:,.0f}", f"{r['efficiency']:.2f}", f"{r['memory_per_rank_max'] / GIB:,.2f}",
+                      "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}", f"{r['bubble_share']:.0%}")
+    console.print(table)
+    for n in sorted({r["devices"] for r in rows}):
+        fitting = [r for r in rows if r["devices"] == n and r.get("fits")]
+        best = max(fitting, key=lambda r: r["samples_per_s"], default=None)
+        console.print(f"best at {n} devices: " + (f"{best['layout_full']} ({best['samples_per_s']:,.0f} samples/s)"
+                                                  if best else "no layout fits"))
+    console.print(f"hardware: {hardware.name} ({hardware.path}); compute: {escape(basis.label)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

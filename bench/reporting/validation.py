@@ -1,0 +1,93 @@
+"""The validation table: each multi-device run predicted from its folder's 1-device runs and link probes
+(common.predict.validation), against what it measured. bench.predict --validate prints it, bench.report
+shows it when RESULTS/validation.json exists, and every prediction table quotes its summary."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.reporting.document import Block, Heading, Table, Text
+from bench.reporting.tables import fmt_share
+
+FILE = "validation.json"
+COLUMNS = ["backend", "layout", "N", "step predicted (ms)", "step measured (ms)", "step error",
+           "error ignoring load", "memory/rank error", "training memory/rank error", "state bytes exact",
+           "idle per stage predicted", "idle per stage measured", "comm bytes as counted", "notes"]
+
+
+def load(results: Path) -> dict | None:
+    path = Path(results) / FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _signed(value) -> str:
+    return "" if value is None else f"{value:+.1%}"
+
+
+def _shares(values) -> str:
+    return ", ".join(fmt_share(v) for v in values) if values else ""
+
+
+def _comm(check: dict | None) -> str:
+    if not check:
+        return ""
+    same = all(v["predicted"] == v["measured"] for v in check.values())
+    return "yes" if same else "; ".join(f"{k}: {v['predicted']} vs {v['measured']}" for k, v in check.items()
+                                        if v["predicted"] != v["measured"])
+
+
+def rows(validation: dict) -> list[list[str]]:
+    body = []
+    for r in validation["runs"]:
+        step, idle = r["step_s"], r.get("idle_per_stage") or {}
+        notes = (["oversubscribed"] if r["oversubscribed"] else []) + list(r.get("notes") or [])
+        exact = r["state_bytes_per_rank"]["exact"]
+        body.append([r["backend"], r["layout"], str(r["devices"]), f"{step['predicted'] * 1e3:,.0f}",
+                     f"{step['measured'] * 1e3:,.0f}", _signed(step["error"]),
+                     _signed(step.get("error_ignoring_load")), _signed(r["memory_per_rank"]["error"]),
+                     _signed((r.get("training_memory_per_rank") or {}).get("error")),
+                     "" if exact is None else ("yes" if exact else "NO"), _shares(idle.get("predicted")),
+                     _shares(idle.get("measured")), _comm(r.get("comm_per_step")), "; ".join(notes)])
+    return body
+
+
+def summary_line(validation: dict, source: str) -> str:
+    """One sentence: the error a prediction rests on."""
+    s = validation["summary"]["all"]
+    step, memory = s["step_s"], s["memory_per_rank"]
+    if not step["runs"]:
+        return f"Validation ({source}): no run could be predicted."
+    text = (f"Validation ({source}, hardware {validation['hardware']}): step time median |error| "
+            f"{step['median_abs_error']:.1%}, largest {step['max_abs_error']:.1%} over {step['runs']} runs")
+    if memory["runs"]:
+        text += f"; memory per rank median {memory['median_abs_error']:.1%}, largest {memory['max_abs_error']:.1%}"
+    training = s.get("training_memory_per_rank") or {}
+    if training.get("runs"):
+        text += (f"; training memory median {training['median_abs_error']:.1%}, largest "
+                 f"{training['max_abs_error']:.1%}")
+    text += f"; state bytes exact in {s['state_bytes_exact']} of {s['state_bytes_compared']}"
+    over = validation["summary"]["oversubscribed_runs"]
+    skipped = validation["summary"]["skipped_runs"]
+    if over:
+        text += f"; {over} run(s) oversubscribed, predicted as such"
+    if skipped:
+        text += f"; {skipped} run(s) left out (see {FILE})"
+    return text + "."
+
+
+def validation_blocks(results: Path) -> list[Block]:
+    validation = load(results)
+    if not validation:
+        return []
+    return [Heading("Prediction against measurement", 2),
+            Text("Every multi-device run predicted by `bench.predict --validate` from this folder's 1-device runs "
+                 "and link probes only (README: Predicting a layout). Errors are (predicted - measured) / measured "
+                 "of the median step and of each rank's peak memory (the worst rank); training memory is the growth "
+                 "over the start where a record measured it (record[\"memory\"]). " +
+                 summary_line(validation, FILE)),
+            Table(COLUMNS, rows(validation))]

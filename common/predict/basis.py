@@ -1,0 +1,189 @@
+"""What a prediction's compute rests on: measured 1-device records, or an MFU the user states.
+
+From a measured 1-device record (the target device, same backend, workload and size):
+  - its measured step (the median of the measured window, step_time_s.p50) split by the shares of its
+    --breakdown-steps probe (forward+backward, optimizer, the rest); the probe's own durations are not used,
+    only its shares, because probe steps run after the evaluation and on a loaded machine take longer;
+  - forward+backward time per forward multiply-add per sample (common.predict.work), and, when the folder
+    holds 1-device runs of one global batch at two micro-batch counts, a fixed cost per micro-batch
+    (launches, the dense embedding gradient) fitted from the two: fb(K) = K x c + B x macs x t;
+  - the optimizer's time per parameter element, the rest (data, Python) per step;
+  - memory: the process peak and, where the record has it, the training's own memory (record["memory"]
+    ["training_per_rank"]), each less what the model counts for that run (common.predict.memory), as the
+    framework's fixed overhead.
+From an assumed MFU: forward+backward = 6 FLOPs per forward multiply-add at mfu x the datasheet peak
+(common.peak_flops); the optimizer bound by memory bandwidth (AdamW reads parameter, gradient and two
+moments and writes three: 28 bytes per float32 element); no fixed per-step or per-micro-batch cost, and no
+framework overhead in memory (what torch.cuda.max_memory_allocated counts: tensors only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.layout import Layout
+from common.loop import EVAL_BATCH
+from common.peak_flops import PRECISION_MATH, peak_flops
+from common.predict.hardware import GB, Hardware
+from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes, transient_bytes, value_bytes
+from common.predict.work import parts
+from common.sections import Breakdown, StateBytesPerRank
+from common.spec import BertSpec, CnnSpec
+
+ADAMW_BYTES_PER_ELEMENT = 28
+TRAINING_FLOPS_PER_MAC = 6
+
+
+@dataclass(frozen=True)
+class Basis:
+    s_per_mac_sample: float        # forward+backward seconds per forward multiply-add of one sample
+    s_per_micro_batch: float       # fixed forward+backward cost per micro-batch
+    s_per_param: float             # optimizer seconds per parameter element a rank updates
+    s_per_step: float              # data, Python and the rest, per step
+    memory_overhead: float | None  # process peak beyond state + activations (bytes)
+    training_overhead: float | None  # the training's own memory beyond state + activations (bytes)
+    threads_per_device: int | None
+    cores: int | None
+    label: str                     # what the compute rests on, for every table and figure
+    background: float = 0.0        # runnable threads of other programs while the 1-device run ran (CPU)
+    precision: str = "fp32"        # --precision: activations take 2 bytes a value under amp/fp16
+    record_ids: tuple[str, ...] = ()
+
+    @property
+    def assumed(self) -> bool:
+        return not self.record_ids
+
+
+def background_load(record: dict) -> float:
+    """Other programs' runnable threads during a CPU run: the 1-minute load average the record took after it,
+    less the run's own threads (a crude figure: the average also holds the minute before the run)."""
+    after = (record.get("load") or {}).get("loadavg_1m_after")
+    if after is None or record.get("device_kind") != "cpu":
+        return 0.0
+    own = (record.get("devices") or 1) * (record.get("threads_per_device") or 1)
+    return max(0.0, float(after) - own)
+
+
+def record_layout(record: dict) -> Layout:
+    return Layout.from_record(record.get("layout") or {})
+
+
+def accumulation(record: dict) -> int:
+    grad_accum = (record.get("config") or {}).get("grad_accum") or 1
+    return record_layout(record).accumulation(grad_accum)
+
+
+def stage_split(record: dict) -> list[int] | None:
+    """Encoder layers per pipeline stage as a run placed them: layout.layers_per_stage where torch_3d records
+    it, else a layout.stage_split of counts ("3,1" or [3, 1]); None: the even split."""
+    layout = record.get("layout") or {}
+    placed = layout.get("layers_per_stage")
+    if placed:
+        return [int(n) for n in placed]
+    split = layout.get("stage_split")
+    if isinstance(split, list):
+        return [int(n) for n in split]
+    if isinstance(split, str) and split.replace(",", "").isdigit():
+        return [int(n) for n in split.split(",")]
+    return None
+
+
+def _shares(record: dict) -> tuple[float, float, float]:
+    """(forward+backward, optimizer, rest) shares of a 1-device step from its breakdown probe."""
+    b = Breakdown.from_metrics(record.get("backend_metrics"))
+    if b is None or not b.total_s:
+        return 1.0, 0.0, 0.0
+    return b.forward_backward_s / b.total_s, b.optimizer_s / b.total_s, \
+        (b.data_s + b.other_s + b.grad_comm_s) / b.total_s
+
+
+def evaluated(record: dict) -> bool:
+    """Whether the run evaluated (common.loop's final evaluation, unless --skip-eval): its peak may be there."""
+    return not (record.get("config") or {}).get("skip_eval")
+
+
+def measured_memory(record: dict, which: str) -> list[float | None]:
+    """Per process, a record's memory figure: `process_peak_per_rank` (record["memory"], else the older
+    peak_memory_per_rank) or `training_per_rank` (record["memory"] only). A process that drives several
+    devices (tf_mirrored, keras_jax in one process) has one figure for all of them."""
+    memory = record.get("memory") or {}
+    values = memory.get(which)
+    if values is None and which == "process_peak_per_rank":
+        values = record.get("peak_memory_per_rank") or [record.get("peak_memory_bytes")]
+    return list(values or [None])
+
+
+def per_process(per_device: list[float], processes: int, overhead: float) -> list[float]:
+    """Per-device predictions gathered into `processes` processes of consecutive ranks, each with the
+    framework's overhead once."""
+    k = max(1, len(per_device) // max(processes, 1))
+    return [overhead + sum(per_device[i:i + k]) for i in range(0, len(per_device), k)]
+
+
+def _counted_memory(spec, record: dict) -> tuple[float, float]:
+    """What the model counts of a 1-device run's memory: (its process peak: state + the larger of training's
+    and evaluation's live values; its training growth: gradients, optimizer state and training's live values,
+    the weights being there before the first step, as common.memory measures it)."""
+    layout = record_layout(record)
+    micro = record["global_batch"] // accumulation(record)
+    precision = (record.get("config") or {}).get("precision")
+    training = activation_bytes(spec, layout, 0, micro, value_bytes=value_bytes(precision)) \
+        + transient_bytes(spec, layout, 0)
+    evaluation = evaluation_bytes(spec, layout, 0, EVAL_BATCH) if evaluated(record) else 0.0
+    state = state_bytes(spec, layout, 0, backend=record["backend"])
+    return state.total + max(training, evaluation), state.grads + state.optimizer + training
+
+
+def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
+    """The basis of one or more ok 1-device records of one backend, workload and size (several: different
+    micro-batch counts of one global batch, for the per-micro-batch cost). The first is the main one."""
+    main = records[0]
+    macs = parts(spec).total
+    points = []
+    for r in records:
+        fb, _, _ = _shares(r)
+        points.append((accumulation(r), r["global_batch"], fb * r["step_time_s"]["p50"]))
+    per_micro = 0.0
+    two = [(k, fb) for k, b, fb in points if b == main["global_batch"]]
+    if len({k for k, _ in two}) >= 2:
+        (k1, f1), (k2, f2) = min(two), max(two)
+        per_micro = max(0.0, (f2 - f1) / (k2 - k1))
+    k, batch, fb = points[0]
+    per_mac = max(fb - k * per_micro, 0.0) / (batch * macs)
+    _, opt, rest = _shares(main)
+    step = main["step_time_s"]["p50"]
+    state = StateBytesPerRank.from_metrics(main.get("backend_metrics"))
+    elements = (state.ranks[0].params // 4) if state else spec.param_count()
+    peak = measured_memory(main, "process_peak_per_rank")[0]
+    training = measured_memory(main, "training_per_rank")[0]
+    counted, counted_training = _counted_memory(spec, main)
+    ids = tuple(r["run_id"] for r in records)
+    label = (f"compute measured: {main['backend']} 1-device run {main['run_id']} "
+             f"({main.get('devices_description') or main.get('device_kind')})")
+    if per_micro:
+        label += f", per-micro-batch cost from {', '.join(ids[1:])}"
+    return Basis(s_per_mac_sample=per_mac, s_per_micro_batch=per_micro, s_per_param=opt * step / elements,
+                 s_per_step=rest * step, memory_overhead=peak - counted if peak else None,
+                 training_overhead=training - counted_training if training else None,
+                 threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
+                 label=label, record_ids=ids, background=background_load(main),
+                 precision=(main.get("config") or {}).get("precision") or "fp32")
+
+
+def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32", achievable: float | None = None) -> Basis:
+    """Compute at `mfu` of a peak: `achievable` (FLOP/s a run's achievable_peak measured on this hardware), else
+    the hardware file's achievable_TFLOPS, else the datasheet's (common.peak_flops)."""
+    math = PRECISION_MATH.get(precision, precision)
+    if achievable:
+        peak, what = achievable, "measured achievable peak"
+    elif math in hardware.achievable_tflops:
+        peak, what = hardware.achievable_tflops[math] * 1e12, "achievable peak (hardware file)"
+    else:
+        peak, what = peak_flops(hardware.device_name, math), "datasheet peak"
+    if peak is None:
+        raise ValueError(f"--assume-mfu: no {math} peak is known for {hardware.device_name or hardware.name!r} "
+                         "(common.peak_flops, or achievable_TFLOPS in the hardware file)")
+    opt = ADAMW_BYTES_PER_ELEMENT / (hardware.memory_GBps * GB) if hardware.memory_GBps else 0.0
+    return Basis(s_per_mac_sample=TRAINING_FLOPS_PER_MAC / (mfu * peak), s_per_micro_batch=0.0, s_per_param=opt,
+                 s_per_step=0.0, memory_overhead=0.0, training_overhead=None, threads_per_device=None, cores=None,
+                 label=f"compute ASSUMED: MFU {mfu:g} of {hardware.name}'s {math} {what} "
+                       f"{peak / 1e12:g} TFLOP/s (no measured record)", precision=precision)

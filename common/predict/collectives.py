@@ -1,0 +1,78 @@
+"""The cost of one collective on one link level: the alpha-beta model with nccl-tests' bus-bandwidth factors.
+
+nccl-tests (doc/PERFORMANCE.md) defines the bus bandwidth of a collective of S bytes over n ranks that took
+t seconds as busbw = algbw x factor, algbw = S / t, with factor 2(n-1)/n for all-reduce, (n-1)/n for
+reduce-scatter, all-gather and all-to-all (S the whole, unsharded buffer), and 1 for broadcast and point-to-point: the
+bytes each rank's link carries per byte of S. A link of bus bandwidth B therefore moves a collective in
+factor x S / B, plus alpha per message step of the ring (2(n-1) steps for all-reduce, n-1 for reduce-scatter
+and all-gather, 1 for a send): t = steps x alpha + factor x S / B (Hockney's alpha-beta model; Thakur,
+Rabenseifner and Gropp, "Optimization of collective communication operations in MPICH", 2005).
+
+Which link a group uses follows the mesh placement of common.layout: rank = (stage x dp + dp index) x tp +
+tp index, tensor parallel innermost, ranks filling nodes in order. A group of n ranks `stride` apart stays
+inside a node when n x stride <= devices per node; otherwise its ring crosses the network, whose per-device
+bandwidth then bounds it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.layout import Layout
+from common.predict.hardware import GB, Link
+
+KINDS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv")
+
+
+def bus_factor(kind: str, ranks: int) -> float:
+    """Bytes through each rank's link per byte of the collective's buffer (nccl-tests' busbw factor)."""
+    if kind == "all_reduce":
+        return 2.0 * (ranks - 1) / ranks
+    if kind in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (ranks - 1) / ranks
+    if kind in ("broadcast", "send_recv"):
+        return 1.0
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def message_steps(kind: str, ranks: int) -> int:
+    """Latency-bound message steps of a ring (one for a point-to-point send)."""
+    if kind == "all_reduce":
+        return 2 * (ranks - 1)
+    if kind in ("reduce_scatter", "all_gather", "all_to_all", "broadcast"):
+        return ranks - 1
+    return 1
+
+
+def cost_s(kind: str, nbytes: float, ranks: int, link: Link) -> float:
+    """Seconds for one collective of `nbytes` (the whole buffer) over `ranks` on `link`."""
+    if ranks < 2 or nbytes <= 0:
+        return 0.0
+    return message_steps(kind, ranks) * link.latency_s + bus_factor(kind, ranks) * nbytes / (link.busbw_GBps * GB)
+
+
+def group_stride(layout: Layout, dim: str) -> int:
+    """Rank distance between neighbours along a mesh dimension (tp innermost, then dp, then pp)."""
+    return {"tp": 1, "dp": layout.tp, "pp": layout.tp * layout.dp}[dim]
+
+
+def crosses_nodes(layout: Layout, dim: str, devices_per_node: int) -> bool:
+    size = getattr(layout, dim)
+    return size > 1 and size * group_stride(layout, dim) > devices_per_node
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective a rank issues per step: bytes of each call's whole buffer and how many calls,
+    over which mesh dimension; `exposed`: on the step's critical path (not hidden behind compute)."""
+    kind: str
+    dim: str            # its group's mesh dimension: tp, dp or pp ("tie": the tied embedding's pair; "all": every
+                        # device, for collectives a compiler placed, whose groups a record does not say)
+    nbytes: float       # per call
+    calls: int
+    ranks: int
+    exposed: bool
+    what: str
+
+    @property
+    def total_bytes(self) -> float:
+        return self.nbytes * self.calls

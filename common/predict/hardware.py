@@ -1,0 +1,83 @@
+"""A machine as the model sees it, read from a TOML file (format: hardware/README.md).
+
+A file names the device (its name as the driver reports it, looked up in common.peak_flops), its memory,
+how many devices a node holds, and one [[link]] per level a collective can cross, innermost first: within a
+node, then between nodes. Each level has a bus bandwidth (nccl-tests' busbw: what a ring all-reduce
+achieves per device, comparable whatever the group size) and a latency per message (the alpha of the
+alpha-beta model). Every figure names its source.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as a package (pyproject's tomli)
+    import tomli as tomllib
+
+HARDWARE_DIR = Path(__file__).parent / "hardware"
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Link:
+    level: str            # "node" (within a node) or "network" (between nodes)
+    busbw_GBps: float     # bus bandwidth per device, 1e9 bytes/s
+    latency_s: float      # per message step of a collective
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    description: str
+    device_kind: str                 # cpu | cuda, as records say
+    device_name: str                 # as the driver reports it (common.peak_flops looks it up); "" on CPU
+    devices_per_node: int
+    memory_bytes: int                # per device; on CPU, the memory one rank may use
+    links: tuple[Link, ...]
+    memory_GBps: float | None = None  # device memory bandwidth: the optimizer's update is bound by it
+    comm_overlaps_compute: bool = False  # collectives run beside compute (own stream/engine), not on its cores
+    sources: tuple[str, ...] = field(default_factory=tuple)
+    path: str = ""
+    # Measured matmul peak per math mode (TFLOP/s), e.g. from a run's achievable_peak: --assume-mfu's base
+    # where given, before the datasheet's.
+    achievable_tflops: dict[str, float] = field(default_factory=dict)
+
+    def link(self, crosses_nodes: bool) -> Link:
+        """The level a group uses: the network when it crosses nodes, else the node's own."""
+        wanted = "network" if crosses_nodes else "node"
+        for link in self.links:
+            if link.level == wanted:
+                return link
+        raise ValueError(f"hardware {self.name}: no [[link]] of level {wanted!r}")
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.toml"))
+
+
+def load(name_or_file: str) -> Hardware:
+    """A bundled description by name (hardware/<name>.toml) or a user's own file; ValueError in one line."""
+    path = Path(name_or_file)
+    if not path.suffix:
+        path = HARDWARE_DIR / f"{name_or_file}.toml"
+    if not path.is_file():
+        raise ValueError(f"--hardware {name_or_file}: no such file or bundled description "
+                         f"(bundled: {', '.join(available())})")
+    try:
+        raw = tomllib.loads(path.read_text())
+        links = tuple(Link(level=lk["level"], busbw_GBps=float(lk["busbw_GBps"]),
+                           latency_s=float(lk["latency_us"]) * 1e-6, source=lk.get("source", ""))
+                      for lk in raw["link"])
+        return Hardware(name=raw["name"], description=raw.get("description", ""), device_kind=raw["device_kind"],
+                        device_name=raw.get("device_name", ""), devices_per_node=int(raw["devices_per_node"]),
+                        memory_bytes=int(float(raw["memory_GiB"]) * 2**30), links=links,
+                        memory_GBps=float(raw["memory_GBps"]) if raw.get("memory_GBps") else None,
+                        comm_overlaps_compute=bool(raw.get("comm_overlaps_compute", False)),
+                        sources=tuple(raw.get("sources", ())), path=str(path),
+                        achievable_tflops={k: float(v) for k, v in raw.get("achievable_TFLOPS", {}).items()})
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"--hardware {path}: {type(exc).__name__}: {exc} (format: {HARDWARE_DIR}/README.md)") \
+            from None

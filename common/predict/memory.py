@@ -1,0 +1,177 @@
+"""Memory per rank: the training state exactly as torch_3d counts it, and an estimate of the activations.
+
+State (common.sections.StateBytesPerRank, counted from each rank's shards after the last step): float32
+parameters and gradients of every tensor the rank holds (common.initial_weights.layout names them), AdamW's
+two moments of the same size and its step counters (STEP_COUNTERS: torch one float32 per tensor, Keras one
+int64 per device). What a rank holds (keras_jax's GSPMD plan splits the same weights the same way):
+  - pp: stage 0 the embeddings, the last stage the MLM head and its own copy of the tied token embedding;
+  - tp (Megatron's plan): Q, K, V and FFN-in split by output rows (weight and bias), the attention output and
+    FFN-out by input columns (their bias replicated), norms replicated; the token embedding and the head's
+    bias split by vocabulary rows only with --no-vocab-emb-dp;
+  - FSDP over dp: each local tensor cut along its first dimension into torch.chunk's pieces (ceil(d0/dp) rows
+    each, the last ones shorter or empty), as FSDP2's fully_shard does.
+Activations (float32, kept for the backward; Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models", section 4, counted for this model, fused attention storing no s x s scores):
+per layer and sample s(4h + (4h + 2i)/tp) values (the input, the two norms' inputs and the FFN input
+replicated; Q, K, V, the context and both FFN intermediates split), with --recompute only the input s x h;
+the MLM head 4ph + 2pV/t (p gathered positions, logits and their log-softmax; t = tp with a split
+vocabulary); the embeddings 2sh. A stage keeps the micro-batches in flight: GPipe all m, 1F1B p - stage.
+Evaluation (common.loop, batches of EVAL_BATCH, no gradients) keeps one layer's values at a time, but the rank
+holding the MLM head materialises the logits and their log-softmax, 2pV/t values per sample: at 256 sequences
+of the tiny MLM 1.4 GB, more than training's peak, so a process's peak is its state plus the larger of the two.
+"""
+from __future__ import annotations
+
+import math
+
+from common.initial_weights import Tensor
+from common.initial_weights import layout as tensor_layout
+from common.layout import Layout
+from common.predict.work import stage_layer_counts
+from common.sections import StateBytes
+from common.spec import BertSpec, CnnSpec
+
+FLOAT = 4          # bytes of a float32
+# AdamW's counters beside its moments: torch.optim.AdamW keeps `step` as a float32 scalar tensor per
+# parameter tensor; a Keras optimizer one int64 `iterations` variable, replicated on every device.
+STEP_COUNTERS = {"torch": ("per tensor", 4), "keras": ("per device", 8)}
+HALF = 2           # activations under autocast (--precision amp/fp16) are bf16/fp16 (an assumption: norms
+                   # and the loss stay float32)
+
+
+def value_bytes(precision: str | None) -> int:
+    """Bytes per activation value under a run's --precision."""
+    return HALF if precision in ("amp", "fp16") else FLOAT
+ADAM_MOMENTS = 2   # exp_avg, exp_avg_sq
+COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in")
+ROWWISE = ("attention.output", "ffn.out")
+
+
+def _layer_of(name: str) -> int | None:
+    return int(name.split(".")[1]) if name.startswith("layers.") else None
+
+
+def stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int,
+                  stage_split: list[int] | None = None) -> list[Tensor]:
+    """The trainable tensors one pipeline stage holds, whole."""
+    tensors = [t for t in tensor_layout(spec) if t.trainable]
+    if isinstance(spec, CnnSpec) or layout.pp == 1:
+        return tensors
+    counts = stage_layer_counts(layout, spec.layers, stage_split)
+    first_layer = sum(counts[:stage])
+    mine = range(first_layer, first_layer + counts[stage])
+    first, last = stage == 0, stage == layout.pp - 1
+    out = []
+    for t in tensors:
+        layer = _layer_of(t.name)
+        if layer is not None:
+            keep = layer in mine
+        elif t.name.startswith("embeddings."):
+            keep = first or (last and t.name == "embeddings.token")
+        else:
+            keep = last
+        if keep:
+            out.append(t)
+    return out
+
+
+def tp_shape(t: Tensor, layout: Layout) -> tuple[int, ...]:
+    """The shape of a tensor's tensor-parallel shard."""
+    tp, shape = layout.tp, list(t.shape)
+    if tp == 1:
+        return tuple(shape)
+    module = t.name.rsplit(".", 1)[0].split(".", 2)[-1] if t.name.startswith("layers.") else ""
+    if module in COLWISE:
+        shape[0] //= tp
+    elif module in ROWWISE and t.name.endswith(".weight"):
+        shape[1] //= tp
+    elif not layout.vocab_emb_dp and t.name in ("embeddings.token", "head.bias"):
+        shape[0] //= tp
+    return tuple(shape)
+
+
+def fsdp_numel(shape: tuple[int, ...], dp: int, index: int) -> int:
+    """Elements of the `index`-th of torch.chunk(tensor, dp, dim=0)'s pieces (empty when chunk ran out)."""
+    rest = math.prod(shape[1:])
+    rows = math.ceil(shape[0] / dp)
+    return max(0, min(rows, shape[0] - index * rows)) * rest
+
+
+def framework_of(backend: str) -> str:
+    """Whose optimizer a backend steps with (STEP_COUNTERS' key)."""
+    return "keras" if backend.startswith(("keras", "tf_")) else "torch"
+
+
+def state_bytes(spec: BertSpec | CnnSpec, layout: Layout, rank: int,
+                stage_split: list[int] | None = None, backend: str = "torch_3d") -> StateBytes:
+    """Parameters, gradients and AdamW state one rank holds, in bytes."""
+    c = layout.coordinates(rank)
+    elements, tensors = 0, 0
+    for t in stage_tensors(spec, layout, c["pp"], stage_split):
+        shape = tp_shape(t, layout)
+        elements += fsdp_numel(shape, layout.dp, c["dp"]) if layout.optimizer_shard else math.prod(shape)
+        tensors += 1
+    scope, size = STEP_COUNTERS[framework_of(backend)]
+    counters = size * (tensors if scope == "per tensor" else 1)
+    return StateBytes(params=FLOAT * elements, grads=FLOAT * elements,
+                      optimizer=ADAM_MOMENTS * FLOAT * elements + counters)
+
+
+def stage_params(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_split: list[int] | None = None
+                 ) -> int:
+    """Elements of a stage's tensor-parallel shard before FSDP (what its all-gathers and all-reduces move)."""
+    return sum(math.prod(tp_shape(t, layout)) for t in stage_tensors(spec, layout, stage, stage_split))
+
+
+def in_flight(layout: Layout, stage: int) -> int:
+    """Micro-batches whose activations a stage holds at its peak."""
+    if layout.pp == 1:
+        return 1
+    return layout.micro_batches if layout.schedule == "gpipe" else min(layout.micro_batches, layout.pp - stage)
+
+
+def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro_batch: int,
+                     stage_split: list[int] | None = None, value_bytes: int = FLOAT) -> float:
+    """Activations a rank of `stage` keeps at its peak, for micro-batches of `micro_batch` samples."""
+    if isinstance(spec, CnnSpec):
+        # Each conv's output and its BatchNorm/ReLU copies (3 per conv), the FC inputs.
+        maps = sum(3 * size * size * c for size, c in zip(spec.feature_maps(), spec.conv_channels))
+        return value_bytes * micro_batch * (maps + spec.flat_features + sum(spec.fc_sizes))
+    s, h, i, p, v, tp = spec.seq_len, spec.hidden, spec.intermediate, spec.max_predictions, spec.vocab_size, layout.tp
+    counts = stage_layer_counts(layout, spec.layers, stage_split)
+    layer = s * h if layout.recompute else s * (4 * h + (4 * h + 2 * i) / tp)
+    per_sample = counts[stage] * layer
+    if layout.recompute and counts[stage]:
+        per_sample += s * (4 * h + (4 * h + 2 * i) / tp)  # the one layer being recomputed
+    if stage == 0:
+        per_sample += 2 * s * h
+    if stage == layout.pp - 1:
+        per_sample += 4 * p * h + 2 * p * v / (tp if not layout.vocab_emb_dp else 1)
+    return value_bytes * per_sample * micro_batch * in_flight(layout, stage)
+
+
+def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_batch: int) -> float:
+    """The live values of an evaluation forward on one rank of `stage` (common.loop's batches of eval_batch)."""
+    if isinstance(spec, CnnSpec):
+        return activation_bytes(spec, layout, stage, eval_batch) / 3
+    s, h, i, p, v, tp = spec.seq_len, spec.hidden, spec.intermediate, spec.max_predictions, spec.vocab_size, layout.tp
+    per_sample = s * (4 * h + (2 * h + 2 * i) / tp)
+    if stage == layout.pp - 1:
+        per_sample = max(per_sample, 2 * p * v / (tp if not layout.vocab_emb_dp else 1))
+    return FLOAT * per_sample * eval_batch
+
+
+def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_split: list[int] | None = None
+                    ) -> float:
+    """Buffers a step allocates beside state and activations: torch_3d's flat gradient copy for its dp
+    all-reduce; FSDP's whole parameters of the layer being computed and of the one prefetched."""
+    elements = stage_params(spec, layout, stage, stage_split)
+    if layout.dp > 1 and not layout.optimizer_shard:
+        return FLOAT * elements
+    if layout.optimizer_shard and layout.dp > 1 and isinstance(spec, BertSpec):
+        return FLOAT * 2 * layer_elements(spec, layout)
+    return 0.0
+
+
+def layer_elements(spec: BertSpec, layout: Layout) -> int:
+    return sum(math.prod(tp_shape(t, layout)) for t in tensor_layout(spec) if _layer_of(t.name) == 0)

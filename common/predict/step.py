@@ -1,0 +1,243 @@
+"""One training step of a layout, predicted: time (compute, exposed communication, bubble, optimizer) and
+memory per rank.
+
+The collectives a layout issues, per step (checked against torch_3d's counted comm_per_step in
+tests/test_predict.py):
+  - dp (no FSDP): one all-reduce of the rank's gradients over dp (torch_3d: one flat buffer after the
+    backward; torch_ddp: 25 MiB buckets during it). Ring cost 2(n-1)/n x gradient bytes.
+  - FSDP/ZeRO-3 over dp: each layer unit all-gathered before its forward and again before its backward, the
+    root unit once, and every unit's gradients reduce-scattered once: (n-1)/n x (2 x layers + root) bytes
+    gathered + (n-1)/n x all bytes scattered, 1.5x data parallel's 2(n-1)/n when the root is small.
+  - tp (Megatron): per micro-batch and layer, 2 all-reduces of b x s x h forward (attention output, FFN out)
+    and TP_BACKWARD_ALL_REDUCES backward (DTensor reduces the input gradient of each column-parallel module:
+    Q, K, V and FFN-in separately); with a split vocabulary also the embedding's partial sums.
+  - pp: per micro-batch and stage boundary b x s x h sent forward and its gradient backward (each rank sends
+    one and receives the other per boundary: 2 transfers per micro-batch and boundary); the tied token
+    embedding's gradient all-reduced between the first and last stage once per step.
+keras_jax's collectives are XLA's (GSPMD places, fuses and combines them): they come as compiled, from a run's
+comm_per_step, costed over all its devices and exposed (an assumption).
+Overlap, per backend and layout (the rest is on the critical path):
+  - torch_3d: everything exposed, except FSDP's gathers and scatters on hardware whose collectives run beside
+    compute (a GPU's own stream; FSDP2 prefetches the next unit): there only what exceeds the compute, or at
+    least one unit's gather and scatter, is exposed. Its dp all-reduce runs after the backward by design.
+  - torch_ddp: bucketed all-reduces overlap the backward (2/3 of forward+backward) where collectives run beside
+    compute; at least the last bucket is exposed. On a CPU gloo's ring runs on the cores that compute:
+    exposed (an assumption the validation checks).
+Pipeline: with per-micro-batch stage times e_s (compute, its tensor-parallel all-reduces, its sends), GPipe
+and 1F1B both take sum_s e_s + (m - 1) max_s e_s (the bubble (p-1)/(m+p-1) of the step when stages are equal);
+a stage idles that time less m e_s.
+CPU contention: a thread gets cores / max(cores, runnable threads) of a core, runnable threads being the ranks'
+(ranks x threads per device) plus, with `background`, other programs' (common.predict.basis.background_load);
+compute stretches by the 1-device run's share over this run's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common.layout import Layout
+from common.predict.basis import Basis
+from common.predict.collectives import Collective, cost_s, crosses_nodes, group_stride
+from common.predict.hardware import Hardware, Link
+from common.predict.memory import (
+    FLOAT,
+    activation_bytes,
+    evaluation_bytes,
+    layer_elements,
+    stage_params,
+    state_bytes,
+    transient_bytes,
+    value_bytes,
+)
+from common.predict.work import stage_layer_counts, stage_macs
+from common.sections import StateBytes
+from common.spec import BertSpec, CnnSpec
+
+TP_FORWARD_ALL_REDUCES = 2
+TP_BACKWARD_ALL_REDUCES = 4
+DDP_BUCKET_BYTES = 25 * 2**20
+BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
+
+
+@dataclass
+class Prediction:
+    layout: Layout
+    devices: int
+    global_batch: int
+    step_s: float
+    compute_s: float            # forward+backward on the busiest rank (a pipeline: its pipelined time)
+    comm_exposed_s: float
+    bubble_s: float
+    optimizer_s: float
+    overhead_s: float
+    idle_per_stage: list[float] | None
+    state_per_rank: list[StateBytes]
+    memory_per_rank: list[float] | None       # the process's peak, predicted from the measured overhead
+    training_per_rank: list[float] | None     # the training's growth: grads + optimizer + live values + overhead
+    model_per_rank: list[float]               # state + activations + buffers, no framework overhead
+    collectives: list[Collective]             # every stage's, one rank of each
+    collectives_of_rank0: list[Collective]
+    training_model_per_rank: list[float]      # gradients + optimizer state + training's live values
+    memory_overhead: float | None = None      # the framework's, once per process (the basis's)
+    training_overhead: float | None = None
+    contention: float = 1.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.global_batch / self.step_s
+
+    def fits(self, memory_bytes: float) -> bool:
+        per_rank = self.memory_per_rank or self.model_per_rank
+        return max(per_rank) <= memory_bytes
+
+
+def pipeline_s(per_micro_batch: list[float], micro_batches: int) -> float:
+    """Forward+backward of m micro-batches through stages taking e_s each (GPipe and 1F1B alike):
+    sum_s e_s + (m - 1) max_s e_s; with p equal stages (m + p - 1) e, whose idle share is (p-1)/(m+p-1)."""
+    return sum(per_micro_batch) + (micro_batches - 1) * max(per_micro_batch)
+
+
+def _link(hardware: Hardware, layout: Layout, dim: str) -> Link:
+    return hardware.link(crosses_nodes(layout, dim, hardware.devices_per_node))
+
+
+def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, stage: int, backend: str,
+                stage_split: list[int] | None = None, activation_value_bytes: int = FLOAT) -> list[Collective]:
+    """What one rank of `stage` issues per step. Activations travel at the run's precision
+    (`activation_value_bytes`: bf16 under autocast), gradients and parameters as float32 (torch's amp keeps
+    both in float32)."""
+    micro = global_batch // (layout.dp * layout.micro_batches)
+    out: list[Collective] = []
+    params = stage_params(spec, layout, stage, stage_split)
+    if isinstance(spec, BertSpec):
+        layers = stage_layer_counts(layout, spec.layers, stage_split)[stage]
+        activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
+        m = layout.micro_batches
+        if layout.tp > 1:
+            calls = m * layers * (TP_FORWARD_ALL_REDUCES + TP_BACKWARD_ALL_REDUCES)
+            if not layout.vocab_emb_dp and stage == 0:
+                calls += m
+            out.append(Collective("all_reduce", "tp", activation, calls, layout.tp, True,
+                                  "tensor-parallel activations"))
+        if layout.pp > 1:
+            # Per micro-batch and boundary the activation crosses forward and its gradient backward: a rank
+            # sends one and receives the other (CommCounter counts both).
+            boundaries = (stage > 0) + (stage < layout.pp - 1)
+            out.append(Collective("send_recv", "pp", activation, 2 * m * boundaries, 2, True,
+                                  "pipeline activations and their gradients"))
+            if stage in (0, layout.pp - 1):
+                rows = spec.vocab_size // (1 if layout.vocab_emb_dp else layout.tp)
+                out.append(Collective("all_reduce", "tie", FLOAT * rows * spec.hidden, 1, 2, True,
+                                      "tied embedding gradient"))
+    if layout.dp > 1 and layout.optimizer_shard:
+        # FSDP units: each encoder layer, and the root (the rest of the stage); every micro-batch gathers each
+        # layer twice (forward, backward) and the root, which stays gathered, once; gradients scatter once.
+        units = stage_layer_counts(layout, spec.layers, stage_split)[stage] if isinstance(spec, BertSpec) else 0
+        per_layer = layer_elements(spec, layout) if units else 0
+        root = params - units * per_layer
+        m = layout.micro_batches
+        gathers = m * (2 * units + 1)
+        out.append(Collective("all_gather", "dp", FLOAT * m * (2 * units * per_layer + root) / gathers, gathers,
+                              layout.dp, True, "FSDP parameter all-gathers"))
+        out.append(Collective("reduce_scatter", "dp", FLOAT * params / (units + 1), units + 1, layout.dp, True,
+                              "FSDP gradient reduce-scatters"))
+    elif layout.dp > 1:
+        nbytes = FLOAT * params
+        calls = max(1, -(-int(nbytes) // DDP_BUCKET_BYTES)) if backend == "torch_ddp" else 1
+        out.append(Collective("all_reduce", "dp", nbytes / calls, calls, layout.dp, True, "gradient all-reduce"))
+    return out
+
+
+def _exposed(c: Collective, seconds: float, fb_s: float, backend: str, hardware: Hardware) -> float:
+    if not hardware.comm_overlaps_compute:
+        return seconds
+    if c.kind in ("all_gather", "reduce_scatter"):     # FSDP2 prefetch
+        return max(seconds / c.calls, seconds - fb_s)
+    if c.dim == "dp" and backend == "torch_ddp":       # DDP buckets during the backward
+        return max(seconds / c.calls, seconds - BACKWARD_SHARE * fb_s)
+    return seconds
+
+
+def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
+    if c.dim == "all":
+        return c.calls * cost_s(c.kind, c.nbytes, c.ranks, hardware.link(layout.devices > hardware.devices_per_node))
+    if c.dim == "tie":
+        stride = group_stride(layout, "pp") * (layout.pp - 1)
+        link = hardware.link(stride >= hardware.devices_per_node)
+    else:
+        link = _link(hardware, layout, c.dim)
+    return c.calls * cost_s(c.kind, c.nbytes, c.ranks, link)
+
+
+def _memory(spec: BertSpec | CnnSpec, layout: Layout, micro: float, basis: Basis, stage_split: list[int] | None,
+            eval_batch: int | None, backend: str) -> tuple[list[StateBytes], list[float], list[float]]:
+    """Per rank: its state, what the model counts of its process peak (state + the larger of training's and
+    evaluation's live values) and of its training's growth over the start (gradients, optimizer state and
+    training's live values: the weights were there before); the framework's overhead comes on top."""
+    states, model, growth = [], [], []
+    for rank in range(layout.devices):
+        stage = layout.coordinates(rank)["pp"]
+        state = state_bytes(spec, layout, rank, stage_split, backend)
+        training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
+                                         value_bytes(basis.precision)) + \
+            transient_bytes(spec, layout, stage, stage_split)
+        evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
+        states.append(state)
+        model.append(state.total + max(training_live, evaluation))
+        growth.append(state.grads + state.optimizer + training_live)
+    return states, model, growth
+
+
+def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: Basis, hardware: Hardware,
+            backend: str = "torch_3d", stage_split: list[int] | None = None, background: float | None = None,
+            eval_batch: int | None = None, counted: list[Collective] | None = None) -> Prediction:
+    """`background`: other programs' runnable threads on a CPU host during the run (None: none, and the
+    1-device run's background is not accounted either). `eval_batch`: the run also evaluates in batches of
+    this many (its peak memory may be there); None: training only. `counted`: the collectives a compiler placed
+    (keras_jax's GSPMD: a record's comm_per_step, as compiled), instead of the formulas; one stage only."""
+    m = layout.micro_batches
+    micro = global_batch / (layout.dp * m)
+    contention = 1.0
+    if hardware.device_kind == "cpu" and basis.cores and basis.threads_per_device:
+        cores, threads = basis.cores, basis.threads_per_device
+        ours, theirs = (0.0, 0.0) if background is None else (background, basis.background)
+        contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
+    macs = stage_macs(spec, layout, stage_split)
+    per_micro = [contention * (basis.s_per_micro_batch + basis.s_per_mac_sample * w * micro) for w in macs]
+    stage_comm = [counted] if counted is not None and layout.pp == 1 else \
+        [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
+         for s in range(layout.pp)]
+    # Communication inside the micro-batch loop (tp all-reduces, pipeline sends) sits in the stage's time;
+    # what runs once per step (dp, FSDP, the tie) after it.
+    inside = [sum(_comm_s(c, hardware, layout) for c in comms if c.dim in ("tp", "pp")) / m for comms in stage_comm]
+    e = [p + c for p, c in zip(per_micro, inside)]
+    pipe = pipeline_s(e, m)
+    busiest = max(range(layout.pp), key=lambda s: e[s])
+    after, optimizer, all_comms = [], [], []
+    for s, comms in enumerate(stage_comm):
+        fb_s = m * per_micro[s]
+        after.append(sum(_exposed(c, _comm_s(c, hardware, layout), fb_s, backend, hardware)
+                         for c in comms if c.dim not in ("tp", "pp")))
+        optimizer.append(contention * basis.s_per_param * state_bytes(spec, layout, s * layout.dp * layout.tp,
+                                                                       stage_split).params / FLOAT)
+        all_comms += comms
+    tail = max(a + o for a, o in zip(after, optimizer))
+    overhead = contention * basis.s_per_step
+    step = overhead + pipe + tail
+    compute = m * per_micro[busiest]
+    comm_inside = m * inside[busiest]
+    bubble = pipe - m * e[busiest] if layout.pp > 1 else 0.0
+    idle = [(pipe - m * e[s]) / (pipe + max(after)) for s in range(layout.pp)] if layout.pp > 1 else None
+    states, model, growth = _memory(spec, layout, micro, basis, stage_split, eval_batch, backend)
+    memory = [m + basis.memory_overhead for m in model] if basis.memory_overhead is not None else []
+    training = [g + basis.training_overhead for g in growth] if basis.training_overhead is not None else []
+    notes = [f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
+             + (f" + {background:.1f} other runnable" if background else "")
+             + f" on {basis.cores} cores: compute x{contention:.2f}"] if contention != 1 else []
+    return Prediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=step,
+                      compute_s=compute, comm_exposed_s=comm_inside + max(after), bubble_s=bubble,
+                      optimizer_s=max(optimizer), overhead_s=overhead, idle_per_stage=idle, state_per_rank=states,
+                      memory_per_rank=memory or None, training_per_rank=training or None, model_per_rank=model,
+                      collectives=all_comms, collectives_of_rank0=stage_comm[0], training_model_per_rank=growth,
+                      memory_overhead=basis.memory_overhead, training_overhead=basis.training_overhead,
+                      contention=contention, notes=notes)

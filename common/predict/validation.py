@@ -1,0 +1,241 @@
+"""Predicted against measured, run by run: every ok multi-device run of a results folder predicted from the
+folder's 1-device runs and its link probes only, never from the run's own timings.
+
+Inputs a prediction of run R may use: the ok 1-device runs of R's backend, workload, size, host, device kind,
+precision and threads per device (the one of R's global batch and micro-batches first, as bench.report's
+efficiency does; others of that global batch give the per-micro-batch cost); the link: the median bus
+bandwidth of the folder's link probes (backend_metrics.grad_comm.link_GBps, a plain all-reduce each
+data-parallel run times after its measured window) at R's rank count, else the nearest rank count; the
+latency per message from the hardware description. Oversubscribed runs (ranks x threads > cores) are
+predicted with the contention model and counted apart in the summary.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, replace
+
+from common.layout import Layout
+from common.loop import EVAL_BATCH
+from common.predict.basis import (
+    accumulation,
+    background_load,
+    evaluated,
+    from_records,
+    measured_memory,
+    per_process,
+    stage_split,
+)
+from common.predict.collectives import KINDS, Collective
+from common.predict.hardware import Hardware
+from common.predict.step import Prediction, predict
+from common.sections import Bubble, CommPerStep, GradComm, StateBytesPerRank
+from common.spec import model_spec
+
+MATCH = ("backend", "workload", "device_kind", "threads_per_device")
+# Backends whose collectives a compiler places: predicted with those its compiled step holds (comm_per_step).
+COMPILER_PLACED = ("keras_jax",)
+
+
+def _size(record: dict) -> str:
+    return (record.get("config") or {}).get("model_size") or "tiny"
+
+
+def _key(record: dict) -> tuple:
+    return (*(record.get(k) for k in MATCH), _size(record), (record.get("host") or {}).get("name"),
+            (record.get("config") or {}).get("precision"))
+
+
+def references(run: dict, records: list[dict]) -> list[dict]:
+    """The 1-device runs a run is predicted from, the main one first (same global batch and micro-batches,
+    else same global batch, else any; the latest of each)."""
+    ones = [r for r in records if r["status"] == "ok" and r["devices"] == 1 and _key(r) == _key(run)
+            and (r.get("step_time_s") or {}).get("p50")]
+    ones.sort(key=lambda r: r.get("started_at") or "", reverse=True)
+
+    def rank(r):
+        same_batch = r["global_batch"] == run["global_batch"]
+        return (not (same_batch and accumulation(r) == accumulation(run)), not same_batch,
+                r.get("sweep_id") != run.get("sweep_id"))
+    ones.sort(key=rank)
+    if not ones:
+        return []
+    main = ones[0]
+    others = [r for r in ones[1:] if r["global_batch"] == main["global_batch"]
+              and accumulation(r) != accumulation(main)]
+    seen, distinct = {accumulation(main)}, []
+    for r in others:
+        if accumulation(r) not in seen:
+            seen.add(accumulation(r))
+            distinct.append(r)
+    return [main, *distinct]
+
+
+def probed_links(records: list[dict]) -> dict[int, float]:
+    """Rank count -> the median bus bandwidth (GB/s) of the folder's link probes at that count."""
+    found: dict[int, list[float]] = {}
+    for r in records:
+        comm = GradComm.from_metrics(r.get("backend_metrics")) if r["status"] == "ok" else None
+        if comm and comm.link_GBps and comm.ranks > 1:
+            found.setdefault(comm.ranks, []).append(comm.link_GBps)
+    return {n: statistics.median(v) for n, v in found.items()}
+
+
+def hardware_for(run: dict, hardware: Hardware, links: dict[int, float]) -> tuple[Hardware, str]:
+    """The hardware description with its node link's bandwidth replaced by the folder's probe."""
+    if not links:
+        return hardware, f"link: {hardware.name}'s description (no link probe in the folder)"
+    n = min(links, key=lambda k: (abs(k - run["devices"]), k))
+    node = [replace(lk, busbw_GBps=links[n], source=f"median link probe at {n} ranks")
+            for lk in hardware.links if lk.level == "node"]
+    rest = [lk for lk in hardware.links if lk.level != "node"]
+    return replace(hardware, links=tuple(node + rest)), f"link: probe at {n} ranks, {links[n]:.3g} GB/s busbw"
+
+
+def compiled_collectives(run: dict, layout: Layout) -> list[Collective] | None:
+    """A compiler-placed backend's collectives as its step was compiled (rank 0's comm_per_step), or None."""
+    comm = CommPerStep.from_metrics(run.get("backend_metrics"))
+    if run["backend"] not in COMPILER_PLACED or not comm or not comm.ranks or comm.ranks[0] is None:
+        return None
+    return [Collective(kind, "all", c.bytes / c.calls, c.calls, layout.devices, True, "as compiled")
+            for kind, c in comm.ranks[0].items() if kind in KINDS and c.calls]
+
+
+def relative(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or not measured:
+        return None
+    return (predicted - measured) / measured
+
+
+def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str) -> dict:
+    measured_step = run["step_time_s"]["p50"]
+    peaks = [v for v in measured_memory(run, "process_peak_per_rank") if v is not None]
+    training = measured_memory(run, "training_per_rank") if (run.get("memory") or {}).get("training_per_rank") \
+        else None
+    if peaks and prediction.memory_per_rank and len(peaks) < run["devices"]:  # one process, several devices
+        prediction = replace(prediction, memory_per_rank=per_process(prediction.model_per_rank, len(peaks),
+                                                                     prediction.memory_overhead))
+    if training and prediction.training_per_rank and len(training) < run["devices"]:
+        prediction = replace(prediction, training_per_rank=per_process(prediction.training_model_per_rank,
+                                                                       len(training), prediction.training_overhead))
+    state = StateBytesPerRank.from_metrics(run.get("backend_metrics"))
+    bubble = Bubble.from_metrics(run.get("backend_metrics"))
+    mem_err = [relative(p, m) for p, m in zip(prediction.memory_per_rank or [], peaks)]
+    train_err = [relative(p, m) for p, m in zip(prediction.training_per_rank or [], training or [])]
+    state_match = None
+    if state:
+        state_match = [asdict(p) == asdict(m) for p, m in zip(prediction.state_per_rank, state.ranks)] \
+            if len(state.ranks) == len(prediction.state_per_rank) else [False]
+    return {
+        "run_id": run["run_id"], "backend": run["backend"], "layout": _name(run), "devices": run["devices"],
+        "oversubscribed": bool(run.get("oversubscribed")), "global_batch": run["global_batch"],
+        "references": [r["run_id"] for r in refs], "link": link_note,
+        "step_s": {"predicted": prediction.step_s, "measured": measured_step,
+                   "error": relative(prediction.step_s, measured_step)},
+        "step_parts_s": {"compute": prediction.compute_s, "comm_exposed": prediction.comm_exposed_s,
+                         "bubble": prediction.bubble_s, "optimizer": prediction.optimizer_s,
+                         "overhead": prediction.overhead_s},
+        "memory_per_rank": {"predicted": prediction.memory_per_rank, "measured": peaks,
+                            "error": _worst(mem_err), "what": "process peak (RSS on CPU)"},
+        "training_memory_per_rank": {"predicted": prediction.training_per_rank, "measured": training,
+                                     "error": _worst(train_err)} if training else None,
+        "state_bytes_per_rank": {"predicted": [asdict(s) for s in prediction.state_per_rank],
+                                 "measured": [asdict(s) for s in state.ranks] if state else None,
+                                 "exact": all(state_match) if state_match is not None else None},
+        "idle_per_stage": {"predicted": prediction.idle_per_stage,
+                           "measured": bubble.measured_per_stage if bubble else None,
+                           "analytic": bubble.analytic if bubble else None} if prediction.idle_per_stage else None,
+        "comm_per_step": _comm_check(run, prediction),
+        "notes": prediction.notes,
+    }
+
+
+def _comm_check(run: dict, prediction: Prediction) -> dict | None:
+    """Per kind, the bytes and calls per step the formulas give for rank 0's stage against what rank 0 counted
+    (torch_3d's comm_per_step); None when the run counted none."""
+    comm = CommPerStep.from_metrics(run.get("backend_metrics"))
+    if not comm or not comm.ranks or comm.ranks[0] is None:
+        return None
+    counted = comm.ranks[0]
+    predicted: dict[str, dict] = {}
+    for c in prediction.collectives_of_rank0:
+        slot = predicted.setdefault(c.kind, {"bytes": 0, "calls": 0})
+        slot["bytes"] += int(round(c.total_bytes))
+        slot["calls"] += c.calls
+    kinds = sorted(set(predicted) | set(counted))
+    return {k: {"predicted": predicted.get(k), "measured": ({"bytes": counted[k].bytes, "calls": counted[k].calls}
+                                                            if k in counted else None)} for k in kinds}
+
+
+def _worst(errors: list[float | None]) -> float | None:
+    known = [e for e in errors if e is not None]
+    return max(known, key=abs) if known else None
+
+
+def _name(run: dict) -> str:
+    layout = Layout.from_record(run.get("layout") or {})
+    return layout.name if run.get("layout") else f"dp{run['devices']}"
+
+
+def _stats(values: list[float]) -> dict:
+    absolute = [abs(v) for v in values]
+    return {"runs": len(values), "median_abs_error": statistics.median(absolute) if absolute else None,
+            "max_abs_error": max(absolute) if absolute else None}
+
+
+def validate(records: list[dict], hardware: Hardware, account_load: bool = True) -> dict:
+    """validation.json's content: per run, then a summary (all runs, and those not oversubscribed).
+    `account_load`: CPU runs' contention includes the other programs' load each record measured; each run also
+    carries the prediction without it (step_s.error_ignoring_load)."""
+    links = probed_links(records)
+    runs, skipped = [], []
+    for run in sorted(records, key=lambda r: (r["backend"], r["devices"], r.get("started_at") or "")):
+        if run["status"] != "ok" or run["devices"] < 2 or not (run.get("step_time_s") or {}).get("p50"):
+            continue
+        refs = references(run, records)
+        if not refs:
+            skipped.append({"run_id": run["run_id"], "why": "no ok 1-device run of its backend, workload, size, "
+                                                             "host and threads per device"})
+            continue
+        spec = model_spec(run["workload"], _size(run))
+        layout = Layout.from_record(run.get("layout") or {}) if run.get("layout") else Layout(dp=run["devices"])
+        grad_accum = (run.get("config") or {}).get("grad_accum") or 1
+        # Accumulated micro-batches run like a pipeline's, one after the other on every rank.
+        layout = replace(layout, micro_batches=layout.micro_batches * grad_accum)
+        try:
+            target, link_note = hardware_for(run, hardware, links)
+            basis = from_records(spec, refs)
+            eval_batch = EVAL_BATCH if evaluated(run) else None
+            counted = compiled_collectives(run, layout)
+            prediction = predict(spec, layout, run["global_batch"], basis, target, run["backend"], stage_split(run),
+                                 background_load(run) if account_load else None, eval_batch, counted)
+            plain = predict(spec, layout, run["global_batch"], basis, target, run["backend"], stage_split(run),
+                            eval_batch=eval_batch, counted=counted)
+        except ValueError as exc:
+            skipped.append({"run_id": run["run_id"], "why": str(exc)})
+            continue
+        if counted is not None:
+            prediction.notes.append("collectives as XLA compiled them (the run's comm_per_step), not predicted")
+        row = compare(run, prediction, refs, link_note)
+        if counted is not None:
+            row["comm_per_step"] = None  # taken from the record: nothing to hold against it
+        row["step_s"]["error_ignoring_load"] = relative(plain.step_s, row["step_s"]["measured"])
+        row["load"] = {"background_run": background_load(run), "background_reference": basis.background,
+                       "accounted": account_load}
+        runs.append(row)
+
+    def summary(rows):
+        return {"step_s": _stats([r["step_s"]["error"] for r in rows if r["step_s"]["error"] is not None]),
+                "step_s_ignoring_load": _stats([r["step_s"]["error_ignoring_load"] for r in rows
+                                                if r["step_s"]["error_ignoring_load"] is not None]),
+                "memory_per_rank": _stats([r["memory_per_rank"]["error"] for r in rows
+                                           if r["memory_per_rank"]["error"] is not None]),
+                "training_memory_per_rank": _stats([r["training_memory_per_rank"]["error"] for r in rows
+                                                    if r["training_memory_per_rank"]
+                                                    and r["training_memory_per_rank"]["error"] is not None]),
+                "state_bytes_exact": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"]),
+                "state_bytes_compared": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"] is not None)}
+    quiet = [r for r in runs if not r["oversubscribed"]]
+    return {"hardware": hardware.name, "links_probed_GBps": {str(k): v for k, v in sorted(links.items())},
+            "runs": runs, "skipped": skipped,
+            "summary": {"all": summary(runs), "not_oversubscribed": summary(quiet),
+                        "oversubscribed_runs": len(runs) - len(quiet), "skipped_runs": len(skipped)}}

@@ -1,0 +1,97 @@
+"""common.memory: the training's own memory, through the kernel's high-water mark and an allocator's counters."""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from common.memory import MemoryWindow, memory_section, proc_status, reset_hwm
+
+MIB = 1 << 20
+
+
+def _process_peak() -> int:
+    return proc_status()["VmHWM"]
+
+
+def test_proc_reset_forgets_the_old_peak_and_the_window_measures_a_real_allocation():
+    before = np.ones(64 * MIB // 8)  # a peak reached before the window: start-up, not training
+    del before
+    assert proc_status()["VmHWM"] > proc_status()["VmRSS"] + 32 * MIB
+    rss = reset_hwm()
+    assert rss is not None and proc_status()["VmHWM"] < rss + 32 * MIB
+
+    window = MemoryWindow(None, _process_peak)
+    window.open()
+    held = np.ones(96 * MIB // 8)  # touched: 96 MiB resident (mmapped: above glibc's largest threshold)
+    del held
+    training = window.close()
+    assert window.method == "proc" and window.at_start > 0
+    assert 90 * MIB <= training < 160 * MIB
+    assert "VmHWM" in window.description("")
+
+
+def test_a_paused_window_leaves_out_what_ran_in_the_pause():
+    window = MemoryWindow(None, _process_peak)
+    window.open()
+    window.pause()
+    evaluation = np.ones(128 * MIB // 8)  # an evaluation's memory, outside the training's
+    del evaluation
+    window.resume()
+    training = np.ones(64 * MIB // 8)  # above glibc's largest mmap threshold (32 MiB): fresh pages, never reused
+    del training
+    assert 56 * MIB <= window.close() < 120 * MIB
+
+
+def test_the_process_peak_keeps_what_was_reached_before_the_reset():
+    early = np.ones(64 * MIB // 8)
+    del early
+    peak_then = _process_peak()
+    window = MemoryWindow(None, _process_peak)
+    window.open()
+    window.close()
+    assert window.process_peak() >= peak_then > _process_peak()
+
+
+def test_an_allocator_s_counters_come_first():
+    """Python's own allocator counters (tracemalloc) stand for a framework's: held now, peak, reset."""
+    def allocator(reset: bool):
+        held, peak = tracemalloc.get_traced_memory()
+        if reset:
+            tracemalloc.reset_peak()
+        return held, peak
+
+    tracemalloc.start()
+    try:
+        weights = bytearray(8 * MIB)
+        window = MemoryWindow(allocator, _process_peak)
+        window.open()
+        activations = bytearray(24 * MIB)
+        del activations
+        training = window.close()
+    finally:
+        tracemalloc.stop()
+    assert window.method == "allocator" and window.at_start >= 8 * MIB
+    assert 24 * MIB <= training < 25 * MIB
+    assert "tracemalloc" in window.description("tracemalloc")
+    del weights
+
+
+def test_a_counter_that_fails_makes_the_figure_null_not_the_run():
+    def broken(reset: bool):
+        raise RuntimeError("no device")
+
+    window = MemoryWindow(broken, _process_peak)
+    window.open()  # falls back to /proc
+    assert window.method == "proc"
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_the_section_says_per_rank_and_whether_processes_share_devices(share):
+    ranks = [{"process_peak": 3, "training": 1, "at_start": 2, "method": "m"},
+             {"process_peak": 5, "training": None, "at_start": None, "method": "m"}]
+    section = memory_section(ranks, share)
+    assert section["process_peak_per_rank"] == [3, 5] and section["training_per_rank"] == [1, None]
+    assert section["processes_share"] is share
+    assert ("divide" in section["method"]) is share

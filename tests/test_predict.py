@@ -1,0 +1,287 @@
+"""bench.predict's model (common/predict): its formulas against hand computations, and --validate against the
+records of a real layout sweep."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from bench import predict as predict_cli
+from bench.report import main as report_main
+from common.layout import Layout
+from common.predict import hardware as hardware_files
+from common.predict.basis import Basis, from_mfu, measured_memory, per_process
+from common.predict.collectives import bus_factor, cost_s, crosses_nodes
+from common.predict.hardware import Link
+from common.predict.layouts import at_devices, check_name
+from common.predict.memory import fsdp_numel, state_bytes
+from common.predict.step import collectives, pipeline_s, predict
+from common.predict.validation import probed_links, references
+from common.results import load_records
+from common.spec import BERT_SIZES
+from tests.conftest import run_cli
+
+TINY, BASE = BERT_SIZES["tiny"], BERT_SIZES["base"]
+TINY_PARAMS = 4_723_586   # common.spec's count of the tiny MLM
+TINY_TENSORS = 42         # embeddings 5, 16 per layer, head 5: one AdamW step counter each
+LINK = Link("node", busbw_GBps=100.0, latency_s=1e-5)
+
+
+# ----------------------------------------------------------------------------- collectives
+
+def test_bus_factors_are_nccl_tests_own():
+    assert bus_factor("all_reduce", 8) == 2 * 7 / 8
+    assert bus_factor("reduce_scatter", 8) == bus_factor("all_gather", 8) == 7 / 8
+    assert bus_factor("send_recv", 2) == bus_factor("broadcast", 4) == 1.0
+
+
+def test_alpha_beta_cost_by_hand():
+    # A ring all-reduce of 1 GB over 8 ranks at 100 GB/s busbw: 2 x 7/8 x 1e9 / 1e11 s, plus 14 steps x 10 us.
+    assert cost_s("all_reduce", 1e9, 8, LINK) == pytest.approx(0.0175 + 14e-5)
+    assert cost_s("all_gather", 1e9, 8, LINK) == pytest.approx(0.00875 + 7e-5)
+    assert cost_s("send_recv", 1e6, 2, LINK) == pytest.approx(1e-5 + 1e-5)
+    assert cost_s("all_reduce", 1e9, 1, LINK) == 0.0
+
+
+def test_placement_keeps_tensor_parallel_inside_a_node():
+    assert not crosses_nodes(Layout(dp=8, tp=8), "tp", 8)      # tp innermost: ranks 0..7
+    assert crosses_nodes(Layout(dp=8, tp=8), "dp", 8)          # dp stride 8: one rank per node
+    assert not crosses_nodes(Layout(dp=2, tp=4), "dp", 8)      # 2 x 4 ranks fill one node
+    assert crosses_nodes(Layout(dp=4, tp=2, pp=2), "pp", 8)    # stages 8 ranks apart
+
+
+# ----------------------------------------------------------------------------- state bytes
+
+def _adamw(elements: int, tensors: int) -> dict:
+    return {"params": 4 * elements, "grads": 4 * elements, "optimizer": 8 * elements + 4 * tensors}
+
+
+def test_state_bytes_of_one_device_and_data_parallel_are_the_whole_model():
+    for layout in (Layout(), Layout(dp=2)):
+        for rank in range(layout.devices):
+            assert vars(state_bytes(TINY, layout, rank)) == _adamw(TINY_PARAMS, TINY_TENSORS)
+
+
+def test_state_bytes_under_tensor_parallel_by_hand():
+    h, i = TINY.hidden, TINY.intermediate
+    whole_layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
+    # Q, K, V and FFN-in split by rows (weight and bias), output and FFN-out by columns (bias whole), norms whole.
+    tp2_layer = 3 * (h * h // 2 + h // 2) + (h * h // 2 + h) + (h * i // 2 + i // 2) + (i * h // 2 + h) + 4 * h
+    elements = TINY_PARAMS - TINY.layers * (whole_layer - tp2_layer)
+    for rank in range(2):
+        assert vars(state_bytes(TINY, Layout(tp=2), rank)) == _adamw(elements, TINY_TENSORS)
+
+
+def test_state_bytes_under_fsdp_follow_torch_chunk():
+    # Every tiny dimension 0 is even: each of 2 ranks holds exactly half.
+    for rank in range(2):
+        assert vars(state_bytes(TINY, Layout(dp=2, optimizer_shard=True), rank)) == \
+            _adamw(TINY_PARAMS // 2, TINY_TENSORS)
+    # Keras' AdamW counts its steps in one int64 per device (keras_jax's record of fsdp2: 18,894,352 bytes).
+    keras = state_bytes(TINY, Layout(dp=2, optimizer_shard=True), 0, backend="keras_jax")
+    assert keras.optimizer == 8 * (TINY_PARAMS // 2) + 8
+    # torch.chunk of 5 rows in 4: 2, 2, 1, 0 rows.
+    assert [fsdp_numel((5, 3), 4, i) for i in range(4)] == [6, 6, 3, 0]
+
+
+def test_state_bytes_of_pipeline_stages_hold_the_tied_embedding_twice():
+    v, h, s, t = TINY.vocab_size, TINY.hidden, TINY.seq_len, TINY.type_vocab_size
+    embeddings = (v + s + t) * h + 2 * h
+    head = (h * h + h) + 2 * h + v
+    layer = (TINY_PARAMS - embeddings - head) // TINY.layers
+    first = state_bytes(TINY, Layout(pp=2, micro_batches=4), 0)
+    last = state_bytes(TINY, Layout(pp=2, micro_batches=4), 1)
+    assert vars(first) == _adamw(embeddings + layer, 5 + 16)
+    assert vars(last) == _adamw(v * h + layer + head, 1 + 16 + 5)
+
+
+# ----------------------------------------------------------------------------- collectives per layout
+
+def _by_kind(layout: Layout, stage: int = 0, batch: int = 32, backend: str = "torch_3d") -> dict:
+    out = {}
+    for c in collectives(TINY, layout, batch, stage, backend):
+        out.setdefault(c.kind, [0, 0])
+        out[c.kind][0] += c.calls
+        out[c.kind][1] += c.total_bytes
+    return out
+
+
+def test_collectives_by_hand():
+    activation = 4 * 32 * TINY.seq_len * TINY.hidden
+    # Megatron TP: 2 all-reduces forward, 4 backward (Q, K, V and FFN-in input gradients) per layer.
+    assert _by_kind(Layout(tp=2)) == {"all_reduce": [TINY.layers * 6, TINY.layers * 6 * activation]}
+    assert _by_kind(Layout(dp=2)) == {"all_reduce": [1, 4 * TINY_PARAMS]}
+    # DDP's 25 MiB buckets: the 18.9 MB of gradients fit one.
+    assert _by_kind(Layout(dp=2), backend="torch_ddp") == {"all_reduce": [1, 4 * TINY_PARAMS]}
+    fsdp = _by_kind(Layout(dp=2, optimizer_shard=True))
+    assert fsdp["reduce_scatter"] == [TINY.layers + 1, 4 * TINY_PARAMS]
+    # Every layer gathered twice (forward, backward), the root once: the whole model plus the layers again.
+    h, i = TINY.hidden, TINY.intermediate
+    layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 4 * h
+    assert fsdp["all_gather"] == [2 * TINY.layers + 1, pytest.approx(4 * (TINY_PARAMS + TINY.layers * layer))]
+    pp = Layout(pp=2, micro_batches=4)
+    micro = 4 * 8 * TINY.seq_len * TINY.hidden
+    assert _by_kind(pp, 0) == {"send_recv": [8, 8 * micro], "all_reduce": [1, 4 * TINY.vocab_size * TINY.hidden]}
+
+
+# ----------------------------------------------------------------------------- pipeline and step
+
+def test_pipeline_of_equal_stages_idles_the_analytic_bubble():
+    for p, m in ((2, 4), (4, 8), (4, 4)):
+        total = pipeline_s([1.0] * p, m)
+        assert total == m + p - 1
+        assert (total - m) / total == pytest.approx(Layout(pp=p, micro_batches=m).bubble())
+
+
+def _basis(**kw) -> Basis:
+    values = dict(s_per_mac_sample=1e-12, s_per_micro_batch=0.0, s_per_param=0.0, s_per_step=0.0,
+                  memory_overhead=0.0, training_overhead=None, threads_per_device=None, cores=None, label="test")
+    return Basis(**{**values, **kw})
+
+
+def test_data_parallel_step_is_its_share_of_compute_plus_the_exposed_all_reduce():
+    hw = hardware_files.load("h100-sxm-8")
+    one = predict(BASE, Layout(), 32, _basis(), hw)
+    dp8 = predict(BASE, Layout(dp=8), 256, _basis(), hw)
+    assert dp8.compute_s == pytest.approx(one.compute_s)   # 32 samples per rank either way
+    expected = cost_s("all_reduce", 4 * BASE.param_count(), 8, hw.link(False))
+    assert dp8.comm_exposed_s == pytest.approx(expected)   # torch_3d reduces after the backward
+    assert dp8.step_s == pytest.approx(one.step_s + expected)
+    # DDP's buckets hide behind the backward on a GPU: only the last bucket stays exposed.
+    ddp = predict(BASE, Layout(dp=8), 256, _basis(), hw, backend="torch_ddp")
+    assert ddp.comm_exposed_s < expected
+
+
+def test_assumed_mfu_is_labelled_and_uses_the_datasheet_peak():
+    hw = hardware_files.load("h100-sxm-8")
+    basis = from_mfu(0.5, hw, "amp")
+    assert basis.assumed and "ASSUMED" in basis.label
+    # 6 FLOPs per multiply-add at half of 989.5 TFLOP/s (bf16, dense).
+    assert basis.s_per_mac_sample == pytest.approx(6 / (0.5 * 989.5e12))
+    # A measured achievable peak (a run's achievable_peak) replaces the datasheet's.
+    measured = from_mfu(0.5, hw, "amp", achievable=700e12)
+    assert measured.s_per_mac_sample == pytest.approx(6 / (0.5 * 700e12)) and "measured achievable" in measured.label
+
+
+def test_layout_names_at_a_device_count():
+    assert at_devices("dp", 8) == Layout(dp=8)
+    assert at_devices("fsdp", 64) == Layout(dp=64, optimizer_shard=True)
+    assert at_devices("tp2xdp", 8) == Layout(dp=4, tp=2)
+    assert at_devices("pp4-1f1b", 8) == Layout(dp=2, pp=4, micro_batches=8, schedule="1f1b")
+    with pytest.raises(ValueError, match="does not divide"):
+        at_devices("tp8xpp4", 8)
+    with pytest.raises(ValueError, match="uses 4 devices"):
+        at_devices("dp2xtp2", 8)
+    check_name("tp2xfsdp-rc")
+    with pytest.raises(ValueError, match="unknown option"):
+        check_name("dp-fast")
+
+
+def test_hardware_files_load_and_a_bad_one_is_one_line(tmp_path):
+    for name in hardware_files.available():
+        hw = hardware_files.load(name)
+        assert hw.links and hw.memory_bytes > 0 and hw.sources
+    bad = tmp_path / "mine.toml"
+    bad.write_text('name = "mine"\n')
+    with pytest.raises(ValueError) as err:
+        hardware_files.load(str(bad))
+    assert "\n" not in str(err.value) and "mine.toml" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- a real sweep
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, data_dir):
+    out = tmp_path_factory.mktemp("predict") / "results"
+    proc = run_cli("bench.compare", "--layouts", "dp2,tp2", "--workloads", "mlm", "--steps", "4",
+                   "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--breakdown-steps", "1",
+                   "--out", str(out), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+@pytest.mark.e2e
+def test_validate_predicts_each_run_of_a_real_sweep(sweep, capsys):
+    assert predict_cli.main(["--validate", str(sweep)]) == 0
+    printed = capsys.readouterr().out
+    validation = json.loads((sweep / "validation.json").read_text())
+    runs = {r["layout"]: r for r in validation["runs"]}
+    assert set(runs) == {"dp2", "tp2"} and not validation["skipped"]
+    for r in runs.values():
+        assert r["state_bytes_per_rank"]["exact"] is True, r["state_bytes_per_rank"]
+        # The formulas' collectives are the ones torch_3d counted, bytes and calls.
+        assert all(v["predicted"] == v["measured"] for v in r["comm_per_step"].values()), r["comm_per_step"]
+        assert r["step_s"]["predicted"] > 0 and r["step_s"]["measured"] > 0
+        assert math.isfinite(r["step_s"]["error"]) and math.isfinite(r["memory_per_rank"]["error"])
+        assert len(r["references"]) >= 1
+    summary = validation["summary"]["all"]
+    assert summary["step_s"]["runs"] == 2 and summary["state_bytes_exact"] == 2
+    assert summary["step_s"]["max_abs_error"] >= summary["step_s"]["median_abs_error"]
+    assert "step time median |error|" in printed
+    # The report shows the table; a prediction quotes the error it rests on.
+    assert report_main(["--results", str(sweep)]) == 0
+    assert "Prediction against measurement" in (sweep / "report.md").read_text()
+    assert predict_cli.main(["--from", str(sweep), "--hardware", "cpu-loopback-2core", "--devices", "2,4",
+                             "--layouts", "dp,tp2xdp", "--model-size", "tiny"]) == 0
+    table = json.loads((sweep / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
+    assert "step time median |error|" in table["validation"] and not table["assumed"]
+    assert {r["devices"] for r in table["rows"]} == {2, 4}
+    assert (sweep / "plots" / "predict-mlm-tiny-cpu-loopback-2core.png").stat().st_size > 0
+
+
+@pytest.mark.e2e
+def test_a_gpu_cluster_from_cpu_records_is_refused_in_one_line(sweep):
+    before = sorted(p.name for p in sweep.rglob("*"))
+    proc = run_cli("bench.predict", "--from", str(sweep), "--hardware", "h100-sxm-8", "--model-size", "base")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "--assume-mfu" in proc.stderr and "cpu" in proc.stderr
+    assert sorted(p.name for p in sweep.rglob("*")) == before
+    assert load_records(sweep)
+
+
+def test_a_rank_beyond_the_device_memory_does_not_fit_and_fsdp_shrinks_it():
+    hw = replace(hardware_files.load("h100-sxm-8"), memory_bytes=1.5 * 2**30)
+    basis = from_mfu(0.4, hw, "amp")
+    dp = predict(BASE, Layout(dp=8), 256, basis, hw)
+    fsdp = predict(BASE, Layout(dp=8, optimizer_shard=True), 256, basis, hw)
+    # BERT-base's 110M float32 parameters with gradients and AdamW moments: 16 bytes each, 1.6 GiB per replica.
+    assert max(s.total for s in dp.state_per_rank) > 1.6 * 2**30 and not dp.fits(hw.memory_bytes)
+    assert max(s.total for s in fsdp.state_per_rank) < 0.25 * 2**30 and fsdp.fits(hw.memory_bytes)
+
+
+def _record(run_id, devices, batch, accumulation=1, backend="torch_3d", started="2026-01-01T00:00:00", link=None):
+    metrics = {"grad_comm": {"bytes_per_step": 1, "time_s": 1.0, "busbw_GBps": None, "link_GBps": link,
+                             "ring_bound_s": None, "ranks": devices}} if link else {}
+    return {"run_id": run_id, "status": "ok", "devices": devices, "global_batch": batch, "backend": backend,
+            "workload": "mlm", "device_kind": "cpu", "threads_per_device": 1, "host": {"name": "h"},
+            "config": {"model_size": "tiny", "precision": "fp32", "grad_accum": accumulation},
+            "layout": {"dp": devices}, "step_time_s": {"p50": 1.0}, "started_at": started,
+            "backend_metrics": metrics}
+
+
+def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batches():
+    one, four = _record("one", 1, 32), _record("four", 1, 32, accumulation=4)
+    other_backend, other_batch = _record("ddp", 1, 32, backend="torch_ddp"), _record("b64", 1, 64)
+    pipeline = {**_record("pp", 2, 32), "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}
+    records = [one, four, other_backend, other_batch, pipeline]
+    # The same accumulation first; the other micro-batch count of that batch gives the per-micro-batch cost.
+    assert [r["run_id"] for r in references(pipeline, records)] == ["four", "one"]
+    assert [r["run_id"] for r in references(_record("dp2", 2, 32), records)] == ["one", "four"]
+    assert references(_record("dp2", 2, 32, backend="keras_jax"), records) == []
+    probes = [_record("a", 2, 32, link=1.0), _record("b", 2, 32, link=3.0), _record("c", 4, 32, link=0.5)]
+    assert probed_links(probes) == {2: 2.0, 4: 0.5}
+
+
+def test_memory_figures_come_from_the_memory_section_one_per_process():
+    older = {"devices": 2, "peak_memory_per_rank": [100, 120]}
+    assert measured_memory(older, "process_peak_per_rank") == [100, 120]
+    assert measured_memory(older, "training_per_rank") == [None]
+    shared = {"devices": 4, "peak_memory_per_rank": [999], "memory": {
+        "process_peak_per_rank": [800], "training_per_rank": [400], "method": "m", "processes_share": True}}
+    assert measured_memory(shared, "process_peak_per_rank") == [800]
+    assert measured_memory(shared, "training_per_rank") == [400]
+    # One process driving 4 devices holds the framework's overhead once and every device's share.
+    assert per_process([1, 2, 3, 4], 1, 10) == [20]
+    assert per_process([1, 2, 3, 4], 2, 10) == [13, 17]
