@@ -144,14 +144,17 @@ def run_all(args, console: Console, runs: list[tuple[str, dict]]) -> list[dict]:
             raise
 
 
+def _probe_runs(backend: str, workload: str, stamp: str, grad_accum: int | None = None) -> list[tuple[str, dict]]:
+    """The reference run again from perturbed initial weights, once per PROBE_SEEDS (run_all's list)."""
+    layout = Layout() if grad_accum else None
+    return [(f"{workload} {backend} N=1, initial weights perturbed (draw {k})",
+             {"backend": backend, "workload": workload, "devices": 1, "stamp": stamp, "probe": k, "layout": layout,
+              "grad_accum": grad_accum or 1}) for k in pc.PROBE_SEEDS]
+
+
 def _probes(args, backend: str, workload: str, stamp: str, console: Console, grad_accum: int | None = None
             ) -> list[dict]:
-    """The reference run again from perturbed initial weights, once per PROBE_SEEDS."""
-    layout = Layout() if grad_accum else None
-    return run_all(args, console, [
-        (f"{workload} {backend} N=1, initial weights perturbed (draw {k})",
-         {"backend": backend, "workload": workload, "devices": 1, "stamp": stamp, "probe": k, "layout": layout,
-          "grad_accum": grad_accum or 1}) for k in pc.PROBE_SEEDS])
+    return run_all(args, console, _probe_runs(backend, workload, stamp, grad_accum))
 
 
 def _envelope(reference: dict | None, probes: list[dict]) -> list[float] | None:
@@ -201,6 +204,27 @@ def cross_framework_checks(workload: str, ran: dict[str, dict[str, dict]],
                                           against=f"{first} {name}", weights=envelopes[first][1])]
 
 
+def all_data_parallel_runs(args, stamp: str, console: Console) -> tuple[dict[tuple[str, str, int], dict],
+                                                                          dict[str, list[dict]]]:
+    """Every (workload, backend, devices) run, and per workload the probes of the first backend (the reference
+    unless it fails at 1 device), from one queue: --jobs runs stay busy to the last, with no wait for a
+    workload's reference before its probes start, nor for one workload before the next."""
+    keys, runs = [], []
+    for workload in args.workloads:
+        for backend in args.backends:
+            for devices in (1, 2):
+                keys.append((workload, backend, devices))
+                runs.append((f"{workload} {backend} N={devices}",
+                             {"backend": backend, "workload": workload, "devices": devices, "stamp": stamp}))
+        for k, probe in enumerate(_probe_runs(args.backends[0], workload, stamp)):
+            keys.append((workload, "probe", k))
+            runs.append(probe)
+    done = dict(zip(keys, run_all(args, console, runs)))
+    probes = {w: [r for (workload, kind, _), r in done.items() if workload == w and kind == "probe"]
+              for w in args.workloads}
+    return {key: r for key, r in done.items() if key[1] != "probe"}, probes
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = build_parser()
@@ -212,20 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     console = Console(stderr=True)
     checks, runs = [], {}
+    done, first_probes = ({}, {}) if args.layouts else all_data_parallel_runs(args, stamp, console)
     for workload in args.workloads:
         if args.layouts:
             workload_checks, runs[workload] = layout_parity(args, workload, stamp, console)
             checks += workload_checks
             continue
-        planned = [(backend, devices) for backend in args.backends for devices in (1, 2)]
-        done = run_all(args, console, [(f"{workload} {backend} N={devices}",
-                                        {"backend": backend, "workload": workload, "devices": devices, "stamp": stamp})
-                                       for backend, devices in planned])
-        one = {b: r for (b, n), r in zip(planned, done) if n == 1}
-        two = {b: r for (b, n), r in zip(planned, done) if n == 2}
+        one = {b: done[(workload, b, 1)] for b in args.backends}
+        two = {b: done[(workload, b, 2)] for b in args.backends}
         # The first backend that ran is the reference; its perturbed runs measure the tolerance.
         reference = next((b for b, r in one.items() if r.get("status") == "ok"), None)
-        probes = _probes(args, reference, workload, stamp, console) if reference else []
+        probes = first_probes[workload] if reference == args.backends[0] else \
+            _probes(args, reference, workload, stamp, console) if reference else []
         envelope = _envelope(one.get(reference), probes)
         spec = model_spec(workload, "tiny")
         checks += pc.run_status_checks(workload, one)

@@ -8,10 +8,12 @@ import secrets
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from common.sections import record_section_problems, section_problems
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 RUN_RECORDS = "runs"              # one record per run: what summaries and reports read
@@ -151,6 +153,10 @@ def _row(r: dict) -> dict:
 def summary_frame(records: list[dict]) -> pd.DataFrame:
     """One row per run; scaling_efficiency = sps(N) / (N * sps(1)) against the latest ok 1-device
     run of the same group (GROUP_KEYS), empty where the group has none."""
+    # Imported here, not with the module: bench.run and every worker import this module for its records, and
+    # pandas was the larger part of their start-up (~0.3 s of CPU, in each of the suite's hundreds of processes).
+    import pandas as pd
+
     frame = pd.DataFrame([_row(r) for r in records], columns=[c for c in SUMMARY_COLUMNS
                                                               if c != "scaling_efficiency"])
     frame["scaling_efficiency"] = float("nan")

@@ -64,6 +64,31 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
                           env=full_env, timeout=timeout)
 
 
+TORCH_SWEEP = ("--gpus", "1,2", "--backends", "torch_dp,torch_ddp", "--workloads", "cnn", "--data", "real",
+               "--steps", "8", "--warmup-steps", "2")
+
+
+@pytest.fixture(scope="session")
+def torch_sweep(tmp_path_factory, data_dir) -> tuple[subprocess.CompletedProcess, Path]:
+    """One bench.compare of both torch backends at 1 and 2 devices on real MNIST, evaluated (the process and
+    its --out): test_torch_dp and test_torch_ddp read its records instead of each starting its own."""
+    out = tmp_path_factory.mktemp("torch-sweep") / "results"
+    return run_cli("bench.compare", *TORCH_SWEEP, "--out", str(out)), out
+
+
+# torch_3d's tiny BERT on real WikiText-2 at global batch 8, 3 steps: the 1-device run and the dp2 and tp2 layouts
+# are test_torch_3d's reference and two of its layouts as well.
+LAYOUT_SWEEP = ("--layouts", "dp2,tp2", "--workloads", "mlm", "--model-size", "tiny", "--data", "real", "--steps", "3",
+                "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--threads-per-device", "1")
+
+
+@pytest.fixture(scope="session")
+def layout_sweep(tmp_path_factory, data_dir) -> tuple[subprocess.CompletedProcess, Path]:
+    """One bench.compare --layouts sweep (the process and its --out), read by test_layouts and test_torch_3d."""
+    out = tmp_path_factory.mktemp("layout-sweep") / "results"
+    return run_cli("bench.compare", *LAYOUT_SWEEP, "--out", str(out), timeout=900), out
+
+
 @pytest.fixture
 def foreign_python_path(tmp_path) -> str:
     """A PATH whose first `python` is not this interpreter but a shim that fails: what a user has who

@@ -323,11 +323,8 @@ def test_parity_refuses_a_bad_layout_list(tmp_path):
 
 @pytest.mark.e2e
 @pytest.mark.skipif(importlib.util.find_spec("backends.torch_3d") is None, reason="backends.torch_3d is not built")
-def test_a_layout_sweep_leaves_one_record_per_layout_and_reference(tmp_path, data_dir):
-    out = tmp_path / "results"
-    proc = run_cli("bench.compare", "--layouts", "dp2,tp2", "--workloads", "mlm", "--steps", "3",
-                   "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--model-size", "tiny",
-                   "--out", str(out), timeout=900)
+def test_a_layout_sweep_leaves_one_record_per_layout_and_reference(layout_sweep):
+    proc, out = layout_sweep  # conftest.LAYOUT_SWEEP: --layouts dp2,tp2 on the tiny MLM, global batch 8
     assert proc.returncode == 0, proc.stderr[-2000:]
     records = load_records(out)
     assert all(r["sweep_id"].startswith(LAYOUT_SWEEP_PREFIX) for r in records)

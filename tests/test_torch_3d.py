@@ -16,12 +16,13 @@ from backends.mindspore_auto.strategies import bert_strategies
 from backends.torch_3d.parallelize import tensor_parallel_splits
 from backends.torch_common.models import build_model
 from backends.torch_common.weights import final_params
+from bench.reporting.layouts import layout_frame
 from common.final_params import FIELD as FINAL_PARAMS
 from common.final_params import compared, deviation
 from common.initial_weights import layout as weight_layout
 from common.layout import Layout
 from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
-from common.results import validate_record
+from common.results import load_records, validate_record
 from common.spec import BERT_SIZES, CNN
 from tests import faults
 from tests.conftest import run_cli
@@ -43,23 +44,29 @@ def _run(out: Path, *args: str, env: dict | None = None):
     return proc, (json.loads(records[-1].read_text()) if records else None)
 
 
+def _swept(layout_sweep) -> dict[str, dict]:
+    """The records of the layout sweep test_layouts checks (conftest.LAYOUT_SWEEP: these runs, through
+    bench.compare --layouts dp2,tp2) by layout name: "1 device", "dp2", "tp2"."""
+    proc, out = layout_sweep
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {r["run_id"]: r for r in load_records(out)}
+    return {row.layout: records[row.run_id] for row in layout_frame(list(records.values())).itertuples()}
+
+
 @pytest.fixture(scope="module")
-def one_device(tmp_path_factory, data_dir):
-    """The references: one device, global batch 8, in one step (for data and tensor parallel) and in
-    two accumulated micro-batches of 4 (for the pipelines)."""
-    out = tmp_path_factory.mktemp("one")
-    refs = {}
-    references = {"whole": ["--batch-size", "8"], "accumulated": ["--batch-size", "4", "--grad-accum", "2"]}
-    for key, args in references.items():
-        proc, record = _run(out, "--devices", "1", *args)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        refs[key] = record
-    return refs
+def one_device(tmp_path_factory, layout_sweep):
+    """The references: one device, global batch 8, in one step (for data and tensor parallel: the layout
+    sweep's) and in two accumulated micro-batches of 4 (for the pipelines)."""
+    proc, accumulated = _run(tmp_path_factory.mktemp("one"), "--devices", "1", "--batch-size", "4", "--grad-accum", "2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {"whole": _swept(layout_sweep)["1 device"], "accumulated": accumulated}
 
 
+# bench.run's arguments, or None for a layout the layout sweep ran (as --devices 2 --batch-size 4, and
+# --devices 2 --model-parallel 2 --batch-size 8); and the reference it is held to.
 LAYOUTS = {
-    "dp2": (["--devices", "2", "--batch-size", "4"], "whole"),
-    "tp2": (["--devices", "2", "--model-parallel", "2", "--batch-size", "8"], "whole"),
+    "dp2": (None, "whole"),
+    "tp2": (None, "whole"),
     # auto: the tiny BERT's two layers leave one split, which the layout must still resolve and say
     "pp2-gpipe": (["--devices", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--batch-size", "4",
                    "--stage-split", "auto"], "accumulated"),
@@ -78,10 +85,14 @@ FINAL_RTOL = 1e-4
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("args, reference", LAYOUTS.values(), ids=LAYOUTS.keys())
-def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, args, reference):
-    proc, record = _run(tmp_path / "out", *args)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_sweep, name):
+    args, reference = LAYOUTS[name]
+    if args is None:
+        record = _swept(layout_sweep)[name]
+    else:
+        proc, record = _run(tmp_path / "out", *args)
+        assert proc.returncode == 0, proc.stderr[-3000:]
     ref = one_device[reference]
     assert record["status"] == "ok" and validate_record(record) == []
     assert record["global_batch"] == ref["global_batch"] == 8

@@ -22,6 +22,7 @@ from common.errors import Unsupported
 from common.loop import FAULT_AFTER_STEP_ENV, FAULT_MARKER_ENV, FAULT_RANK_ENV, run_loop
 from common.results import validate_record
 from common.spec import CNN
+from tests import faults
 from tests.conftest import assert_tensorboard_log_is_the_record, run_cli
 
 # One optimizer step, same global batch: only the order of float32 summation differs
@@ -125,12 +126,12 @@ def test_torchrun_restarts_after_a_dead_rank_and_ends_where_an_uninterrupted_run
 
 
 @pytest.mark.e2e
-def test_compare_one_and_two_devices_on_real_mnist(tmp_path, data_dir):
-    out = tmp_path / "results"
-    proc = run_cli("bench.compare", "--gpus", "1,2", "--backends", "torch_ddp", "--workloads", "cnn",
-                   "--data", "real", "--steps", "8", "--warmup-steps", "2", "--out", str(out))
+def test_compare_one_and_two_devices_on_real_mnist(torch_sweep):
+    """bench.compare --gpus 1,2 on real MNIST (the sweep of both torch backends, conftest.TORCH_SWEEP)."""
+    proc, out = torch_sweep
     assert proc.returncode == 0, proc.stderr
-    records = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    records = [r for r in (json.loads(p.read_text()) for p in (out / "runs").glob("*.json"))
+               if r["backend"] == "torch_ddp"]
     assert sorted(r["devices"] for r in records) == [1, 2]
     for r in records:
         assert validate_record(r) == [], r["run_id"]
@@ -147,12 +148,12 @@ def test_compare_one_and_two_devices_on_real_mnist(tmp_path, data_dir):
         assert r["mfu"] is None and 0 < r["mfu_achievable"] < 1  # a CPU: the measured peak is the only one
     assert len({r["sweep_id"] for r in records}) == 1
     summary = pd.read_csv(out / "summary.csv")
-    assert len(summary) == 2
-    by_n = summary.set_index("devices")
+    assert len(summary) == 4  # torch_dp's two rows too
+    by_n = summary[summary.backend == "torch_ddp"].set_index("devices")
     assert by_n.loc[1, "scaling_efficiency"] == pytest.approx(1.0)
     expected = by_n.loc[2, "samples_per_s"] / (2 * by_n.loc[1, "samples_per_s"])
     assert by_n.loc[2, "scaling_efficiency"] == pytest.approx(expected)
-    assert (summary.mfu_achievable > 0).all()
+    assert (by_n.mfu_achievable > 0).all()
     assert "torch_ddp" in proc.stdout and "ok" in proc.stdout  # the table
 
 
@@ -263,6 +264,7 @@ def _tiny_config() -> RunConfig:
 @pytest.mark.e2e
 def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):
     """What a sweep's timeout does: SIGTERM to bench.run must take torchrun and its ranks down."""
+    import os
     import signal
     import subprocess
     import sys
@@ -270,20 +272,23 @@ def test_sigterm_to_bench_run_leaves_no_worker(tmp_path, data_dir):
 
     from tests.conftest import REPO
 
-    out = tmp_path / "out"
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    # A checkpoint after every step: the first one says the ranks are training (the first progress line
+    # comes only after common.loop.PROGRESS_EVERY_S of it).
     proc = subprocess.Popen([sys.executable, "-m", "bench.run", "--backend", "torch_ddp", "--workload", "cnn",
                              "--devices", "2", "--steps", "100000", "--data", "real", "--skip-eval",
+                             "--checkpoint-every", "1", "--checkpoint-dir", str(ckpt),
                              "--out", str(out)], cwd=REPO, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    logs = out / "logs"
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and "step " not in "".join(
-            p.read_text(errors="replace") for p in logs.glob("*/torchrun.log")):
-        time.sleep(1)
-    workers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
-    assert len(workers) >= 3, "torchrun and two ranks should be running"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) != 0
+    try:
+        faults.wait_for(lambda: faults.training_started(ckpt), 240, "a first checkpoint", proc)
+        workers = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
+        assert len(workers) >= 3, "torchrun and two ranks should be running"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:  # the test failed before bench.run ended: nothing of it may outlive the test
+            os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(1)
     status = {pid: Path(f"/proc/{pid}/status") for pid in workers}
     alive = [pid for pid, p in status.items() if p.exists() and "zombie" not in p.read_text().lower()]

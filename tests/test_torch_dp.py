@@ -54,16 +54,18 @@ def test_phase_means_average_per_step_and_leave_out_absent_phases():
     assert per_step_means([{"scatter": 0.1, "parallel_apply": 0.3}] * 2, 1) == {"scatter": 0.1, "parallel_apply": 0.3}
 
 
-@pytest.mark.e2e
-def test_record_at_one_device_on_real_mnist(tmp_path, data_dir):
-    out = tmp_path / "out"
-    proc = run_cli("bench.run", "--backend", "torch_dp", "--workload", "cnn", "--devices", "1", "--data", "real",
-                   "--steps", "6", "--warmup-steps", "2", "--out", str(out))
+def _sweep_records(torch_sweep) -> dict[tuple[str, int], dict]:
+    proc, out = torch_sweep
     assert proc.returncode == 0, proc.stderr
-    [path] = (out / "runs").glob("*.json")
-    r = json.loads(path.read_text())
+    return {(r["backend"], r["devices"]): r for r in (json.loads(p.read_text()) for p in (out / "runs").glob("*.json"))}
+
+
+@pytest.mark.e2e
+def test_record_at_one_device_on_real_mnist(torch_sweep):
+    """torch_dp at 1 device in the sweep of both torch backends on real MNIST (conftest.TORCH_SWEEP)."""
+    r = _sweep_records(torch_sweep)[("torch_dp", 1)]
     assert validate_record(r) == [] and r["status"] == "ok"
-    assert (r["strategy"], r["devices"], r["global_batch"], r["measured_steps"]) == ("DataParallel", 1, 64, 4)
+    assert (r["strategy"], r["devices"], r["global_batch"], r["measured_steps"]) == ("DataParallel", 1, 64, 6)
     assert r["eval"]["count"] == 10000 and r["params"] == 2_328_298
     assert any("runs unwrapped" in n for n in r["notes"])
 
@@ -82,13 +84,8 @@ def test_more_devices_than_cuda_is_unsupported_with_a_record(tmp_path):
 
 
 @pytest.mark.e2e
-def test_sweep_with_both_torch_backends_has_every_row(tmp_path, data_dir):
-    out = tmp_path / "out"
-    proc = run_cli("bench.compare", "--gpus", "1,2", "--backends", "torch_dp,torch_ddp", "--workloads", "cnn",
-                   "--data", "real", "--steps", "4", "--warmup-steps", "1", "--skip-eval", "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    rows = {(r["backend"], r["devices"]): r["status"]
-            for r in (json.loads(p.read_text()) for p in (out / "runs").glob("*.json"))}
+def test_sweep_with_both_torch_backends_has_every_row(torch_sweep):
+    rows = {key: r["status"] for key, r in _sweep_records(torch_sweep).items()}
     assert rows == {("torch_dp", 1): "ok", ("torch_dp", 2): "unsupported",
                     ("torch_ddp", 1): "ok", ("torch_ddp", 2): "ok"}
 
