@@ -1,6 +1,7 @@
 """Shared fixtures. Real data comes from $PARBENCH_DATA_DIR; its absence fails the tests, never skips them."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -62,6 +63,13 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True,
                           env=full_env, timeout=timeout)
+
+
+def run_recorded(out: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """bench.run with `args` into `out`; (the process, the newest record in out/runs, or None)."""
+    proc = run_cli("bench.run", *args, "--out", str(out), env=env)
+    records = sorted((out / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
+    return proc, (json.loads(records[-1].read_text()) if records else None)
 
 
 TORCH_SWEEP = ("--gpus", "1,2", "--backends", "torch_dp,torch_ddp", "--workloads", "cnn", "--data", "real",

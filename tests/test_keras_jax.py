@@ -5,7 +5,6 @@ The plan and the HLO reader are pure Python; everything that trains runs in benc
 is imported with the JAX backend (this test process may have Keras on TensorFlow already)."""
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
 from common.results import validate_record
 from common.spec import BERT_SIZES
 from tests import faults
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_recorded
 
 TINY = BERT_SIZES["tiny"]
 RUN = ["--backend", "keras_jax", "--workload", "mlm", "--model-size", "tiny", "--data", "synthetic", "--steps", "3",
@@ -104,9 +103,7 @@ def test_collectives_are_read_from_hlo_with_torch_comm_conventions():
 
 
 def _run(out: Path, *args: str, env: dict | None = None):
-    proc = run_cli("bench.run", *RUN, "--out", str(out), *args, env=env)
-    records = sorted((out / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
-    return proc, (json.loads(records[-1].read_text()) if records else None)
+    return run_recorded(out, *RUN, *args, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 cleanly; its tensor-parallel plan splits the weights mindspore_auto's strategy table splits."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
 from common.results import load_records, validate_record
 from common.spec import BERT_SIZES, CNN
 from tests import faults
-from tests.conftest import run_cli
+from tests.conftest import run_recorded
 
 TINY = BERT_SIZES["tiny"]
 # Three steps of the tiny BERT, so the curve covers two updates after the first loss.
@@ -39,9 +38,7 @@ RTOL = 1e-6
 
 
 def _run(out: Path, *args: str, env: dict | None = None):
-    proc = run_cli("bench.run", *RUN, "--out", str(out), *args, env=env)
-    records = sorted((out / "runs").glob("*.json"), key=lambda p: p.stat().st_mtime)
-    return proc, (json.loads(records[-1].read_text()) if records else None)
+    return run_recorded(out, *RUN, *args, env=env)
 
 
 def _swept(layout_sweep) -> dict[str, dict]:
