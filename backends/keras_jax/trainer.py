@@ -8,6 +8,7 @@ multi-process run executes the same programs (SPMD), so the step's loss is globa
 from __future__ import annotations
 
 import json
+import math
 import resource
 import time
 
@@ -68,11 +69,10 @@ def host_arrays(batch: dict, rows_multiple: int = 1) -> dict[str, np.ndarray]:
 
 
 def _bytes_per_device(shape, dtype, sharding, into: dict[int, int]) -> None:
-    """Add one array's shard on every device of its sharding (global: no gather needed)."""
-    itemsize = np.dtype(dtype).itemsize
-    for device, index in sharding.devices_indices_map(tuple(shape)).items():
-        into[device.id] = into.get(device.id, 0) + itemsize * int(np.prod(
-            [len(range(*s.indices(n))) for s, n in zip(index, shape)], dtype=np.int64))
+    """Add one array's shard on every device of its sharding (global: no gather needed; the plan splits evenly)."""
+    shard = np.dtype(dtype).itemsize * math.prod(sharding.shard_shape(tuple(shape)))
+    for device in sharding.device_set:
+        into[device.id] = into.get(device.id, 0) + shard
 
 
 class JaxTrainer:
@@ -181,7 +181,7 @@ class JaxTrainer:
         before = time.perf_counter()
         self.train_step(batch, lr)
         step = time.perf_counter() - before
-        nbytes = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.trainable)
+        nbytes = sum(a.nbytes for a in self.trainable)
         # The separate gradient and reduction programs are the instrument's: the loop takes them off the step.
         return {"forward_backward_s": fb, "grad_comm_s": comm, "optimizer_s": max(0.0, step - fb - comm),
                 "grad_comm_bytes": nbytes if self.dp > 1 else 0, "instrument_s": fb + comm}
@@ -334,7 +334,7 @@ class JaxTrainer:
                        "compile_s": sum(c["wall_s"] for c in self._compiles), "compile_steps": self._compiles,
                        "recompiled_in_measured_window": late,
                        "compile_detection": "the step is lowered and compiled explicitly before its first call"}
-        trainable = int(sum(np.prod(a.shape) for a in self.trainable))
+        trainable = sum(a.size for a in self.trainable)
         fp32 = Fp32Math("tf32" if self._math_mode() == "tf32" else "fp32")
         return merged(TrainableParams(trainable), fp32, self._state_bytes(), self._comm(), **compile_log,
                       xla_step_memory_per_device=self._memory_analysis(), **{FINAL_PARAMS: self._final_params()})
