@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 
 from common.errors import Unsupported
@@ -41,6 +42,9 @@ def load_backend(name: str):
     entry = BACKENDS[name]
     if entry.module is None:
         raise Unsupported(f"backend {name} is not built yet ({entry.pending})")
+    # The parent side of a backend imports its framework only when it must (a GPU to count): ask for it here.
+    if importlib.util.find_spec(entry.framework) is None:
+        raise Unsupported(f"{entry.framework} is not installed: pip install 'parbench[{entry.extra}]'")
     try:
         return getattr(importlib.import_module(entry.module), entry.cls)()
     except ImportError as exc:

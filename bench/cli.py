@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from backends import BACKEND_ONLY, BACKENDS
 from backends.keras_jax.modes import MODES as JAX_MODES
+from backends.tf_mirrored.modes import MODES as TF_MODES
 from common.config import COMPILE_MODES, PRECISIONS, SCALING_MODES
 from common.layout import OPTIONS as LAYOUT_OPTIONS
 from common.layout import LayoutOption
@@ -168,6 +169,9 @@ RUN_OPTIONS = (
     _option("--eval-every", type=non_negative_int, default=0, help="evaluate every K steps"),
     _option("--skip-eval", action="store_true",
             help="no evaluation at the end (throughput or correctness runs); eval is null in the record"),
+    _option("--eval-samples", type=non_negative_int, default=0, metavar="N",
+            help="evaluate on the split's first N samples only (default 0: all of it); the record's eval says "
+                 "how many of how many"),
     _option("--patience", type=non_negative_int, default=0,
             help="stop after this many evaluations without improvement (needs --eval-every)"),
     _option("--checkpoint-every", type=non_negative_int, default=0, help="checkpoint every K steps"),
@@ -192,7 +196,7 @@ RUN_OPTIONS = (
     _option("--max-restarts", type=non_negative_int, default=0,
             help="torch_ddp: restart the workers up to K times after a failure, from the newest valid checkpoint "
                  "(needs --checkpoint-every)"),
-    _option("--tf-mode", choices=("mirrored", "multi_worker"),
+    _option("--tf-mode", choices=TF_MODES,
             help="tf_mirrored: one process over N logical devices (default), or one process per device"),
     _option("--jax-mode", choices=JAX_MODES,
             help="keras_jax: one process over N devices (default), or one process per device (jax.distributed)"),

@@ -1,5 +1,6 @@
 """python -m bench.predict --from RESULTS --hardware NAME|FILE --devices 8,64,512 --layouts dp,fsdp,tp2xdp,pp4-1f1b
-                          [--workload mlm] [--model-size base] [--global-batch B] [--assume-mfu 0.4]
+                          [--workload mlm] [--model-size base] [--batch-size B | --global-batch B]
+                          [--precision amp] [--assume-mfu 0.4]
 python -m bench.predict --validate RESULTS [--hardware NAME|FILE]
 
 Predicts a training step of each layout at each device count on the hardware described (step time, samples/s,
@@ -10,6 +11,7 @@ against measured, and writes RESULTS/validation.json. The model: common/predict 
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -26,12 +28,13 @@ from common.errors import BadInput
 from common.layout import Layout
 from common.peak_flops import device_model
 from common.predict import hardware as hardware_files
-from common.predict.basis import Basis, from_mfu, from_records
+from common.predict.basis import Basis, accumulation, from_mfu, from_records
 from common.predict.layouts import at_devices, check_name
 from common.predict.step import predict
 from common.predict.validation import references, validate
 from common.results import load_records, write_atomic, write_json_atomic
-from common.spec import BERT_SIZES, DEFAULTS, model_spec
+from common.spec import BERT_SIZES, DEFAULTS, BertSpec, model_spec
+from common.stage_split import layers_per_stage
 
 DEFAULT_CPU_HARDWARE = "cpu-loopback-2core"
 GIB = 2**30
@@ -51,13 +54,18 @@ def build_parser() -> OneLineParser:
                    help="layout names (README: Layouts); a bare dp or fsdp takes the devices the rest leave")
     p.add_argument("--workload", choices=workload_names(), default="mlm")
     p.add_argument("--model-size", choices=sorted(BERT_SIZES), default="base")
-    p.add_argument("--global-batch", type=positive_int,
-                   help="global batch at every device count (default: the workload's per-device batch x devices)")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--batch-size", type=positive_int, metavar="B",
+                       help="per-device batch at every device count (weak scaling; default: the workload's, 32 "
+                            "for the MLM); the compute comes from the measured 1-device run of the batch nearest it")
+    batch.add_argument("--global-batch", type=positive_int,
+                       help="one global batch at every device count (strong scaling)")
     p.add_argument("--assume-mfu", type=positive_float, metavar="MFU",
                    help="compute at this fraction of the device's datasheet peak instead of a measured run "
                         "(labelled as an assumption in every table and figure)")
     p.add_argument("--precision", choices=PRECISIONS, default="amp",
-                   help="with --assume-mfu: the math mode whose peak the MFU is of (default amp: bf16)")
+                   help="the precision predicted: the measured run's (default amp: bf16 autocast), with "
+                        "--assume-mfu the math mode whose peak the MFU is of")
     p.add_argument("--out", help="folder for the figure and predictions.json (default: --from's folder, "
                                  "else ./predictions)")
     return p
@@ -120,9 +128,19 @@ def _target_kind(hardware) -> str:
     return found[0] if found else "cuda"
 
 
-def measured_basis(results: Path, hardware, workload: str, size: str) -> tuple[Basis, dict]:
+def _plain(record: dict) -> bool:
+    """A run of the model as the layouts start from it: no recompute, eager (what predictions scale)."""
+    config = record.get("config") or {}
+    return not (record.get("layout") or {}).get("recompute") and not config.get("compile")
+
+
+def measured_basis(results: Path, hardware, workload: str, size: str, precision: str = "amp",
+                   batch: int | None = None) -> tuple[Basis, dict]:
     """The basis from RESULTS' 1-device runs on the hardware's kind of device; ValueError (one line) when
-    there is none, naming the devices the folder does hold."""
+    there is none, naming the devices the folder does hold. Of those, the main run is torch_3d's (it runs
+    the layouts), of the size and precision asked for, plain (no --recompute, no --compile), of the
+    per-device `batch` or the nearest to it, the latest; its runs of the same batch at other micro-batch
+    counts give the per-micro-batch cost."""
     records = [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
                and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")]
     target = _target_kind(hardware)
@@ -132,12 +150,17 @@ def measured_basis(results: Path, hardware, workload: str, size: str) -> tuple[B
         raise ValueError(f"{results} has no 1-device {workload} run on {target} (its runs: {', '.join(held)}); "
                          f"compute measured on one kind of device does not predict {hardware.name}: "
                          "pass --assume-mfu MFU to predict from an assumed utilisation")
-    # torch_3d runs layouts; a run of the size asked for, the latest.
-    usable.sort(key=lambda r: (r["backend"] == "torch_3d", (r.get("config") or {}).get("model_size") == size,
-                               r.get("started_at") or ""), reverse=True)
+
+    def preference(r: dict) -> tuple:
+        config = r.get("config") or {}
+        off = abs(math.log(r["global_batch"] / batch)) if batch else 0.0
+        return (r["backend"] != "torch_3d", config.get("model_size") != size,
+                (config.get("precision") or "fp32") != precision, not _plain(r), accumulation(r) != 1, off)
+    usable.sort(key=lambda r: r.get("started_at") or "", reverse=True)   # the latest first among equals
+    usable.sort(key=preference)
     main = usable[0]
     spec = model_spec(workload, (main.get("config") or {}).get("model_size") or "tiny")
-    refs = references(main, records) or [main]
+    refs = references(main, usable) or [main]
     return from_records(spec, refs), main
 
 
@@ -162,8 +185,16 @@ def run_prediction(console: Console, args) -> int:
         basis = from_mfu(args.assume_mfu, hardware, args.precision, achievable)
         backend = "torch_3d"
     else:
-        basis, main = measured_basis(source, hardware, args.workload, args.model_size)
+        per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
+        basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision,
+                                     args.global_batch // min(args.devices) if args.global_batch else per_device)
         backend = main["backend"]
+        precision = (main.get("config") or {}).get("precision") or "fp32"
+        if precision != args.precision:
+            basis = _relabel(basis, f"; measured at {precision}, not {args.precision} (none of that precision)")
+        if not args.global_batch and main["global_batch"] != per_device:
+            basis = _relabel(basis, f"; measured at batch {main['global_batch']}, predicted at {per_device} per "
+                                    "device by multiply-adds (an assumption: pass --batch-size to use a measured one)")
         measured_size = (main.get("config") or {}).get("model_size")
         if args.workload == "mlm" and measured_size != args.model_size:
             basis = _relabel(basis, f"; measured at size {measured_size}, scaled to {args.model_size} by "
@@ -177,9 +208,10 @@ def run_prediction(console: Console, args) -> int:
     names = [e.strip() for e in args.layouts.split(",") if e.strip()]
     for name in names:
         check_name(name)
+    per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
     rows = []
     for n in args.devices:
-        batch = args.global_batch or DEFAULTS[args.workload].per_device_batch * n
+        batch = args.global_batch or per_device * n
         one = _one_device_rate(spec, batch / n, basis, hardware, backend)
         for name in names:
             rows.append(_row(spec, name, n, batch, basis, hardware, backend, one))
@@ -212,7 +244,10 @@ def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, back
     try:
         layout = at_devices(name, devices)
         layout.validate(spec, batch)
-        p = predict(spec, layout, batch, basis, hardware, backend)
+        # Layers per stage as torch_3d would place them (--stage-split even, auto or counts).
+        split = layers_per_stage(layout.stage_split, spec, layout.pp, batch // layout.dp) \
+            if layout.pp > 1 and isinstance(spec, BertSpec) else None
+        p = predict(spec, layout, batch, basis, hardware, backend, stage_split=split)
     except (ValueError, BadInput) as exc:
         return {**row, "invalid": str(exc)}
     memory = p.memory_per_rank or p.model_per_rank
@@ -221,8 +256,9 @@ def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, back
             "state_per_rank_max": max(s.total for s in p.state_per_rank), "fits": p.fits(hardware.memory_bytes),
             "comm_exposed_share": p.comm_exposed_s / p.step_s, "bubble_share": p.bubble_s / p.step_s,
             "parts_s": {"compute": p.compute_s, "comm_exposed": p.comm_exposed_s, "bubble": p.bubble_s,
-                        "optimizer": p.optimizer_s, "overhead": p.overhead_s},
-            "collectives": [asdict(c) for c in p.collectives], "notes": p.notes}
+                        "optimizer": p.optimizer_s, "overhead": p.overhead_s, "sync_wait": p.sync_wait_s},
+            "collectives": [asdict(c) for c in p.collectives], "notes": p.notes,
+            **({"layers_per_stage": split} if split else {})}
 
 
 def _print(console: Console, rows: list[dict], hardware, basis: Basis, rests_on: str, title: str) -> None:

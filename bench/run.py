@@ -121,6 +121,8 @@ def check_options(args) -> None:
         raise BadInput("--patience needs --eval-every")
     if args.skip_eval and args.eval_every:
         raise BadInput("--skip-eval contradicts --eval-every")
+    if args.skip_eval and args.eval_samples:
+        raise BadInput("--skip-eval contradicts --eval-samples")
     if args.resume and not (args.checkpoint_dir or args.checkpoint_every):
         raise BadInput("--resume needs --checkpoint-dir or --checkpoint-every")
     check_backend_options(args)
@@ -219,7 +221,7 @@ def build_config(args, run_id: str, plan, checked: Checked | None = None) -> Run
         data_dir=str(checked.data_dir), seed=args.seed, total_steps=total, warmup_steps=warmup, out=args.out,
         model_size=args.model_size, precision=args.precision, sync_bn=args.sync_bn, virtual=plan.virtual,
         compile=args.compile or "",
-        eval_every=args.eval_every, skip_eval=args.skip_eval, patience=args.patience,
+        eval_every=args.eval_every, skip_eval=args.skip_eval, eval_samples=args.eval_samples, patience=args.patience,
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, max_restarts=args.max_restarts, timeout_s=args.timeout,
         collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id, layout=layout,
@@ -354,7 +356,9 @@ def run(args, run_id: str, workdir: Path) -> int:
         return EXIT_FAILED
     path = _finish(record, args.out, "ok", None, t0)
     ev = record["eval"]
-    metric = f", {ev['metric']} {ev['value']:.4f} on {ev['split']} ({ev['count']})" if ev else ""
+    part = (f"; its first {ev['samples_evaluated']} of {ev['split_size']} samples"
+            if ev and ev.get("samples_evaluated", 0) < ev.get("split_size", 0) else "")
+    metric = f", {ev['metric']} {ev['value']:.4f} on {ev['split']} ({ev['count']}{part})" if ev else ""
     print(f"ok: {record['samples_per_s'] or 0:.1f} samples/s{metric}, record {path}")
     return EXIT_OK
 

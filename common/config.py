@@ -44,6 +44,7 @@ class RunConfig:
     sync_bn: bool = False
     eval_every: int = 0          # 0: only at the end
     skip_eval: bool = False      # not even at the end
+    eval_samples: int = 0        # 0: the whole split; else its first N samples
     patience: int = 0            # 0: no early stopping
     checkpoint_every: int = 0    # 0: no checkpoints
     checkpoint_dir: str = ""

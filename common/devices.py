@@ -3,6 +3,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
+
+# What an accelerator's driver leaves on a Linux machine: NVIDIA's (/proc and its control device), ROCm's kernel
+# driver, WSL's GPU paravirtualisation, Ascend's device manager. None of them: no framework can see one here.
+ACCELERATOR_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/kfd", "/dev/dxg",
+                            "/dev/davinci_manager")
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,12 @@ class DevicePlan:
         if self.kind != "cpu" and self.virtual and self.hardware:
             return min(self.count, len(self.hardware))
         return self.count
+
+
+def accelerator_driver_present() -> bool:
+    """Whether this machine has a GPU's or NPU's driver: the parent asks a framework for its accelerators
+    (importing it takes seconds, TensorFlow's five) only where one could answer other than none."""
+    return any(Path(path).exists() for path in ACCELERATOR_DRIVER_PATHS)
 
 
 def cpu_cores() -> int:

@@ -16,7 +16,7 @@ import numpy as np
 from common.achievable import achievable_section, probe_rank
 from common.breakdown import grad_comm_summary, link_gbps_from_probe, summarize_breakdown
 from common.config import RunConfig
-from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches
+from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches, eval_samples
 from common.data.datasets import SplitData
 from common.memory import MemoryWindow, memory_section
 from common.nodes import hosts_table, rank_host
@@ -89,10 +89,13 @@ def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
     # Ranks that split one model (tensor, pipeline) evaluate the same shard: the data-parallel
     # replica's; a trainer without a layout is one replica per rank.
     shard = getattr(trainer, "data_rank", trainer.rank), getattr(trainer, "data_world", trainer.world)
-    batches = eval_batches(data, cfg.spec, cfg.seed, *shard, EVAL_BATCH)
+    batches = eval_batches(data, cfg.spec, cfg.seed, *shard, EVAL_BATCH, cfg.eval_samples)
     loss_sum, correct, count = trainer.all_reduce_sum(list(trainer.evaluate(batches)))
+    # count: what the metric is over (the MLM: masked tokens); split_size: the split's samples, samples_evaluated
+    # those --eval-samples took (all by default).
     return {"metric": DEFAULTS[cfg.workload].metric, "split": data.split, "value": correct / count,
-            "loss": loss_sum / count, "count": int(round(count))}
+            "loss": loss_sum / count, "count": int(round(count)), "split_size": len(data),
+            "samples_evaluated": eval_samples(data, cfg.eval_samples)}
 
 
 def _downsample(curve: list[list[float]]) -> list[list[float]]:

@@ -3,11 +3,14 @@ this machine cannot do is exit 3 with a record saying why."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from common.devices import accelerator_driver_present
 from common.results import validate_record
-from tests.conftest import run_cli
+from tests.conftest import REPO, run_cli
 
 BASE = ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "1"]
 MLM2 = ["--backend", "torch_3d", "--workload", "mlm", "--model-size", "tiny", "--devices", "2"]
@@ -33,6 +36,7 @@ BAD_INPUT = {
                                              "--out", OUT]),
     "run: patience without eval": ("bench.run", [*BASE, "--patience", "2", "--out", OUT]),
     "run: skip-eval with eval-every": ("bench.run", [*BASE, "--skip-eval", "--eval-every", "2", "--out", OUT]),
+    "run: skip-eval with eval-samples": ("bench.run", [*BASE, "--skip-eval", "--eval-samples", "64", "--out", OUT]),
     "run: warm-up swallows the run": ("bench.run", [*BASE, "--steps", "5", "--warmup-steps", "5", "--out", OUT]),
     "run: strong batch not divisible": ("bench.run", ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "2",
                                                       "--scaling", "strong", "--batch-size", "3", "--out", OUT]),
@@ -188,3 +192,17 @@ def test_unsupported_writes_a_record_and_exits_3(tmp_path, args, reason):
     record = json.loads(path.read_text())
     assert record["status"] == "unsupported" and reason in record["error"]
     assert validate_record(record) == []
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(accelerator_driver_present(), reason="with a GPU driver the parent asks the framework for GPUs")
+def test_planning_a_run_imports_no_framework():
+    """bench.run's own process plans every backend's run without importing its framework (TensorFlow took 5 s of
+    every run): versions from the installed packages, no GPUs where no driver is."""
+    code = ("import sys; from backends import BACKENDS, load_backend\n"
+            "for name in BACKENDS:\n"
+            "    backend = load_backend(name); backend.framework_version(); backend.plan_devices(1, 'auto', 1)\n"
+            "print(sorted({'torch', 'tensorflow', 'mindspore', 'jax', 'keras'} & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.data.batches import TrainBatches, epoch_order, eval_batches, eval_indices
+from common.data.batches import TrainBatches, epoch_order, eval_batches, eval_indices, eval_samples
 from common.data.datasets import load_split, resolve_data_mode
 from common.data.masking import mask_tokens
 from common.data.mnist import load_mnist, read_idx_images, read_idx_labels
@@ -191,6 +191,11 @@ def test_eval_batches_count(data_dir):
     data = load_split("cnn", "test", "real", data_dir, CNN, seed=0)
     counts = [sum(len(b["label"]) for b in eval_batches(data, CNN, 0, r, 3, 256)) for r in range(3)]
     assert sum(counts) == 10000
+    # --eval-samples 700: the split's first 700, each once, over the ranks; more than the split is all of it.
+    limited = [b["label"] for r in range(3) for b in eval_batches(data, CNN, 0, r, 3, 256, limit=700)]
+    assert sum(len(b) for b in limited) == 700 == eval_samples(data, 700)
+    assert np.array_equal(np.concatenate(limited), data.arrays["label"][:700])
+    assert eval_samples(data, 50_000) == eval_samples(data) == 10000
 
 
 # ----------------------------------------------------------------------------- synthetic

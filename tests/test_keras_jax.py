@@ -113,8 +113,9 @@ def one_device(tmp_path_factory, data_dir):
     return record
 
 
+# Plain data parallel (dp2) is bench.parity's "keras_jax: 2 devices = 1 device x 2 micro-batches" for both workloads
+# (tests/test_parity.py) and test_multihost's keras_jax run across two hosts.
 LAYOUTS = {
-    "dp2": ["--devices", "2", "--batch-size", "4"],
     # One process per device: jax.distributed over loopback, the same GSPMD program in both.
     "tp2-multi_process": ["--devices", "2", "--model-parallel", "2", "--batch-size", "8",
                           "--jax-mode", "multi_process"],

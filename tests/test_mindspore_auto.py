@@ -214,11 +214,13 @@ def _record(out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def mlm_runs(tmp_path_factory, data_dir):
-    """MLM, global batch 16, 6 steps: on 1 worker and on 2 workers of 8; final weights checkpointed."""
+    """MLM, global batch 16, 6 steps: on 1 worker and on 2 workers of 8; final weights checkpointed; evaluated on
+    the validation split's first 256 sequences (all 1,704 would be most of each run)."""
     runs = {}
     for devices, batch in ((1, 16), (2, 8)):
         out = tmp_path_factory.mktemp(f"mlm-n{devices}")
-        proc = _bench(out, "mlm", devices, batch, "--checkpoint-every", "6", "--checkpoint-dir", str(out / "ckpt"))
+        proc = _bench(out, "mlm", devices, batch, "--checkpoint-every", "6", "--checkpoint-dir", str(out / "ckpt"),
+                      "--eval-samples", "256")
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[devices] = out
     return runs
@@ -233,6 +235,7 @@ def test_mlm_records_are_valid(mlm_runs):
         assert record["params"] == TINY.param_count()
         assert record["backend_metrics"]["compile_s"] > 0
         assert record["eval"]["metric"] == "masked_accuracy" and record["eval"]["count"] > 0
+        assert record["eval"]["samples_evaluated"] == 256 < record["eval"]["split_size"]
         assert all(t > 0 for t in record["memory"]["training_per_rank"]) and record["mfu_achievable"] > 0
         assert len(record["achievable_peak"]["per_rank"]) == devices
 

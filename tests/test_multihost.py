@@ -92,7 +92,7 @@ def test_two_hosts_train_one_run(hosts, tmp_path, data_dir, backend):
 @pytest.mark.timeout(180)
 def test_missing_peer_fails_within_the_rendezvous_timeout(hosts, tmp_path, data_dir, backend="torch_ddp"):
     a, _ = hosts
-    out, limit = tmp_path / "out", 20
+    out, limit = tmp_path / "out", 8
     started = time.monotonic()
     proc = _node(a, 0, a, 29500, out, *BACKENDS[backend], *TINY_MLM, "--devices", "1",
                  "--collective-timeout", str(limit))

@@ -4,20 +4,31 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from bench import predict as predict_cli
 from bench.report import main as report_main
+from common.hostinfo import load_over
 from common.layout import Layout
 from common.predict import hardware as hardware_files
-from common.predict.basis import Basis, from_mfu, measured_memory, per_process
+from common.predict.basis import (
+    Basis,
+    background_load,
+    from_mfu,
+    interruption_share,
+    measured_memory,
+    per_process,
+)
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
 from common.predict.hardware import Link
 from common.predict.layouts import at_devices, check_name
 from common.predict.memory import fsdp_numel, state_bytes
-from common.predict.step import collectives, pipeline_s, predict
+from common.predict.step import collectives, pipeline_s, predict, sync_factor
 from common.predict.validation import probed_links, references
 from common.results import load_records
 from common.spec import BERT_SIZES
@@ -154,6 +165,41 @@ def test_data_parallel_step_is_its_share_of_compute_plus_the_exposed_all_reduce(
     assert ddp.comm_exposed_s < expected
 
 
+def test_synchronised_ranks_wait_for_each_others_interruptions():
+    # Once a step (a data-parallel all-reduce): the longest of dp, H_dp; every layer (tp, FSDP): each in turn.
+    assert sync_factor(Layout()) == 1 and sync_factor(Layout(pp=2, micro_batches=4)) == 1
+    assert sync_factor(Layout(dp=2)) == pytest.approx(1.5) and sync_factor(Layout(dp=4)) == pytest.approx(25 / 12)
+    assert sync_factor(Layout(tp=2)) == 2 and sync_factor(Layout(dp=2, optimizer_shard=True)) == 2
+    assert sync_factor(Layout(dp=2, tp=2)) == pytest.approx(3)
+    # A 1-device run whose steps took 1, 1, 1, 1 and 2 s lost 0.2 of its 1.2 s mean to interruptions.
+    assert interruption_share({"step_times_s": [1, 1, 1, 1, 2]}) == pytest.approx(0.2 / 1.2)
+    assert interruption_share({"step_times_s": [1, 2]}) == 0.0   # too few steps to say
+    cpu = hardware_files.load("cpu-loopback-2core")
+    quiet = predict(TINY, Layout(dp=2), 32, _basis(), cpu)
+    noisy = predict(TINY, Layout(dp=2), 32, _basis(interruption_share=0.1), cpu)
+    assert noisy.step_s == pytest.approx(quiet.step_s * (1 + 0.1 * 0.5))
+    assert predict(TINY, Layout(), 32, _basis(interruption_share=0.1), cpu).step_s == \
+        pytest.approx(predict(TINY, Layout(), 32, _basis(), cpu).step_s)
+    # A GPU's queued kernels run on through its host's interruptions: no wait is added there.
+    gpu = hardware_files.load("h100-sxm-8")
+    assert predict(BASE, Layout(dp=8), 256, _basis(interruption_share=0.1), gpu).step_s == \
+        pytest.approx(predict(BASE, Layout(dp=8), 256, _basis(), gpu).step_s)
+
+
+def test_other_programs_load_is_the_busy_cores_less_the_runs_own():
+    # 2 s on a 2-CPU machine: 400 ticks, 100 idle (1.5 cores busy), of which the run used 2 CPU-seconds (1 core).
+    before = {"loadavg_1m": 1.0, "wall_s": 10.0, "own_cpu_s": 5.0, "cpu_total_ticks": 1000, "cpu_steal_ticks": 0,
+              "cpu_idle_ticks": 500}
+    after = {"loadavg_1m": 2.0, "wall_s": 12.0, "own_cpu_s": 7.0, "cpu_total_ticks": 1400, "cpu_steal_ticks": 0,
+             "cpu_idle_ticks": 600}
+    cpus = os.cpu_count()
+    assert load_over(before, after)["other_busy_cores"] == pytest.approx(max(0.0, 0.75 * cpus - 1.0), abs=0.01)
+    record = {"device_kind": "cpu", "devices": 2, "threads_per_device": 1,
+              "load": {"loadavg_1m_after": 5.0, "other_busy_cores": 0.3}}
+    assert background_load(record) == 0.3   # measured over the run, not the load average's minute
+    assert background_load({**record, "load": {"loadavg_1m_after": 5.0}}) == 3.0
+
+
 def test_assumed_mfu_is_labelled_and_uses_the_datasheet_peak():
     hw = hardware_files.load("h100-sxm-8")
     basis = from_mfu(0.5, hw, "amp")
@@ -193,13 +239,14 @@ def test_hardware_files_load_and_a_bad_one_is_one_line(tmp_path):
 # ----------------------------------------------------------------------------- a real sweep
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory, data_dir):
-    out = tmp_path_factory.mktemp("predict") / "results"
-    proc = run_cli("bench.compare", "--layouts", "dp2,tp2", "--workloads", "mlm", "--steps", "4",
-                   "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--breakdown-steps", "1",
-                   "--out", str(out), timeout=900)
+def sweep(tmp_path_factory, layout_sweep):
+    """The records of the session's layout sweep (conftest.LAYOUT_SWEEP: dp2 and tp2 of the tiny MLM and their
+    1-device run), copied into a folder of this module's own: predict and report write beside them."""
+    proc, out = layout_sweep
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return out
+    mine = tmp_path_factory.mktemp("predict") / "results"
+    shutil.copytree(out / "runs", mine / "runs")
+    return mine
 
 
 @pytest.mark.e2e
@@ -285,3 +332,44 @@ def test_memory_figures_come_from_the_memory_section_one_per_process():
     # One process driving 4 devices holds the framework's overhead once and every device's share.
     assert per_process([1, 2, 3, 4], 1, 10) == [20]
     assert per_process([1, 2, 3, 4], 2, 10) == [13, 17]
+
+
+# ----------------------------------------------------------------------------- the H100 reference
+
+H100_RUNS = Path(__file__).resolve().parents[1] / "results" / "reference" / "h100x1"
+
+
+def test_the_h100_basis_is_the_plain_run_of_the_batch_asked_for(tmp_path, capsys):
+    """results/reference/h100x1 holds BERT-base 1-device runs on one H100 at several batches, with --recompute,
+    in fp32 and by torch_ddp: a prediction takes torch_3d's plain amp run of the per-device batch asked for
+    and the same batch at another micro-batch count, never the recompute run (the folder's latest at 32)."""
+    hw = hardware_files.load("h100-sxm-8")
+    ids = lambda basis: [i.rsplit("-", 1)[1] for i in basis.record_ids]  # noqa: E731
+    basis, main = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 32)
+    assert ids(basis) == ["8f7ccb", "80a9cd"] and main["backend"] == "torch_3d"
+    basis, main = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 256)
+    assert ids(basis) == ["e79003", "3802b5"] and basis.s_per_micro_batch > 0
+    fp32, _ = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "fp32", 32)
+    assert ids(fp32) == ["71a4f0"]
+    # Batch 200 was not measured: the nearest (256) is, and the table says it scaled.
+    assert predict_cli.main(["--from", str(H100_RUNS), "--hardware", "h100-sxm-8", "--devices", "8,64",
+                             "--layouts", "dp,fsdp,tp2xdp,pp4-1f1b", "--batch-size", "200",
+                             "--out", str(tmp_path)]) == 0
+    table = json.loads((tmp_path / "predict-mlm-base-h100-sxm-8.json").read_text())
+    assert "e79003" in table["compute"] and "predicted at 200 per device" in table["compute"]
+    rows = {(r["layout"], r["devices"]): r for r in table["rows"]}
+    assert rows[("dp", 8)]["global_batch"] == 1600 and rows[("pp4-1f1b", 64)]["layout_full"].startswith("dp16")
+    # Data parallel on one node: the step is the measured one's (scaled to 200) plus an all-reduce over NVLink.
+    assert 0.8 < rows[("dp", 8)]["efficiency"] <= 1.0
+
+
+def test_a_predicted_pipeline_places_its_layers_as_torch_3d_would():
+    """--stage-split in a layout name: mini BERT's auto split at pp2 is 3 + 1 (its head weighs about 1.6 layers,
+    README: Stage split), even is 2 + 2, counts are taken as given; the busier last stage sets the step."""
+    hw = hardware_files.load("h100-sxm-8")
+    basis, mini = from_mfu(0.4, hw, "amp"), BERT_SIZES["mini"]
+    rows = {name: predict_cli._row(mini, name, 2, 64, basis, hw, "torch_3d", 1.0)
+            for name in ("pp2-mb4-1f1b", "pp2-mb4-1f1b-splitauto", "pp2-mb4-1f1b-split1+3")}
+    assert [rows[n]["layers_per_stage"] for n in rows] == [[2, 2], [3, 1], [1, 3]]
+    assert rows["pp2-mb4-1f1b-splitauto"]["step_s"] < rows["pp2-mb4-1f1b"]["step_s"] < \
+        rows["pp2-mb4-1f1b-split1+3"]["step_s"]

@@ -185,19 +185,20 @@ def test_the_matmul_probe_times_one_product_per_device_at_once():
     assert precision == "fp32" and len(seconds) == 3 and all(0 < s < 1 for s in seconds)
 
 
+# Each mode once and each workload once: the CNN in one process (MirroredStrategy), the MLM in one process per
+# worker (MultiWorkerMirroredStrategy). The other two pairs train in bench.parity (tf_mirrored, both workloads,
+# 1 and 2 devices), test_faults (the CNN, multi_worker) and test_multihost (the MLM, multi_worker, two hosts).
 @pytest.mark.e2e
-@pytest.mark.parametrize("mode", ["mirrored", "multi_worker"])
-@pytest.mark.parametrize("workload", ["cnn", "mlm"])
+@pytest.mark.parametrize("workload, mode", [("cnn", "mirrored"), ("mlm", "multi_worker")])
 def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: str):
-    # Evaluating the MLM (1,704 sequences) is most of its run, and most of all in mirrored mode, where the one
-    # process evaluates alone: the MLM evaluates in multi_worker mode (each worker its shard, summed), and the
-    # one-process evaluation is the CNN's in mirrored mode.
-    skip_eval = workload == "mlm" and mode == "mirrored"
+    # Evaluating the MLM's 1,704 sequences would be most of its run: it evaluates its first 256 (each worker its
+    # shard, summed); the CNN evaluates all 10,000 test images in the one process.
+    evaluated = ["--eval-samples", "256"] if workload == "mlm" else []
     proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", workload, "--devices", "2",
                    "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--data", "real",
                    "--data-dir", str(data_dir), "--tf-mode", mode, "--collective-timeout", "120",
                    "--timeout", "400", "--out", str(tmp_path), "--tensorboard", str(tmp_path / "tb"),
-                   *(["--skip-eval"] if skip_eval else []))
+                   *evaluated)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = (tmp_path / "runs").glob("*.json")
     record = json.loads(path.read_text())
@@ -209,7 +210,9 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     assert metrics["all_reduce"] in record["notes"][0]
     assert metrics["trainable_params"] == record["params"] == model_spec(workload).param_count()
     assert record["measured_steps"] == 4 and len(record["loss"]["curve"]) == 6
-    assert record["eval"] is None if skip_eval else record["eval"]["count"] > 0
+    evaluated = {"cnn": (10_000, 10_000), "mlm": (256, 1704)}[workload]
+    assert record["eval"]["count"] > 0
+    assert (record["eval"]["samples_evaluated"], record["eval"]["split_size"]) == evaluated
     assert np.isfinite(record["loss"]["last"])
     assert_tensorboard_log_is_the_record(tmp_path / "tb", record)
     processes = metrics["processes"]

@@ -6,14 +6,12 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-import jax
-
 from backends.base import Backend
 from backends.keras_jax.devices import jax_env
 from backends.keras_jax.modes import mode_of
 from common.calibration import refuse_bare_options
 from common.config import RunConfig
-from common.devices import DevicePlan, cpu_plan, cuda_plan
+from common.devices import DevicePlan, accelerator_driver_present, cpu_plan, cuda_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, Launcher, OneProcess, ProcessGroup, free_port, launch
 
@@ -22,6 +20,10 @@ WORKER = "backends.keras_jax.worker"
 
 def gpu_names() -> list[str]:
     """The CUDA devices JAX sees (none with a CPU-only jaxlib)."""
+    if not accelerator_driver_present():
+        return []
+    import jax  # only where a driver could show a GPU: the parent plans without JAX
+
     try:
         return [d.device_kind for d in jax.devices("gpu")]
     except RuntimeError:  # no GPU backend in this jaxlib, or no GPU
@@ -34,7 +36,8 @@ class KerasJax(Backend):
     strategy = "keras.distribution (GSPMD)"
 
     def framework_version(self) -> str:
-        return f"{jax.__version__} (keras {metadata.version('keras')}, keras-hub {metadata.version('keras-hub')})"
+        versions = {name: metadata.version(name) for name in ("jax", "keras", "keras-hub")}
+        return f"{versions['jax']} (keras {versions['keras']}, keras-hub {versions['keras-hub']})"
 
     def strategy_name(self, cfg: RunConfig) -> str:
         lay = cfg.layout

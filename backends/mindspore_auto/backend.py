@@ -9,17 +9,16 @@ import re
 import shutil
 import signal
 import sys
+from importlib import metadata
 from pathlib import Path
-
-import mindspore as ms
 
 from backends.base import Backend
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_of
-from backends.mindspore_auto.worker import FINISHED, PID_DIR_ENV
+from backends.mindspore_auto.pid_registry import FINISHED, PID_DIR_ENV
 from common.breakdown import communication_note
 from common.calibration import bare_result, refuse_bare_options
 from common.config import RunConfig
-from common.devices import DevicePlan, cpu_plan
+from common.devices import DevicePlan, accelerator_driver_present, cpu_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, RunFailed, child_env, free_port, launch, log_tail, run_supervised
 from common.layout import OPTION as LAYOUT_OPTION
@@ -37,6 +36,10 @@ CPU_CONV_ISA_CAP = "AVX2"
 
 
 def _accelerators(target: str) -> int:
+    if not accelerator_driver_present():
+        return 0
+    import mindspore as ms  # seconds: only where a driver could show an accelerator
+
     # is_available logs "Backend GPU is not available" and the plugin's load error as WARNINGs: an
     # expected answer to a probe, which would otherwise come before (and bury) a one-line bad-input error.
     logging.disable(logging.WARNING)
@@ -46,13 +49,19 @@ def _accelerators(target: str) -> int:
         logging.disable(logging.NOTSET)
 
 
+def _device_name(target: str) -> str:
+    import mindspore as ms  # a GPU was found: MindSpore is imported already
+
+    return ms.hal.get_device_name(0, target)
+
+
 def mindspore_device_plan(count: int, kind: str, threads_per_device: int) -> DevicePlan:
     """Ascend, then GPU, when asked for or found by `auto`; else virtual CPU devices."""
     candidates = {"auto": (("Ascend", "ascend"), ("GPU", "cuda")), "cuda": (("GPU", "cuda"),)}.get(kind, ())
     for target, plan_kind in candidates:
         present = _accelerators(target)
         if present and count <= present:
-            name = ms.hal.get_device_name(0, target) if plan_kind == "cuda" else "Ascend NPU"
+            name = _device_name(target) if plan_kind == "cuda" else "Ascend NPU"
             return DevicePlan(plan_kind, count, False, 0, False, f"{count} of {present} x {name}", (name,) * count)
         if kind == "cuda":
             raise Unsupported(f"{count} CUDA devices requested, MindSpore sees {present}")
@@ -216,7 +225,7 @@ class MindSporeAuto(Backend):
     strategy = "MindSpore auto parallel (msrun)"
 
     def framework_version(self) -> str:
-        return ms.__version__
+        return metadata.version("mindspore")
 
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         return mindspore_device_plan(count, kind, threads_per_device)

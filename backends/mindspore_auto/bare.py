@@ -18,7 +18,8 @@ from mindspore import dataset, nn
 from mindspore.experimental.optim import AdamW
 
 from backends.mindspore_auto.models import INPUT_COLUMNS, build_loss_net
-from backends.mindspore_auto.worker import mark_finished, start_worker
+from backends.mindspore_auto.pid_registry import mark_finished
+from backends.mindspore_auto.worker import start_worker
 from common.calibration import BareClock, rank_steps
 from common.config import RunConfig
 from common.initial_weights import run_initial_weights

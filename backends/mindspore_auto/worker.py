@@ -5,9 +5,7 @@ msrun runs a script path, not a module, so the repository reaches sys.path throu
 """
 from __future__ import annotations
 
-import os
 import sys
-from pathlib import Path
 
 import mindspore as ms
 from mindspore.communication import get_group_size, get_rank, init
@@ -15,6 +13,7 @@ from mindspore.communication import get_group_size, get_rank, init
 from backends.mindspore_auto.data import DatasetBatches
 from backends.mindspore_auto.models import build_loss_net, param_count
 from backends.mindspore_auto.parallel_config import ParallelConfig, parallel_config_of
+from backends.mindspore_auto.pid_registry import mark_finished, register_pid
 from backends.mindspore_auto.trainer import MindSporeTrainer, float16_matmuls
 from common import worker
 from common.config import RunConfig
@@ -25,32 +24,6 @@ from common.sections import TrainableParams
 DEVICE_TARGETS = {"cpu": "CPU", "cuda": "GPU", "ascend": "Ascend"}
 PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.ParallelMode.SEMI_AUTO_PARALLEL,
                   "auto": ms.ParallelMode.AUTO_PARALLEL}
-
-
-PID_DIR_ENV = "PARBENCH_WORKER_PID_DIR"
-FINISHED = "finished"
-
-
-def _pid_file() -> Path | None:
-    return Path(os.environ[PID_DIR_ENV]) / str(os.getpid()) if PID_DIR_ENV in os.environ else None
-
-
-def register_pid() -> None:
-    """msrun starts workers in sessions of their own (setsid), out of reach of the harness's
-    process-group kill: the backend ends whoever registered here once msrun is gone. The file says
-    the role and rank msrun gave this process, so that the backend can name a worker that dies."""
-    path = _pid_file()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{os.environ.get('MS_ROLE', '')} {os.environ.get('RANK_ID', '')}\n")
-
-
-def mark_finished() -> None:
-    """A registered worker that is gone without this mark died (signal, os._exit, crash)."""
-    path = _pid_file()
-    if path is not None:
-        with open(path, "a") as fh:
-            fh.write(f"{FINISHED}\n")
 
 
 def set_parallel_context(pcfg: ParallelConfig, processes: int) -> None:
@@ -99,7 +72,8 @@ class MindSporeWorker(worker.Worker):
         if cfg.precision == "fp16":
             loss_net = float16_matmuls(loss_net, self.workdir / f"amp-rank{process.rank}")
         trainer = MindSporeTrainer(loss_net, cfg, self.pcfg, process.rank, process.processes)
-        first_eval = next(eval_batches(data.eval, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH))
+        first_eval = next(eval_batches(data.eval, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH,
+                                       cfg.eval_samples))
         self.compile_s = trainer.compile(data.train.get(0), first_eval)
         self.trainable = param_count(loss_net)
         return trainer, DatasetBatches(data.train, cfg.feed_steps)

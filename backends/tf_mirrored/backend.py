@@ -6,11 +6,9 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-import tensorflow as tf
-
 from backends.base import Backend
 from backends.tf_mirrored.devices import GPU_SLICE_MB, gpu_slices, physical_gpus
-from backends.tf_mirrored.strategy import STRATEGY_NAMES, all_reduce_implementation, mode_of
+from backends.tf_mirrored.modes import STRATEGY_NAMES, all_reduce_implementation, mode_of
 from common.breakdown import communication_note
 from common.calibration import refuse_bare_options
 from common.config import RunConfig
@@ -41,7 +39,8 @@ class TFMirrored(Backend):
     strategy = "MirroredStrategy"
 
     def framework_version(self) -> str:
-        return f"{tf.__version__} (keras {metadata.version('keras')}, keras-hub {metadata.version('keras-hub')})"
+        versions = {name: metadata.version(name) for name in ("tensorflow", "keras", "keras-hub")}
+        return f"{versions['tensorflow']} (keras {versions['keras']}, keras-hub {versions['keras-hub']})"
 
     def strategy_name(self, cfg: RunConfig) -> str:
         return STRATEGY_NAMES[mode_of(cfg)]

@@ -7,13 +7,17 @@ What N devices means here (shared by the parent's plan and the workers):
 """
 from __future__ import annotations
 
-import tensorflow as tf
+from common.devices import accelerator_driver_present
 
 GPU_SLICE_MB = 4096
 
 
 def physical_gpus() -> list[str]:
     """Names of the GPUs TensorFlow can use (an empty list on a CPU build or machine)."""
+    if not accelerator_driver_present():
+        return []
+    import tensorflow as tf  # five seconds: only where a driver could show a GPU
+
     return [tf.config.experimental.get_device_details(gpu).get("device_name", "GPU")
             for gpu in tf.config.list_physical_devices("GPU")]
 
@@ -31,6 +35,8 @@ def configure_devices(kind: str, replicas: int, intra_op_threads: int, world_dev
     process's first one, so that a multi-worker run on N real GPUs gives worker i GPU i. Nothing here
     initialises the TensorFlow context: MultiWorkerMirroredStrategy must be built before that happens.
     """
+    import tensorflow as tf  # a worker's: the parent plans without TensorFlow
+
     if intra_op_threads:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
     if kind == "cpu":

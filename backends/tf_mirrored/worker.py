@@ -16,7 +16,8 @@ from backends.keras_common.models import build_model, trainable_param_count
 from backends.keras_common.weights import load_initial_weights
 from backends.tf_mirrored.data import ReplicaBatches
 from backends.tf_mirrored.devices import configure_devices, physical_gpus
-from backends.tf_mirrored.strategy import all_reduce_implementation, build_strategy, mode_of
+from backends.tf_mirrored.modes import all_reduce_implementation, mode_of
+from backends.tf_mirrored.strategy import build_strategy
 from backends.tf_mirrored.trainer import KerasTrainer
 from common import worker
 from common.config import RunConfig

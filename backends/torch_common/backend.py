@@ -1,9 +1,8 @@
 """What the torch backends say about themselves, and how the one-process-per-device ones start."""
 from __future__ import annotations
 
+from importlib import metadata
 from pathlib import Path
-
-import torch
 
 from backends.base import Backend
 from backends.torch_common.launch import Torchrun, torch_device_plan
@@ -16,7 +15,7 @@ class TorchBackend(Backend):
     framework = "torch"
 
     def framework_version(self) -> str:
-        return torch.__version__
+        return metadata.version("torch")
 
     @staticmethod
     def precision_notes(cfg) -> list[str]:

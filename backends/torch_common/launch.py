@@ -6,18 +6,22 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from backends.torch_common.torchrun import REPORT_ENV
 from common.config import RunConfig
-from common.devices import DevicePlan, cpu_plan, cuda_plan, shared_cuda_plan
+from common.devices import DevicePlan, accelerator_driver_present, cpu_plan, cuda_plan, shared_cuda_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, child_env, free_port, log_tail, run_supervised
 from common.nodes import address_towards, interface_of
 
+# Where the parent asks backends.torch_common.torchrun to write its failure report (which rank, which exit).
+REPORT_ENV = "PARBENCH_LAUNCH_REPORT"
+
 
 def cuda_device_names() -> list[str]:
     """The CUDA devices this process sees, by name (none on a CPU build or without a driver)."""
+    if not accelerator_driver_present():
+        return []
+    import torch  # seconds: only where a driver could show a GPU
+
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return [torch.cuda.get_device_name(i) for i in range(gpus)]
 

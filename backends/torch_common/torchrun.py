@@ -27,10 +27,10 @@ from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousTimeoutError, c10d_rendezvous_backend, dynamic_rendezvous
 
+from backends.torch_common.launch import REPORT_ENV
 from common.launch import LOOPBACK, is_loopback
 from common.results import write_json_atomic
 
-REPORT_ENV = "PARBENCH_LAUNCH_REPORT"
 _TCPStore = dist.TCPStore
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from backends.torch_common.backend import TorchBackend
 from backends.torch_common.launch import cuda_device_names, plan_over
-from backends.torch_dp.timed import HOW
 from common.config import RunConfig
 from common.devices import DevicePlan
 from common.errors import Unsupported
@@ -61,6 +60,8 @@ class TorchDP(TorchBackend):
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         notes = self.precision_notes(cfg)
         if plan.kind == "cuda":
+            from backends.torch_dp.timed import HOW  # imports torch: only on a CUDA plan, where torch is there
+
             notes.append("one process; each forward scatters the batch over the devices, replicates the "
                          "module and gathers the outputs on the first device")
             notes.append(f"phase times (backend_metrics.phase_s_per_step): {HOW}")

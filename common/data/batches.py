@@ -117,9 +117,14 @@ def eval_indices(n: int, rank: int, world: int) -> np.ndarray:
     return np.array_split(np.arange(n), world)[rank]
 
 
+def eval_samples(data: SplitData, limit: int = 0) -> int:
+    """How many of the split's samples an evaluation takes: its first `limit` (0: all)."""
+    return min(len(data), limit) if limit else len(data)
+
+
 def eval_batches(data: SplitData, spec: CnnSpec | BertSpec, seed: int, rank: int, world: int,
-                 batch_size: int) -> Iterator[Batch]:
+                 batch_size: int, limit: int = 0) -> Iterator[Batch]:
     inputs = _model_inputs(data, spec, seed, EVAL_EPOCH)
-    idx = eval_indices(len(data), rank, world)
+    idx = eval_indices(eval_samples(data, limit), rank, world)
     for start in range(0, len(idx), batch_size):
         yield _select(data.workload, inputs, idx[start:start + batch_size])

@@ -47,6 +47,7 @@ class Basis:
     background: float = 0.0        # runnable threads of other programs while the 1-device run ran (CPU)
     precision: str = "fp32"        # --precision: activations take 2 bytes a value under amp/fp16
     record_ids: tuple[str, ...] = ()
+    interruption_share: float = 0.0  # share of a 1-device step lost to interruptions (interruption_share())
 
     @property
     def assumed(self) -> bool:
@@ -54,13 +55,31 @@ class Basis:
 
 
 def background_load(record: dict) -> float:
-    """Other programs' runnable threads during a CPU run: the 1-minute load average the record took after it,
-    less the run's own threads (a crude figure: the average also holds the minute before the run)."""
-    after = (record.get("load") or {}).get("loadavg_1m_after")
-    if after is None or record.get("device_kind") != "cpu":
+    """Other programs' demand (busy cores) during a CPU run: the record's load.other_busy_cores (the machine's
+    busy cores over the run less the run's own CPU time, common.hostinfo.load_over); in older records the
+    1-minute load average after it less the run's own threads (crude: the average also holds the minute
+    before the run, in a sweep the previous run)."""
+    load = record.get("load") or {}
+    if record.get("device_kind") != "cpu":
+        return 0.0
+    if load.get("other_busy_cores") is not None:
+        return float(load["other_busy_cores"])
+    after = load.get("loadavg_1m_after")
+    if after is None:
         return 0.0
     own = (record.get("devices") or 1) * (record.get("threads_per_device") or 1)
     return max(0.0, float(after) - own)
+
+
+def interruption_share(record: dict) -> float:
+    """The share of a step that a 1-device run lost to interruptions (other threads, the kernel, the allocator):
+    its measured steps' mean over their fastest, less one, as a share of the mean (0 with fewer than 5 steps).
+    One device waits for no one; ranks that synchronise wait for each other's (common.predict.step)."""
+    times = [t for t in record.get("step_times_s") or [] if t]
+    if len(times) < 5:
+        return 0.0
+    mean = sum(times) / len(times)
+    return (mean - min(times)) / mean
 
 
 def record_layout(record: dict) -> Layout:
@@ -166,6 +185,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
                  training_overhead=training - counted_training if training else None,
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
+                 interruption_share=interruption_share(main),
                  precision=(main.get("config") or {}).get("precision") or "fp32")
 
 

@@ -25,7 +25,13 @@ Overlap, per backend and layout (the rest is on the critical path):
     exposed (an assumption the validation checks).
 Pipeline: with per-micro-batch stage times e_s (compute, its tensor-parallel all-reduces, its sends), GPipe
 and 1F1B both take sum_s e_s + (m - 1) max_s e_s (the bubble (p-1)/(m+p-1) of the step when stages are equal);
-a stage idles that time less m e_s.
+a stage idles that time less m e_s. A stage's fixed cost per micro-batch (basis.s_per_micro_batch: launches,
+per-tensor work) is its share of the model's multiply-adds of that cost (an assumption: it goes with the layers).
+Synchronisation on a CPU host: every rank loses the share of its step the 1-device run lost to interruptions
+(other threads, the kernel: in its median already); ranks that synchronise also wait for each other's,
+sync_factor(layout) - 1 more (tensor parallel and FSDP every layer: the group size; a data-parallel all-reduce
+once a step: the longest of dp, H_dp). Checked at 2 and 4 ranks on one host; on a GPU the queue of launched
+kernels runs on through its host thread's interruptions, and the term is left out.
 CPU contention: a thread gets cores / max(cores, runnable threads) of a core, runnable threads being the ranks'
 (ranks x threads per device) plus, with `background`, other programs' (common.predict.basis.background_load);
 compute stretches by the 1-device run's share over this run's.
@@ -69,6 +75,7 @@ class Prediction:
     bubble_s: float
     optimizer_s: float
     overhead_s: float
+    sync_wait_s: float          # waiting for other ranks' interruptions (CPU hosts: sync_factor)
     idle_per_stage: list[float] | None
     state_per_rank: list[StateBytes]
     memory_per_rank: list[float] | None       # the process's peak, predicted from the measured overhead
@@ -89,6 +96,17 @@ class Prediction:
     def fits(self, memory_bytes: float) -> bool:
         per_rank = self.memory_per_rank or self.model_per_rank
         return max(per_rank) <= memory_bytes
+
+
+def sync_factor(layout: Layout) -> float:
+    """How many ranks' interruptions a rank of the layout waits for, in units of its own. Ranks that synchronise
+    many times a step (tensor parallel's all-reduces and FSDP's gathers, every layer) wait for each of their
+    group's interruptions in turn: the group size. Ranks that meet once a step (a data-parallel all-reduce)
+    wait for the longest of theirs: for exponentially distributed interruptions E[max of n] / E[one] = H_n, the
+    n-th harmonic number. Pipeline stages wait for each other through point-to-point sends with the bubble's
+    slack: not counted."""
+    harmonic = sum(1 / k for k in range(1, layout.dp + 1))
+    return layout.tp * (layout.dp if layout.optimizer_shard else harmonic)
 
 
 def pipeline_s(per_micro_batch: list[float], micro_batches: int) -> float:
@@ -203,7 +221,11 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         ours, theirs = (0.0, 0.0) if background is None else (background, basis.background)
         contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
     macs = stage_macs(spec, layout, stage_split)
-    per_micro = [contention * (basis.s_per_micro_batch + basis.s_per_mac_sample * w * micro) for w in macs]
+    # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
+    # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
+    whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_emb_dp=layout.vocab_emb_dp)))
+    per_micro = [contention * (basis.s_per_micro_batch * w / whole + basis.s_per_mac_sample * w * micro)
+                 for w in macs]
     stage_comm = [counted] if counted is not None and layout.pp == 1 else \
         [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
          for s in range(layout.pp)]
@@ -223,7 +245,12 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         all_comms += comms
     tail = max(a + o for a, o in zip(after, optimizer))
     overhead = contention * basis.s_per_step
-    step = overhead + pipe + tail
+    alone = overhead + pipe + tail
+    # Interruptions: the 1-device median holds a rank's own; synchronised ranks also wait for the others'. On a
+    # CPU host only: a GPU's queue of launched kernels runs on while its host thread is interrupted.
+    interrupted = basis.interruption_share if hardware.device_kind == "cpu" else 0.0
+    sync_wait = interrupted * alone * (sync_factor(layout) - 1)
+    step = alone + sync_wait
     compute = m * per_micro[busiest]
     comm_inside = m * inside[busiest]
     bubble = pipe - m * e[busiest] if layout.pp > 1 else 0.0
@@ -236,7 +263,8 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
              + f" on {basis.cores} cores: compute x{contention:.2f}"] if contention != 1 else []
     return Prediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=step,
                       compute_s=compute, comm_exposed_s=comm_inside + max(after), bubble_s=bubble,
-                      optimizer_s=max(optimizer), overhead_s=overhead, idle_per_stage=idle, state_per_rank=states,
+                      optimizer_s=max(optimizer), overhead_s=overhead, sync_wait_s=sync_wait, idle_per_stage=idle,
+                      state_per_rank=states,
                       memory_per_rank=memory or None, training_per_rank=training or None, model_per_rank=model,
                       collectives=all_comms, collectives_of_rank0=stage_comm[0], training_model_per_rank=growth,
                       memory_overhead=basis.memory_overhead, training_overhead=basis.training_overhead,

@@ -45,23 +45,29 @@ def _key(record: dict) -> tuple:
             (record.get("config") or {}).get("precision"))
 
 
+def _execution(record: dict) -> tuple:
+    """How a run executes the model beyond its layout: --recompute and --compile change the compute."""
+    return bool((record.get("layout") or {}).get("recompute")), (record.get("config") or {}).get("compile") or ""
+
+
 def references(run: dict, records: list[dict]) -> list[dict]:
-    """The 1-device runs a run is predicted from, the main one first (same global batch and micro-batches,
-    else same global batch, else any; the latest of each)."""
+    """The 1-device runs a run is predicted from, the main one first (executed alike, --recompute and --compile,
+    first; then same global batch and micro-batches, else same global batch, else any; the latest of each).
+    The others: that global batch at other micro-batch counts, executed as the main one."""
     ones = [r for r in records if r["status"] == "ok" and r["devices"] == 1 and _key(r) == _key(run)
             and (r.get("step_time_s") or {}).get("p50")]
     ones.sort(key=lambda r: r.get("started_at") or "", reverse=True)
 
     def rank(r):
         same_batch = r["global_batch"] == run["global_batch"]
-        return (not (same_batch and accumulation(r) == accumulation(run)), not same_batch,
-                r.get("sweep_id") != run.get("sweep_id"))
+        return (_execution(r) != _execution(run), not (same_batch and accumulation(r) == accumulation(run)),
+                not same_batch, r.get("sweep_id") != run.get("sweep_id"))
     ones.sort(key=rank)
     if not ones:
         return []
     main = ones[0]
     others = [r for r in ones[1:] if r["global_batch"] == main["global_batch"]
-              and accumulation(r) != accumulation(main)]
+              and accumulation(r) != accumulation(main) and _execution(r) == _execution(main)]
     seen, distinct = {accumulation(main)}, []
     for r in others:
         if accumulation(r) not in seen:
@@ -133,7 +139,7 @@ def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str)
                    "error": relative(prediction.step_s, measured_step)},
         "step_parts_s": {"compute": prediction.compute_s, "comm_exposed": prediction.comm_exposed_s,
                          "bubble": prediction.bubble_s, "optimizer": prediction.optimizer_s,
-                         "overhead": prediction.overhead_s},
+                         "overhead": prediction.overhead_s, "sync_wait": prediction.sync_wait_s},
         "memory_per_rank": {"predicted": prediction.memory_per_rank, "measured": peaks,
                             "error": _worst(mem_err), "what": "process peak (RSS on CPU)"},
         "training_memory_per_rank": {"predicted": prediction.training_per_rank, "measured": training,
