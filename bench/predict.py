@@ -31,7 +31,7 @@ from common.predict import hardware as hardware_files
 from common.predict.basis import Basis, accumulation, from_mfu, from_records
 from common.predict.layouts import at_devices, check_name
 from common.predict.step import predict
-from common.predict.validation import references, validate
+from common.predict.validation import execution, references, validate
 from common.results import load_records, write_atomic, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, BertSpec, model_spec
 from common.stage_split import layers_per_stage
@@ -128,12 +128,6 @@ def _target_kind(hardware) -> str:
     return found[0] if found else "cuda"
 
 
-def _plain(record: dict) -> bool:
-    """A run of the model as the layouts start from it: no recompute, eager (what predictions scale)."""
-    config = record.get("config") or {}
-    return not (record.get("layout") or {}).get("recompute") and not config.get("compile")
-
-
 def measured_basis(results: Path, hardware, workload: str, size: str, precision: str = "amp",
                    batch: int | None = None) -> tuple[Basis, dict]:
     """The basis from RESULTS' 1-device runs on the hardware's kind of device; ValueError (one line) when
@@ -155,7 +149,7 @@ def measured_basis(results: Path, hardware, workload: str, size: str, precision:
         config = r.get("config") or {}
         off = abs(math.log(r["global_batch"] / batch)) if batch else 0.0
         return (r["backend"] != "torch_3d", config.get("model_size") != size,
-                (config.get("precision") or "fp32") != precision, not _plain(r), accumulation(r) != 1, off)
+                (config.get("precision") or "fp32") != precision, any(execution(r)), accumulation(r) != 1, off)
     usable.sort(key=lambda r: r.get("started_at") or "", reverse=True)   # the latest first among equals
     usable.sort(key=preference)
     main = usable[0]
@@ -179,13 +173,12 @@ def run_prediction(console: Console, args) -> int:
     hardware = hardware_files.load(args.hardware)
     spec = model_spec(args.workload, args.model_size)
     source = Path(args.source) if args.source else None
-    main = None
+    per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
     if args.assume_mfu is not None:
         achievable = measured_peak(source, hardware, args.precision) if source else None
         basis = from_mfu(args.assume_mfu, hardware, args.precision, achievable)
         backend = "torch_3d"
     else:
-        per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
         basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision,
                                      args.global_batch // min(args.devices) if args.global_batch else per_device)
         backend = main["backend"]
@@ -208,7 +201,6 @@ def run_prediction(console: Console, args) -> int:
     names = [e.strip() for e in args.layouts.split(",") if e.strip()]
     for name in names:
         check_name(name)
-    per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
     rows = []
     for n in args.devices:
         batch = args.global_batch or per_device * n
@@ -255,8 +247,7 @@ def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, back
             "efficiency": p.samples_per_s / (devices * one), "memory_per_rank_max": max(memory),
             "state_per_rank_max": max(s.total for s in p.state_per_rank), "fits": p.fits(hardware.memory_bytes),
             "comm_exposed_share": p.comm_exposed_s / p.step_s, "bubble_share": p.bubble_s / p.step_s,
-            "parts_s": {"compute": p.compute_s, "comm_exposed": p.comm_exposed_s, "bubble": p.bubble_s,
-                        "optimizer": p.optimizer_s, "overhead": p.overhead_s, "sync_wait": p.sync_wait_s},
+            "parts_s": p.parts_s,
             "collectives": [asdict(c) for c in p.collectives], "notes": p.notes,
             **({"layers_per_stage": split} if split else {})}
 

@@ -29,6 +29,18 @@ BUDGET_S = {"cpu": 0.5, "cuda": 2.0, "ascend": 2.0}
 TimeMatmul = Callable[[int, int], "tuple[str, list[float]]"]
 
 
+def timed_repeats(product: Callable[[], object], repeats: int, clock=time.perf_counter) -> list[float]:
+    """Seconds of each of `repeats` calls of `product` after an untimed one (which allocates and compiles);
+    `product` returns only once its device has finished (a synchronise, or a result read back)."""
+    product()
+    seconds = []
+    for _ in range(repeats):
+        t0 = clock()
+        product()
+        seconds.append(clock() - t0)
+    return seconds
+
+
 def matmul_flops(n: int) -> int:
     """An n x n x n product: n^3 multiply-adds, 2 FLOPs each."""
     return 2 * n ** 3

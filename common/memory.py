@@ -13,6 +13,7 @@ would lose the part of it reached before the window (start-up), so the window re
 from __future__ import annotations
 
 import re
+import resource
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +30,11 @@ ALLOCATOR_METHOD = ("growth of the framework allocator's peak ({what}, reset jus
 
 # (bytes held now, the peak since the last reset) from an allocator; reset=True resets the peak after reading.
 Allocator = Callable[[bool], "tuple[int, int] | None"]
+
+
+def resident_peak_bytes() -> int:
+    """This process's peak resident set (getrusage's ru_maxrss: KiB on Linux): a trainer's process peak on a CPU."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def proc_status() -> dict[str, int] | None:

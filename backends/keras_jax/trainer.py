@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import resource
 import time
 
 import jax
@@ -21,11 +20,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from backends.keras_jax.hlo import collectives
+from common.achievable import timed_repeats
 from common.config import RunConfig
 from common.data.batches import StepBatch
 from common.errors import Unsupported
 from common.final_params import FIELD as FINAL_PARAMS
 from common.final_params import summarise
+from common.memory import resident_peak_bytes
 from common.peak_flops import PRECISION_MATH
 from common.sections import CommPerStep, Fp32Math, StateBytesPerRank, TrainableParams, merged
 
@@ -266,7 +267,7 @@ class JaxTrainer:
         if self.cfg.device_kind == "cuda":
             stats = [d.memory_stats() or {} for d in jax.local_devices()]
             return int(sum(s.get("peak_bytes_in_use", 0) for s in stats))
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return resident_peak_bytes()
 
     def time_matmul(self, n: int, repeats: int) -> tuple[str, list[float]]:
         """(math mode, seconds of each of `repeats` rounds of one n x n x n product on every device this process
@@ -277,9 +278,7 @@ class JaxTrainer:
         host = np.random.default_rng(0).standard_normal((len(devices), n, n), np.float32).astype(dtype)
         a, b = jax.device_put(host, sharding), jax.device_put(host, sharding)
         products = jax.jit(lambda x, y: jnp.sum(jnp.matmul(x, y), axis=(1, 2)))
-        jax.block_until_ready(products(a, b))
-        seconds = [self._timed(products, a, b)[1] for _ in range(repeats)]
-        return self._math_mode(), seconds
+        return self._math_mode(), timed_repeats(lambda: jax.block_until_ready(products(a, b)), repeats)
 
     def _math_mode(self) -> str:
         """What a product runs as: the precision's, or TF32 for float32 on GPUs (XLA's default matmul precision)."""

@@ -2,12 +2,11 @@
 process's device."""
 from __future__ import annotations
 
-import time
-
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
+from common.achievable import timed_repeats
 from common.peak_flops import PRECISION_MATH
 
 # The dtype a run's --precision puts MindSpore's matrix products in (amp O1's float16 MatMul for fp16).
@@ -19,10 +18,4 @@ def time_matmul(precision: str, n: int, repeats: int, seed: int = 0) -> tuple[st
     reduced to a scalar and read, which waits for the device."""
     rng = np.random.default_rng(seed)
     a, b = (Tensor(rng.standard_normal((n, n), np.float32), MATMUL_DTYPES[precision]) for _ in range(2))
-    ops.matmul(a, b).sum().asnumpy()
-    seconds = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        ops.matmul(a, b).sum().asnumpy()
-        seconds.append(time.perf_counter() - t0)
-    return PRECISION_MATH[precision], seconds
+    return PRECISION_MATH[precision], timed_repeats(lambda: ops.matmul(a, b).sum().asnumpy(), repeats)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ from backends.mindspore_auto.models import INPUT_COLUMNS
 from backends.mindspore_auto.parallel_config import ParallelConfig
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
+from common.memory import resident_peak_bytes
 
 CHECKPOINT_NAME = "checkpoint.ckpt"
 # Rows per evaluation forward. The MLM loss holds several rows x 20 x vocabulary float32 tensors
@@ -378,7 +378,7 @@ class MindSporeTrainer:
     def peak_memory_bytes(self) -> int:
         if self.cfg.device_kind != "cpu":
             return int(ms.runtime.max_memory_allocated())
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return resident_peak_bytes()
 
 
 def _all_reduce(values: list[float]) -> list[float]:

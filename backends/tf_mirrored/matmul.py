@@ -2,10 +2,9 @@
 device the process drives, all at once (as a MirroredStrategy step runs its replicas)."""
 from __future__ import annotations
 
-import time
-
 import tensorflow as tf
 
+from common.achievable import timed_repeats
 from common.peak_flops import PRECISION_MATH
 
 # The dtype a run's --precision puts Keras' matrix products in (its mixed policies' compute dtype).
@@ -29,12 +28,7 @@ def time_matmul(devices: list[str], precision: str, n: int, repeats: int) -> tup
                 sums.append(tf.reduce_sum(tf.matmul(a, b)))
         return sums
 
-    [s.numpy() for s in round_()]
-    seconds = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        [s.numpy() for s in round_()]
-        seconds.append(time.perf_counter() - t0)
+    seconds = timed_repeats(lambda: [s.numpy() for s in round_()], repeats)
     gpu = any("GPU" in d.upper() for d in devices)
     tf32 = precision == "fp32" and gpu and tf.config.experimental.tensor_float_32_execution_enabled()
     return "tf32" if tf32 else PRECISION_MATH[precision], seconds

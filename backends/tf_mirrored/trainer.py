@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import tempfile
 import time
@@ -23,6 +22,7 @@ from backends.tf_mirrored.matmul import time_matmul
 from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import StepBatch
+from common.memory import resident_peak_bytes
 from common.results import write_json_atomic
 from common.sections import Fp32Math
 
@@ -305,4 +305,4 @@ class KerasTrainer:
         if self.device_kind == "cuda":
             return sum(tf.config.experimental.get_memory_info(d.name)["peak"]
                        for d in tf.config.list_logical_devices("GPU"))
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return resident_peak_bytes()

@@ -1,10 +1,9 @@
 """torch's part of the achievable-peak probe (common.achievable): timed square products on one device."""
 from __future__ import annotations
 
-import time
-
 import torch
 
+from common.achievable import timed_repeats
 from common.peak_flops import PRECISION_MATH
 
 # The dtype a run's --precision puts torch's matrix products in (autocast's, as the training runs them).
@@ -25,16 +24,9 @@ def time_matmul(device: torch.device, precision: str, n: int, repeats: int) -> t
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     out = torch.empty(n, n, device=device, dtype=dtype)
 
-    def sync():
+    def product():
+        torch.matmul(a, b, out=out)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    torch.matmul(a, b, out=out)
-    sync()
-    seconds = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        torch.matmul(a, b, out=out)
-        sync()
-        seconds.append(time.perf_counter() - t0)
-    return math_mode(device, precision), seconds
+    return math_mode(device, precision), timed_repeats(product, repeats)

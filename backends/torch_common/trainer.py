@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-import resource
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
 from common.final_params import FIELD as FINAL_PARAMS
+from common.memory import resident_peak_bytes
 from common.sections import Fp32Math, TrainableParams, merged
 
 CHECKPOINT_EXT = ".pt"
@@ -276,4 +276,4 @@ class TorchTrainer:
     def peak_memory_bytes(self) -> int:
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return resident_peak_bytes()

@@ -90,6 +90,12 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def parts_s(self) -> dict[str, float]:
+        """The step's parts (s), as tables and validation.json show them."""
+        return {"compute": self.compute_s, "comm_exposed": self.comm_exposed_s, "bubble": self.bubble_s,
+                "optimizer": self.optimizer_s, "overhead": self.overhead_s, "sync_wait": self.sync_wait_s}
+
+    @property
     def samples_per_s(self) -> float:
         return self.global_batch / self.step_s
 

@@ -45,7 +45,7 @@ def _key(record: dict) -> tuple:
             (record.get("config") or {}).get("precision"))
 
 
-def _execution(record: dict) -> tuple:
+def execution(record: dict) -> tuple[bool, str]:
     """How a run executes the model beyond its layout: --recompute and --compile change the compute."""
     return bool((record.get("layout") or {}).get("recompute")), (record.get("config") or {}).get("compile") or ""
 
@@ -60,14 +60,14 @@ def references(run: dict, records: list[dict]) -> list[dict]:
 
     def rank(r):
         same_batch = r["global_batch"] == run["global_batch"]
-        return (_execution(r) != _execution(run), not (same_batch and accumulation(r) == accumulation(run)),
+        return (execution(r) != execution(run), not (same_batch and accumulation(r) == accumulation(run)),
                 not same_batch, r.get("sweep_id") != run.get("sweep_id"))
     ones.sort(key=rank)
     if not ones:
         return []
     main = ones[0]
     others = [r for r in ones[1:] if r["global_batch"] == main["global_batch"]
-              and accumulation(r) != accumulation(main) and _execution(r) == _execution(main)]
+              and accumulation(r) != accumulation(main) and execution(r) == execution(main)]
     seen, distinct = {accumulation(main)}, []
     for r in others:
         if accumulation(r) not in seen:
@@ -137,9 +137,7 @@ def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str)
         "references": [r["run_id"] for r in refs], "link": link_note,
         "step_s": {"predicted": prediction.step_s, "measured": measured_step,
                    "error": relative(prediction.step_s, measured_step)},
-        "step_parts_s": {"compute": prediction.compute_s, "comm_exposed": prediction.comm_exposed_s,
-                         "bubble": prediction.bubble_s, "optimizer": prediction.optimizer_s,
-                         "overhead": prediction.overhead_s, "sync_wait": prediction.sync_wait_s},
+        "step_parts_s": prediction.parts_s,
         "memory_per_rank": {"predicted": prediction.memory_per_rank, "measured": peaks,
                             "error": _worst(mem_err), "what": "process peak (RSS on CPU)"},
         "training_memory_per_rank": {"predicted": prediction.training_per_rank, "measured": training,
