@@ -76,13 +76,13 @@ def build_parser() -> OneLineParser:
                         "devices)")
     p.add_argument("--layouts", type=layout_list,
                    help="parallel layouts to sweep instead of device counts, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2 "
-                        "(README: Layouts); each at the devices it implies, one global batch for all")
+                        "(docs/layouts.md); each at the devices it implies, one global batch for all")
     p.add_argument("--backends", type=name_list(backend_names()),
                    help=f"default: every backend; with --layouts, {LAYOUT_BACKEND}")
     p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="run every row R times, the rows interleaved in each repeat (order reversed every other "
-                        "repeat), and report each row's median and 95%% interval (README: Reading a comparison)")
+                        "repeat), and report each row's median and 95%% interval (docs/comparison.md)")
     p.add_argument("--srun", action="store_true",
                    help="inside a SLURM job (sbatch): run each bench.run as a job step over every node of the job, "
                         "one task per node (bench.slurm's scripts do this); --gpus is then per node")

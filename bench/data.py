@@ -31,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     data_dir = resolve_data_dir(args.data_dir)
     try:
         if args.command == "download":
@@ -70,7 +70,7 @@ def _dataset_list(raw: str) -> tuple[str, ...]:
     return tuple(name.strip() for name in raw.split(",") if name.strip())
 
 
-def _parser() -> _Parser:
+def build_parser() -> _Parser:
     parser = _Parser(prog=PROG, description="Fetch or check the public data files.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{download,verify}")
     shared = _Parser(add_help=False)

@@ -28,7 +28,7 @@ STEP0_RTOL = 1e-4
 # curve (and each 2-device curve from its 1-device one) may deviate from the reference's by
 # SENSITIVITY_FACTOR times that, and never less than ROUNDING_RTOL.
 #
-# Why, measured on the CNN (per-device batch 4, 20 steps; README has the figures):
+# Why, measured on the CNN (per-device batch 4, 20 steps; docs/parity.md has the figures):
 # - Kernels: on the same weights and inputs the frameworks' forward passes differ by about 1e-7
 #   relative per conv, but Keras' BatchNormalization is 1.8e-5 off a float64 reference on outputs
 #   of scale 6 (3e-6 relative; torch's: 5e-7). PROBE_PERTURBATION is that size.

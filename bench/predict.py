@@ -7,7 +7,7 @@ Predicts a training step of each layout at each device count on the hardware des
 efficiency, memory per rank, whether it fits, the exposed communication and bubble), from a 1-device run
 measured on that kind of device or from an MFU the user states, labelled as an assumption. --validate
 predicts every multi-device run of a results folder from its 1-device runs and link probes, prints predicted
-against measured, and writes RESULTS/validation.json. The model: common/predict (README: Predicting a layout).
+against measured, and writes RESULTS/validation.json. The model: common/predict (docs/prediction.md).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def build_parser() -> OneLineParser:
                         f"yours (common/predict/hardware/README.md); --validate defaults to {DEFAULT_CPU_HARDWARE}")
     p.add_argument("--devices", type=int_list, default=[8, 64, 512], help="device counts (default 8,64,512)")
     p.add_argument("--layouts", default="dp,fsdp,tp2xdp,tp8xdp,pp4-1f1b",
-                   help="layout names (README: Layouts); a bare dp or fsdp takes the devices the rest leave")
+                   help="layout names (docs/layouts.md); a bare dp or fsdp takes the devices the rest leave")
     p.add_argument("--workload", choices=workload_names(), default="mlm")
     p.add_argument("--model-size", choices=sorted(BERT_SIZES), default="base")
     batch = p.add_mutually_exclusive_group()

@@ -5,7 +5,7 @@ Reads the run records under RESULTS/runs and writes RESULTS/report.md, a self-co
 RESULTS/report.html and the figures under RESULTS/plots/. Bad input (no such folder, no records left
 after filtering, a bad date) is one line on stderr and exit 2, with nothing written.
 
-With --baseline, the rows both folders measured are compared (README: Reading a comparison); with
+With --baseline, the rows both folders measured are compared (docs/comparison.md); with
 --fail-on-regression PCT the exit status is 1 when a row is slower than the baseline by more than PCT
 percent beyond the noise, so that the command can guard a CI pipeline.
 """

@@ -365,7 +365,7 @@ def test_the_h100_basis_is_the_plain_run_of_the_batch_asked_for(tmp_path, capsys
 
 def test_a_predicted_pipeline_places_its_layers_as_torch_3d_would():
     """--stage-split in a layout name: mini BERT's auto split at pp2 is 3 + 1 (its head weighs about 1.6 layers,
-    README: Stage split), even is 2 + 2, counts are taken as given; the busier last stage sets the step."""
+    docs/layouts.md: Stage split), even is 2 + 2, counts are taken as given; the busier last stage sets the step."""
     hw = hardware_files.load("h100-sxm-8")
     basis, mini = from_mfu(0.4, hw, "amp"), BERT_SIZES["mini"]
     rows = {name: predict_cli._row(mini, name, 2, 64, basis, hw, "torch_3d", 1.0)

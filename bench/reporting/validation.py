@@ -86,7 +86,7 @@ def validation_blocks(results: Path) -> list[Block]:
         return []
     return [Heading("Prediction against measurement", 2),
             Text("Every multi-device run predicted by `bench.predict --validate` from this folder's 1-device runs "
-                 "and link probes only (README: Predicting a layout). Errors are (predicted - measured) / measured "
+                 "and link probes only (docs/prediction.md). Errors are (predicted - measured) / measured "
                  "of the median step and of each rank's peak memory (the worst rank); training memory is the growth "
                  "over the start where a record measured it (record[\"memory\"]). " +
                  summary_line(validation, FILE)),

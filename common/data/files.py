@@ -71,7 +71,7 @@ def files_of(dataset: str) -> tuple[DataFile, ...]:
 
 
 def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path:
-    """--data-dir, else $PARBENCH_DATA_DIR, else ~/.cache/parbench; absolute, because the README's
+    """--data-dir, else $PARBENCH_DATA_DIR, else ~/.cache/parbench; absolute, because the docs'
     `PARBENCH_DATA_DIR=../shared/data` must mean the same to every worker and file:// URI made from it."""
     raw = explicit or os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR
     return Path(raw).expanduser().absolute()

@@ -8,5 +8,5 @@ Framework-free and record-shaped (it reads records as dicts, imports no framewor
   step.py         one step's time and memory per rank: compute + exposed communication + bubble + optimizer
   basis.py        the measured 1-device record a prediction starts from, or an assumed MFU
   validation.py   predicted against measured, run by run, for a results folder
-README.md's "Predicting a layout" gives the formulas and their sources.
+docs/prediction.md gives the formulas and their sources.
 """
