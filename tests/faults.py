@@ -104,11 +104,7 @@ def listening_sockets(pids: list[int]) -> list[tuple[str, int]]:
     """(address, port) of every TCP socket in LISTEN state owned by one of `pids`."""
     inodes = set()
     for pid in pids:
-        try:
-            links = [str(p.readlink()) for p in Path(f"/proc/{pid}/fd").iterdir()]
-        except OSError:
-            continue
-        inodes |= {link[len("socket:["):-1] for link in links if link.startswith("socket:[")}
+        inodes |= {link[len("socket:["):-1] for link in _fd_links(pid) if link.startswith("socket:[")}
     found = []
     for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         for line in Path(table).read_text().splitlines()[1:]:
@@ -117,6 +113,22 @@ def listening_sockets(pids: list[int]) -> list[tuple[str, int]]:
                 address, port = fields[1].split(":")
                 found.append((_address(address, family), int(port, 16)))
     return found
+
+
+def _fd_links(pid: int) -> list[str]:
+    """What each open descriptor of pid points at; one that closes while read (the listing's own, in this
+    process) is left out, not the whole process."""
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return []
+    links = []
+    for fd in fds:
+        try:
+            links.append(str(fd.readlink()))
+        except OSError:
+            continue
+    return links
 
 
 def _address(hex_address: str, family: int) -> str:

@@ -3,12 +3,17 @@ torch.load(weights_only=True); records are JSON."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
+import types
 from pathlib import Path
+
+import pytest
 
 from common.results import load_records, write_json_atomic
 from tests.conftest import REPO
+from tests.faults import listening_sockets
 
 SOURCES = [p for d in ("common", "backends", "bench") for p in (REPO / d).rglob("*.py")]
 UNSAFE = re.compile(r"\bpickle\.loads?\(|\bdill\b|\bjoblib\b|\bshelve\b|allow_pickle\s*=\s*True|\bmarshal\.loads?\(")
@@ -57,3 +62,56 @@ def test_records_are_json_and_a_planted_pickle_is_ignored(tmp_path):
     (tmp_path / "runs" / "b.json").write_bytes(pickle.dumps(_RunsCode(tmp_path / "pwned")))
     assert [r["run_id"] for r in load_records(tmp_path)] == ["a"]
     assert not (tmp_path / "pwned").exists()
+
+
+# torchrun binds its TCPStore servers to every interface; backends.torch_common.torchrun replaces two torch
+# internals so that a single-host run listens on loopback only. These tests say when torch moves them.
+
+def test_the_torch_internals_the_loopback_binding_replaces_are_there():
+    from backends.torch_common import torchrun
+
+    assert torchrun.internals_missing() == []
+
+
+def test_a_moved_internal_is_named_and_nothing_is_replaced():
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous
+
+    from backends.torch_common import torchrun
+
+    class Renamed:  # a handler whose store method torch renamed
+        def _create_store_server(self, master_addr, master_port):
+            return None
+
+    class Resigned:  # the same name, other parameters
+        def _create_tcp_store_server(self, addr, port, timeout):
+            return None
+
+    module_without_store = types.ModuleType("c10d_rendezvous_backend")
+    assert torchrun.internals_missing(handler=Renamed) == [
+        "Renamed._create_tcp_store_server('self', 'master_addr', 'master_port')"]
+    assert torchrun.internals_missing(handler=Resigned) != []
+    assert torchrun.internals_missing(backend_module=module_without_store) == ["c10d_rendezvous_backend.TCPStore"]
+    before = (c10d_rendezvous_backend.TCPStore, dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torchrun, "internals_missing", lambda: ["x"])
+        assert torchrun.bind_stores_to_loopback() == ["x"]
+    after = (c10d_rendezvous_backend.TCPStore, dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server)
+    assert after == before
+
+
+def test_the_bootstrap_store_torchrun_creates_listens_on_loopback_only():
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend, dynamic_rendezvous
+
+    from backends.torch_common import torchrun
+
+    handler = dynamic_rendezvous.DynamicRendezvousHandler
+    with pytest.MonkeyPatch.context() as patch:  # undone after the test: the pytest process keeps torch's own
+        patch.setattr(c10d_rendezvous_backend, "TCPStore", c10d_rendezvous_backend.TCPStore)
+        patch.setattr(handler, "_create_tcp_store_server", handler._create_tcp_store_server)
+        assert torchrun.bind_stores_to_loopback() == []
+        store = handler._create_tcp_store_server(None, "127.0.0.1", 0)  # as torchrun's agent calls it
+        try:
+            listening = [a for a, port in listening_sockets([os.getpid()]) if port == store.port]
+        finally:
+            del store
+    assert listening == ["127.0.0.1"]

@@ -17,11 +17,13 @@ group that failed (per rank: exit code, pid, time, and the message a worker deco
 from __future__ import annotations
 
 import errno
+import inspect
 import os
 import socket
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torch.distributed import run
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -87,11 +89,38 @@ def _message(message) -> str:
     return message.get("message", "") if isinstance(message, dict) else str(message)
 
 
-def main() -> None:
-    # The two places torchrun's agent creates a server store: the c10d rendezvous backend (which
-    # imports TCPStore by name) and the dynamic rendezvous handler's bootstrap store for the workers.
+# The two places torchrun's agent creates a server store, both torch internals: the c10d rendezvous backend
+# (which imports TCPStore by name) and the dynamic rendezvous handler's bootstrap store for the workers.
+STORE_SERVER_METHOD = ("self", "master_addr", "master_port")
+
+
+def internals_missing(backend_module=c10d_rendezvous_backend,
+                      handler=dynamic_rendezvous.DynamicRendezvousHandler) -> list[str]:
+    """What of the internals the loopback binding replaces this torch no longer has (empty: all there)."""
+    missing = []
+    if getattr(backend_module, "TCPStore", None) is not dist.TCPStore:
+        missing.append(f"{backend_module.__name__}.TCPStore")
+    method = getattr(handler, "_create_tcp_store_server", None)
+    if method is None or tuple(inspect.signature(method).parameters) != STORE_SERVER_METHOD:
+        missing.append(f"{handler.__name__}._create_tcp_store_server{STORE_SERVER_METHOD}")
+    return missing
+
+
+def bind_stores_to_loopback() -> list[str]:
+    """Replace both, or neither where torch moved one (the run goes on as torchrun would run it, listening on every
+    interface, and says so on its log: a warning, not a failed run). Returns what was missing."""
+    missing = internals_missing()
+    if missing:
+        print(f"parbench torchrun: WARNING: torch {torch.__version__} lacks {', '.join(missing)}; its stores listen on "
+              "every interface, not loopback only", file=sys.stderr, flush=True)
+        return missing
     c10d_rendezvous_backend.TCPStore = loopback_tcp_store
     dynamic_rendezvous.DynamicRendezvousHandler._create_tcp_store_server = _bootstrap_store_server
+    return []
+
+
+def main() -> None:
+    bind_stores_to_loopback()
     try:
         run.main(sys.argv[1:])
     except Exception as exc:
