@@ -22,12 +22,15 @@ class Entry:
     # Runs layouts beyond data parallelism (common.layout: tensor, pipeline, sharded state...); the others
     # refuse those flags by name.
     layouts: bool = False
+    # Runs every layout common.layout defines, pipelines included, wherever it runs (CPU and CUDA): what
+    # `--layouts` sweeps and checks when no --backends is given.
+    every_layout: bool = False
 
 
 BACKENDS = {
     "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",)),
-    "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", layouts=True),
+    "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", layouts=True, every_layout=True),
     "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
                             options=("parallel_mode",), layouts=True),
@@ -35,6 +38,11 @@ BACKENDS = {
 }
 # Every run option that belongs to one backend.
 BACKEND_ONLY = frozenset(option for entry in BACKENDS.values() for option in entry.options)
+
+
+def layout_backend() -> str | None:
+    """The backend `--layouts` runs by default: the first registered one that runs every layout (None: none is)."""
+    return next((name for name, entry in BACKENDS.items() if entry.every_layout and entry.module), None)
 
 
 def load_backend(name: str):

@@ -5,7 +5,7 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 
-from backends import BACKEND_ONLY, BACKENDS
+from backends import BACKEND_ONLY, BACKENDS, layout_backend
 from backends.keras_jax.modes import MODES as JAX_MODES
 from backends.tf_mirrored.modes import MODES as TF_MODES
 from common.config import COMPILE_MODES, PRECISIONS, SCALING_MODES
@@ -204,9 +204,9 @@ RUN_OPTIONS = (
             help="mindspore_auto: MindSpore DATA_PARALLEL, SEMI_AUTO_PARALLEL or AUTO_PARALLEL"),
 )
 assert {o.dest for o in RUN_OPTIONS} >= BACKEND_ONLY, "a backend declares an option bench.cli does not"
-LAYOUT_GROUP = ("parallel layout (torch_3d, mindspore_auto; data-parallel backends refuse all but the defaults); data "
-                "parallel = devices / (model parallel x pipeline stages), --batch-size is per data-parallel replica "
-                "and micro-batch")
+LAYOUT_GROUP = (f"parallel layout ({', '.join(n for n, e in BACKENDS.items() if e.layouts)}; data-parallel backends "
+                "refuse all but the defaults); data parallel = devices / (model parallel x pipeline stages), "
+                "--batch-size is per data-parallel replica and micro-batch")
 
 
 def add_run_options(p: argparse.ArgumentParser) -> None:
@@ -228,6 +228,14 @@ def forwarded(args, backends_options: tuple[str, ...], skip: tuple[str, ...] = (
 
 def backend_names() -> tuple[str, ...]:
     return tuple(BACKENDS)
+
+
+def default_layout_backend(parser: argparse.ArgumentParser, what: str) -> str:
+    """The registry's backend for --layouts without --backends, or bad input saying none is registered."""
+    name = layout_backend()
+    if name is None:
+        parser.error(f"--layouts {what} no backend by default: none registered runs every layout; give --backends")
+    return name
 
 
 def workload_names() -> tuple[str, ...]:

@@ -31,13 +31,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from backends import BACKENDS
+from backends import BACKENDS, layout_backend
 from bench import run as bench_run
 from bench.cli import (
     RUN_OPTIONS,
     OneLineParser,
     add_run_options,
     backend_names,
+    default_layout_backend,
     forwarded,
     int_list,
     name_list,
@@ -66,7 +67,6 @@ from common.scheduler import job_node_count, srun_command
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of --timeout
 # The run options a --layouts entry sets (and bench.compare then refuses on its own command line).
 SET_BY_LAYOUTS = tuple(o.dest for o in RUN_OPTIONS if o.layout)
-LAYOUT_BACKEND = "torch_3d"
 
 
 def build_parser() -> OneLineParser:
@@ -78,7 +78,7 @@ def build_parser() -> OneLineParser:
                    help="parallel layouts to sweep instead of device counts, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2 "
                         "(docs/layouts.md); each at the devices it implies, one global batch for all")
     p.add_argument("--backends", type=name_list(backend_names()),
-                   help=f"default: every backend; with --layouts, {LAYOUT_BACKEND}")
+                   help=f"default: every backend; with --layouts, the one that runs every layout ({layout_backend()})")
     p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="run every row R times, the rows interleaved in each repeat (order reversed every other "
@@ -252,7 +252,8 @@ def print_layout_table(console: Console, records: list[dict]) -> None:
 
 
 def check_layout_options(parser: OneLineParser, args) -> None:
-    """--layouts fixes the devices, the layout flags and the scaling mode: refuse what would contradict it."""
+    """--layouts fixes the devices, the layout flags and the scaling mode: refuse what would contradict it, then set
+    them, and the backends when none are given."""
     defaults = build_parser().parse_args([])
     given = [o for o in RUN_OPTIONS if o.layout and getattr(args, o.dest) != getattr(defaults, o.dest)]
     if given:
@@ -261,6 +262,8 @@ def check_layout_options(parser: OneLineParser, args) -> None:
         parser.error("--layouts sets the device count of every run (dp x tp x pp); drop --gpus/--devices")
     if args.scaling == "weak":
         parser.error("--layouts compares layouts at one global batch (strong scaling); drop --scaling weak")
+    args.scaling = "strong"
+    args.backends = args.backends or [default_layout_backend(parser, "runs")]
 
 
 def sweep_plan(args) -> list[tuple[str, str, int, Layout | None, int]]:
@@ -321,10 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.layouts:
         check_layout_options(parser, args)
-        args.scaling = "strong"
-        if args.backends is None and LAYOUT_BACKEND not in backend_names():
-            parser.error(f"--layouts runs {LAYOUT_BACKEND} by default, which this checkout lacks; give --backends")
-        args.backends = args.backends or [LAYOUT_BACKEND]
     args.job_nodes = 0
     if args.srun:
         try:

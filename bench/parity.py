@@ -31,8 +31,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from backends import layout_backend
 from bench import parity_checks as pc
-from bench.cli import OneLineParser, backend_names, name_list, positive_float, positive_int, workload_names
+from bench.cli import (
+    OneLineParser,
+    backend_names,
+    default_layout_backend,
+    name_list,
+    positive_float,
+    positive_int,
+    workload_names,
+)
 from bench.layouts import layout_list, reference_accumulations
 from common.launch import RunFailed, child_env, run_supervised
 from common.layout import Layout
@@ -40,7 +49,6 @@ from common.results import write_json_atomic
 from common.spec import model_spec, training_flops_per_sample
 
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of its --timeout
-LAYOUT_BACKEND = "torch_3d"
 STOP = threading.Event()  # set when parity is stopped: every run in flight ends (run_one's health check)
 
 
@@ -50,8 +58,8 @@ def build_parser() -> OneLineParser:
     p.add_argument("--data-dir", help="data directory (default $PARBENCH_DATA_DIR or ~/.cache/parbench)")
     p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
     p.add_argument("--backends", type=name_list(backend_names()),
-                   help=f"default: every data-parallel backend ({LAYOUT_BACKEND}'s data parallel is the dp2 of "
-                        f"--layouts); with --layouts, {LAYOUT_BACKEND}")
+                   help=f"default: every data-parallel backend (the data parallel of {layout_backend()}, which runs "
+                        "every layout, is the dp2 of --layouts); with --layouts, that one")
     p.add_argument("--layouts", type=layout_list,
                    help="check these layouts against 1 device instead, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2")
     p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps compared (default 20)")
@@ -225,14 +233,19 @@ def all_data_parallel_runs(args, stamp: str, console: Console) -> tuple[dict[tup
     return {key: r for key, r in done.items() if key[1] != "probe"}, probes
 
 
+def default_backends(parser: OneLineParser, args) -> list[str]:
+    """With --layouts, the registry's backend that runs every layout; without, every other backend (that one's
+    data parallel is the dp2 of --layouts)."""
+    if args.layouts:
+        return [default_layout_backend(parser, "checks")]
+    return [b for b in backend_names() if b != layout_backend()]
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.layouts and args.backends is None and LAYOUT_BACKEND not in backend_names():
-        parser.error(f"--layouts checks {LAYOUT_BACKEND} by default, which this checkout lacks; give --backends")
-    args.backends = args.backends or ([LAYOUT_BACKEND] if args.layouts
-                                      else [b for b in backend_names() if b != LAYOUT_BACKEND])
+    args.backends = args.backends or default_backends(parser, args)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     console = Console(stderr=True)
     checks, runs = [], {}

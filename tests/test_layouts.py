@@ -5,13 +5,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from bench import parity_checks as pc
 from bench.compare import build_parser as compare_parser
-from bench.compare import run_command, sweep_plan
+from bench.compare import check_layout_options, run_command, sweep_plan
 from bench.layouts import parse_layout
 from bench.reporting.compose import build_report
 from bench.reporting.document import to_markdown
@@ -116,6 +117,29 @@ def test_a_layout_sweep_runs_each_layout_after_its_one_device_references():
 
 SWEEP = f"{LAYOUT_SWEEP_PREFIX}20261123T070000Z-abcdef"
 MIB = 2**20
+
+
+@pytest.mark.parametrize("registered", ["torch_3d", "keras_jax", None])
+def test_layouts_run_the_backend_the_registry_says_runs_every_layout(monkeypatch, registered):
+    """bench.compare and bench.parity ask the registry which backend --layouts runs without --backends."""
+    import backends
+    from bench import parity
+
+    monkeypatch.setitem(backends.__dict__, "BACKENDS", {name: replace(entry, every_layout=name == registered)
+                                                        for name, entry in backends.BACKENDS.items()})
+    compare_args = compare_parser().parse_args(["--layouts", "dp2,tp2"])
+    parity_args = parity.build_parser().parse_args(["--layouts", "dp2,tp2"])
+    if registered is None:  # none runs every layout: bad input, one line, not a silent torch_3d
+        with pytest.raises(SystemExit):
+            check_layout_options(compare_parser(), compare_args)
+        with pytest.raises(SystemExit):
+            parity.default_backends(parity.build_parser(), parity_args)
+        return
+    check_layout_options(compare_parser(), compare_args)
+    assert compare_args.backends == [registered]
+    assert parity.default_backends(parity.build_parser(), parity_args) == [registered]
+    data_parallel = parity.default_backends(parity.build_parser(), parity.build_parser().parse_args([]))
+    assert registered not in data_parallel and len(data_parallel) == len(backends.BACKENDS) - 1
 
 
 def _comm(all_reduce: int, send_recv: int) -> dict:
