@@ -28,7 +28,7 @@ from common.errors import BadInput
 from common.layout import Layout
 from common.peak_flops import device_model
 from common.predict import hardware as hardware_files
-from common.predict.basis import Basis, accumulation, from_mfu, from_records
+from common.predict.basis import MEASURE_THE_SPLIT, Basis, accumulation, from_mfu, from_records
 from common.predict.layouts import at_devices, check_name
 from common.predict.step import predict
 from common.predict.validation import execution, references, validate
@@ -271,6 +271,8 @@ def _print(console: Console, rows: list[dict], hardware, basis: Basis, rests_on:
         console.print(f"best at {n} devices: " + (f"{best['layout_full']} ({best['samples_per_s']:,.0f} samples/s)"
                                                   if best else "no layout fits"))
     console.print(f"hardware: {hardware.name} ({hardware.path}); compute: {escape(basis.label)}")
+    if basis.guesses:
+        console.print(f"GUESSED: {escape('; '.join(basis.guesses))}; {MEASURE_THE_SPLIT}")
 
 
 if __name__ == "__main__":

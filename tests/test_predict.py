@@ -17,6 +17,7 @@ from common.hostinfo import load_over
 from common.layout import Layout
 from common.predict import hardware as hardware_files
 from common.predict.basis import (
+    UNPROBED,
     Basis,
     background_load,
     from_mfu,
@@ -267,6 +268,9 @@ def test_validate_predicts_each_run_of_a_real_sweep(sweep, capsys):
     assert summary["step_s"]["runs"] == 2 and summary["state_bytes_exact"] == 2
     assert summary["step_s"]["max_abs_error"] >= summary["step_s"]["median_abs_error"]
     assert "step time median |error|" in printed
+    # The sweep's 1-device run had no --breakdown-steps probe: every row says its basis guessed the split.
+    assert all(r["basis_guesses"] for r in runs.values()) and summary["resting_on_a_guess"] == 2
+    assert "2 of 2 predictions rest on a GUESSED split" in printed and "--breakdown-steps 2" in printed
     # The report shows the table; a prediction quotes the error it rests on.
     assert report_main(["--results", str(sweep)]) == 0
     assert "Prediction against measurement" in (sweep / "report.md").read_text()
@@ -361,6 +365,26 @@ def test_the_h100_basis_is_the_plain_run_of_the_batch_asked_for(tmp_path, capsys
     assert rows[("dp", 8)]["global_batch"] == 1600 and rows[("pp4-1f1b", 64)]["layout_full"].startswith("dp16")
     # Data parallel on one node: the step is the measured one's (scaled to 200) plus an all-reduce over NVLink.
     assert 0.8 < rows[("dp", 8)]["efficiency"] <= 1.0
+
+
+def test_a_basis_without_the_breakdown_probe_says_it_guessed_and_how_to_measure(tmp_path, capsys):
+    """The split of a 1-device step into forward+backward, optimizer and the rest comes from its --breakdown-steps
+    probe; without it the whole step is taken as forward+backward, and every table built on it says so."""
+    hw = hardware_files.load("h100-sxm-8")
+    measured, main = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 32)
+    assert measured.guesses == () and "GUESSED" not in measured.label and measured.s_per_param > 0
+    stripped = json.loads(json.dumps(main))
+    del stripped["backend_metrics"]["breakdown"]
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.json").write_text(json.dumps(stripped))
+    guessed, _ = predict_cli.measured_basis(tmp_path, hw, "mlm", "base", "amp", 32)
+    assert guessed.guesses == (UNPROBED.format(run_id=main["run_id"]),) and "GUESSED" in guessed.label
+    assert guessed.s_per_param == 0 and guessed.s_per_step == 0
+    assert predict_cli.main(["--from", str(tmp_path), "--hardware", "h100-sxm-8", "--devices", "8",
+                             "--layouts", "dp", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "GUESSED" in printed and "--breakdown-steps 2" in printed
+    assert "GUESSED" in json.loads((tmp_path / "predict-mlm-base-h100-sxm-8.json").read_text())["compute"]
 
 
 def test_a_predicted_pipeline_places_its_layers_as_torch_3d_would():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bench.reporting.document import Block, Heading, Table, Text
 from bench.reporting.tables import fmt_share
+from common.predict.basis import MEASURE_THE_SPLIT
 
 FILE = "validation.json"
 COLUMNS = ["backend", "layout", "N", "step predicted (ms)", "step measured (ms)", "step error",
@@ -45,7 +46,8 @@ def rows(validation: dict) -> list[list[str]]:
     body = []
     for r in validation["runs"]:
         step, idle = r["step_s"], r.get("idle_per_stage") or {}
-        notes = (["oversubscribed"] if r["oversubscribed"] else []) + list(r.get("notes") or [])
+        guessed = ["GUESSED basis: " + "; ".join(r["basis_guesses"])] if r.get("basis_guesses") else []
+        notes = (["oversubscribed"] if r["oversubscribed"] else []) + guessed + list(r.get("notes") or [])
         exact = r["state_bytes_per_rank"]["exact"]
         body.append([r["backend"], r["layout"], str(r["devices"]), f"{step['predicted'] * 1e3:,.0f}",
                      f"{step['measured'] * 1e3:,.0f}", _signed(step["error"]),
@@ -77,6 +79,10 @@ def summary_line(validation: dict, source: str) -> str:
         text += f"; {over} run(s) oversubscribed, predicted as such"
     if skipped:
         text += f"; {skipped} run(s) left out (see {FILE})"
+    guessed = s.get("resting_on_a_guess")
+    if guessed:
+        text += (f". {guessed} of {step['runs']} predictions rest on a GUESSED split of their 1-device step; "
+                 + MEASURE_THE_SPLIT)
     return text + "."
 
 

@@ -48,10 +48,18 @@ class Basis:
     precision: str = "fp32"        # --precision: activations take 2 bytes a value under amp/fp16
     record_ids: tuple[str, ...] = ()
     interruption_share: float = 0.0  # share of a 1-device step lost to interruptions (interruption_share())
+    guesses: tuple[str, ...] = ()  # what the model needed and the records lacked, taken as a guess instead
 
     @property
     def assumed(self) -> bool:
         return not self.record_ids
+
+
+# What a basis without a --breakdown-steps probe guesses, and how to measure it instead.
+UNPROBED = ("{run_id} has no --breakdown-steps probe: its whole step is taken as forward+backward (no optimizer, "
+            "data or rest share)")
+MEASURE_THE_SPLIT = ("for the measured split, run the 1-device references with --breakdown-steps 2 (bench.run or "
+                     "bench.compare, as docs/prediction.md's validation recipe does)")
 
 
 def background_load(record: dict) -> float:
@@ -106,11 +114,18 @@ def stage_split(record: dict) -> list[int] | None:
     return None
 
 
-def _shares(record: dict) -> tuple[float, float, float]:
-    """(forward+backward, optimizer, rest) shares of a 1-device step from its breakdown probe."""
+def probed(record: dict) -> bool:
+    """Whether a 1-device run measured the split of its step (--breakdown-steps)."""
     b = Breakdown.from_metrics(record.get("backend_metrics"))
-    if b is None or not b.total_s:
+    return b is not None and bool(b.total_s)
+
+
+def _shares(record: dict) -> tuple[float, float, float]:
+    """(forward+backward, optimizer, rest) shares of a 1-device step from its breakdown probe; without one, the
+    whole step as forward+backward (a guess: from_records names it in the basis)."""
+    if not probed(record):
         return 1.0, 0.0, 0.0
+    b = Breakdown.from_metrics(record.get("backend_metrics"))
     return b.forward_backward_s / b.total_s, b.optimizer_s / b.total_s, \
         (b.data_s + b.other_s + b.grad_comm_s) / b.total_s
 
@@ -180,13 +195,16 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
              f"({main.get('devices_description') or main.get('device_kind')})")
     if per_micro:
         label += f", per-micro-batch cost from {', '.join(ids[1:])}"
+    guesses = tuple(UNPROBED.format(run_id=r["run_id"]) for r in records if not probed(r))
+    if guesses:
+        label += "; GUESSED: no --breakdown-steps probe, the whole step taken as forward+backward"
     return Basis(s_per_mac_sample=per_mac, s_per_micro_batch=per_micro, s_per_param=opt * step / elements,
                  s_per_step=rest * step, memory_overhead=peak - counted if peak else None,
                  training_overhead=training - counted_training if training else None,
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
                  interruption_share=interruption_share(main),
-                 precision=(main.get("config") or {}).get("precision") or "fp32")
+                 precision=(main.get("config") or {}).get("precision") or "fp32", guesses=guesses)
 
 
 def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32", achievable: float | None = None) -> Basis:

@@ -225,6 +225,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
         row["step_s"]["error_ignoring_load"] = relative(plain.step_s, row["step_s"]["measured"])
         row["load"] = {"background_run": background_load(run), "background_reference": basis.background,
                        "accounted": account_load}
+        row["basis_guesses"] = list(basis.guesses)
         runs.append(row)
 
     def summary(rows):
@@ -236,6 +237,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
                 "training_memory_per_rank": _stats([r["training_memory_per_rank"]["error"] for r in rows
                                                     if r["training_memory_per_rank"]
                                                     and r["training_memory_per_rank"]["error"] is not None]),
+                "resting_on_a_guess": sum(1 for r in rows if r["basis_guesses"]),
                 "state_bytes_exact": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"]),
                 "state_bytes_compared": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"] is not None)}
     quiet = [r for r in runs if not r["oversubscribed"]]
