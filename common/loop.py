@@ -166,9 +166,10 @@ def _breakdown(trainer: Trainer, probes: list[dict], measured_step_s: float | No
 
 
 def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: SplitData,
-             clock=time.perf_counter, local_devices: int = 1) -> dict:
-    """Train, evaluate and gather; returns the aggregated outcome on every rank. local_devices: the devices
-    one process drives (MirroredStrategy, DataParallel), whose memory its figures hold together."""
+             clock=time.perf_counter, devices_driven: int = 1) -> dict:
+    """Train, evaluate and gather; returns the aggregated outcome on every rank. devices_driven: the devices
+    one process drives (MirroredStrategy, DataParallel, keras_jax's one process), whose memory its figures hold
+    together."""
     ckpt_dir = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     start = 0
     if cfg.resume and ckpt_dir is not None:
@@ -266,7 +267,7 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
         "sample_digests": _merge_digests(ranks),
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in ranks),
         "peak_memory_per_rank": [r["peak_memory_bytes"] for r in ranks],
-        "memory": memory_section([r["memory"] for r in ranks], processes_share=local_devices > 1),
+        "memory": memory_section([r["memory"] for r in ranks], processes_share=devices_driven > 1),
         "achievable_peak": achievable_section([r["achievable"] for r in ranks], cfg.device_kind,
                                               cfg.threads_per_device),
         "backend_metrics": ranks[0]["backend_metrics"] or None,

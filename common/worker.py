@@ -38,13 +38,22 @@ class Process:
     samples: int              # samples per micro-batch this process is dealt, all its devices together
     local_devices: int = 1    # devices one process feeds (MirroredStrategy, DataParallel): piece d to device d
     device: object = None     # the framework's device, for the backend's own use
+    # Devices this process drives where they are more than it feeds pieces to: one process over a tensor-parallel
+    # mesh (keras_jax) takes one piece for all its devices. Its memory figures hold them all.
+    drives: int | None = None
+
+    @property
+    def devices_driven(self) -> int:
+        return self.drives or self.local_devices
 
 
 def data_parallel_process(cfg: RunConfig, rank: int, processes: int, keeps_result: bool, device: object = None,
-                          local_devices: int = 1) -> Process:
-    """A process that is one data-parallel replica of `processes`, feeding `local_devices` devices."""
+                          local_devices: int = 1, drives: int | None = None) -> Process:
+    """A process that is one data-parallel replica of `processes`, feeding `local_devices` devices (and driving
+    `drives` in all, where more)."""
     return Process(rank, processes, keeps_result=keeps_result, replica=rank, replicas=processes,
-                   samples=cfg.per_device_batch * local_devices, local_devices=local_devices, device=device)
+                   samples=cfg.per_device_batch * local_devices, local_devices=local_devices, device=device,
+                   drives=drives)
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ def _train(worker: Worker, cfg: RunConfig, process: Process) -> dict:
     data = load_data(cfg, process)
     trainer, feed = worker.trainer(cfg, process, data, run_initial_weights(cfg))
     try:
-        return run_loop(trainer, cfg, feed, data.eval, local_devices=process.local_devices)
+        return run_loop(trainer, cfg, feed, data.eval, devices_driven=process.devices_driven)
     finally:
         close = getattr(feed, "close", None)
         if close is not None:

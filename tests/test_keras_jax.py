@@ -119,6 +119,8 @@ LAYOUTS = {
     # One process per device: jax.distributed over loopback, the same GSPMD program in both.
     "tp2-multi_process": ["--devices", "2", "--model-parallel", "2", "--batch-size", "8",
                           "--jax-mode", "multi_process"],
+    # One process over both devices: its memory figures hold both (processes_share).
+    "tp2": ["--devices", "2", "--model-parallel", "2", "--batch-size", "8"],
     "fsdp2": ["--devices", "2", "--optimizer-shard", "--batch-size", "4"],
     # Recompute changes what is kept for the backward, never the result.
     "dp2xtp2-rc": ["--devices", "4", "--model-parallel", "2", "--batch-size", "4", "--recompute"],
@@ -156,6 +158,8 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, args):
         assert all(c["all_reduce"]["calls"] >= 2 for c in comm)
         assert len(metrics["sharded_weights"]) == len(LAYER_SPLITS) * TINY.layers
     assert metrics["compile_s"] > 0 and metrics["recompiled_in_measured_window"] == []
+    one_process = "multi_process" not in args
+    assert record["memory"]["processes_share"] is one_process
 
 
 @pytest.mark.e2e

@@ -68,7 +68,7 @@ class KerasJaxWorker(worker.Worker):
         if cfg.precision == "amp":
             keras.config.set_dtype_policy("mixed_bfloat16")
         if world == 1:
-            return worker.data_parallel_process(cfg, 0, 1, keeps_result=True, local_devices=lay.dp)
+            return worker.data_parallel_process(cfg, 0, 1, keeps_result=True, local_devices=lay.dp, drives=cfg.devices)
         coords = lay.coordinates(rank)
         first_on_node = rank % (world // cfg.nnodes) == 0
         return worker.Process(rank, world, keeps_result=first_on_node, replica=coords["dp"], replicas=lay.dp,
