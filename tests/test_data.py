@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.data import token_cache
 from common.data.batches import TrainBatches, epoch_order, eval_batches, eval_indices, eval_samples
 from common.data.datasets import load_split, resolve_data_mode
 from common.data.masking import mask_tokens
 from common.data.mnist import load_mnist, read_idx_images, read_idx_labels
 from common.data.synthetic import synthetic_mnist, synthetic_wikitext
-from common.data.wikitext import build_vocab, load_wikitext
+from common.data.wikitext import build_vocab, load_wikitext, token_stream
 from common.errors import DataError
 from common.spec import BERT_SIZES, CLS_ID, CNN, MASK_ID, PAD_ID, SEP_ID, WIKITEXT2_VOCAB_SIZE
 
@@ -104,6 +105,36 @@ def test_wikitext_packing(data_dir):
     assert real == 213886 + (tokens == SEP_ID).sum()
     assert len(tokens) == -(-real // 127)
     assert (tokens[:-1] != PAD_ID).all()  # only the last row is padded
+
+
+def test_wikitext_ids_are_computed_once_per_content_and_read_back_the_same(tmp_path, monkeypatch, data_dir):
+    monkeypatch.setenv(token_cache.CACHE_ENV, str(tmp_path / "cache"))
+    copy = tmp_path / "data" / "wikitext-2"
+    copy.mkdir(parents=True)
+    for split in ("train", "valid"):
+        shutil.copy(data_dir / "wikitext-2" / f"wiki.{split}.tokens", copy)
+    computed = token_stream(tmp_path / "data", "valid")
+    [cached] = (tmp_path / "cache").glob("wikitext2-valid-*.npy")
+    assert np.array_equal(np.load(cached), computed)
+    build_vocab.cache_clear()
+    with monkeypatch.context() as m:  # read from the cache: no tokenizing, no vocabulary built
+        m.setattr("common.data.wikitext.build_vocab", None)
+        assert np.array_equal(token_stream(tmp_path / "data", "valid"), computed)
+    # A changed file is another key: its ids are computed anew, never the stale ones served.
+    with (copy / "wiki.valid.tokens").open("a") as f:
+        f.write(" the end \n")
+    changed = token_stream(tmp_path / "data", "valid")
+    assert len(changed) == len(computed) + 3 and len(list((tmp_path / "cache").glob("wikitext2-valid-*.npy"))) == 2
+    # A damaged cache file is computed anew; a cache dir that cannot be written is no error.
+    cached.write_bytes(b"not an array")
+    assert np.array_equal(token_stream_after_edit_undone(copy, data_dir, tmp_path), computed)
+    monkeypatch.setenv(token_cache.CACHE_ENV, str(cached))  # a file, not a folder
+    assert np.array_equal(token_stream(tmp_path / "data", "valid"), computed)
+
+
+def token_stream_after_edit_undone(copy: Path, data_dir: Path, root: Path) -> np.ndarray:
+    shutil.copy(data_dir / "wikitext-2" / "wiki.valid.tokens", copy)
+    return token_stream(root / "data", "valid")
 
 
 # ----------------------------------------------------------------------------- masking

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.data import token_cache
 from common.errors import DataError
 from common.spec import CLS_ID, PAD_ID, SEP_ID, SPECIAL_TOKENS, UNK_ID, WIKITEXT2_VOCAB_SIZE
 
@@ -50,9 +51,27 @@ def pack(stream: np.ndarray, seq_len: int) -> np.ndarray:
     return packed
 
 
-def load_wikitext(data_dir: Path, split: str, seq_len: int) -> np.ndarray:
-    """Token ids [N, seq_len] int32 of `split`; each line ends with [SEP], as an <eos> would."""
+def _split_path(data_dir: Path, split: str) -> Path:
+    return data_dir / "wikitext-2" / f"wiki.{split}.tokens"
+
+
+def token_stream(data_dir: Path, split: str) -> np.ndarray:
+    """The token ids of `split`, in order, int32; each line ends with [SEP], as an <eos> would. Computed once per
+    content of the train (vocabulary) and split files, then read from common.data.token_cache."""
+    path, train = _split_path(data_dir, split), _split_path(data_dir, "train")
+    if not path.is_file() or not train.is_file():
+        raise DataError(f"{path if not path.is_file() else train}: file not found")
+    name = token_cache.key(f"wikitext2-{split}", [train, path])
+    cached = token_cache.read(name)
+    if cached is not None:
+        return cached
     vocab = build_vocab(data_dir)
-    lines = _read_words(data_dir / "wikitext-2" / f"wiki.{split}.tokens")
-    ids = [vocab.get(w, UNK_ID) for line in lines for w in (*line, SPECIAL_TOKENS[SEP_ID])]
-    return pack(np.asarray(ids, dtype=np.int32), seq_len)
+    ids = np.asarray([vocab.get(w, UNK_ID) for line in _read_words(path) for w in (*line, SPECIAL_TOKENS[SEP_ID])],
+                     dtype=np.int32)
+    token_cache.write(name, ids)
+    return ids
+
+
+def load_wikitext(data_dir: Path, split: str, seq_len: int) -> np.ndarray:
+    """Token ids [N, seq_len] int32 of `split`, packed."""
+    return pack(token_stream(data_dir, split), seq_len)
