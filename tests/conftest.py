@@ -65,6 +65,28 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
                           env=full_env, timeout=timeout)
 
 
+def run_in_process(module: str, *args: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `python -m module args` run as a call of its main() in this process: the same
+    code without an interpreter's start-up. The signal handlers main() installs are put back."""
+    import contextlib
+    import importlib
+    import io
+    import signal
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = importlib.import_module(module).main(list(args))
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return code, out.getvalue(), err.getvalue()
+
+
 def run_recorded(out: Path, *args: str, env: dict | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
     """bench.run with `args` into `out`; (the process, the newest record in out/runs, or None)."""
     proc = run_cli("bench.run", *args, "--out", str(out), env=env)

@@ -10,7 +10,7 @@ import pytest
 
 from common.devices import accelerator_driver_present
 from common.results import validate_record
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, run_cli, run_in_process
 
 BASE = ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "1"]
 MLM2 = ["--backend", "torch_3d", "--workload", "mlm", "--model-size", "tiny", "--devices", "2"]
@@ -103,17 +103,37 @@ def _files(root) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("tool, args", BAD_INPUT.values(), ids=BAD_INPUT.keys())
-def test_bad_input_is_exit_2_one_line_and_nothing_written(tmp_path, tool, args):
+def _bad_input_holds(tmp_path, tool: str, args: list[str], run) -> None:
     out = tmp_path / "out"
     (out / "runs").mkdir(parents=True)  # an empty results folder: bench.report must find nothing to report
-    proc = run_cli(tool, *[a.replace(OUT, str(out)) for a in args])
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and lines[0].startswith(f"{tool}: error:"), proc.stderr
-    assert "Traceback" not in proc.stderr
+    code, stderr = run(tool, [a.replace(OUT, str(out)) for a in args])
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert code == 2, stderr
+    assert len(lines) == 1 and lines[0].startswith(f"{tool}: error:"), stderr
+    assert "Traceback" not in stderr
     assert _files(tmp_path) == [], "bad input wrote files"
+
+
+@pytest.mark.parametrize("tool, args", BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_exit_2_one_line_and_nothing_written(tmp_path, tool, args):
+    """Each case through the tool's main() in this process: the checks are the tool's own code either way."""
+    def in_process(tool, argv):
+        code, _, stderr = run_in_process(tool, *argv)
+        return code, stderr
+    _bad_input_holds(tmp_path, tool, args, in_process)
+
+
+# One case per tool as a user's shell runs it: the interpreter adds nothing (no traceback, no second line).
+AS_A_PROCESS = {tool: case for case, (tool, _) in reversed(BAD_INPUT.items())}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("case", sorted(AS_A_PROCESS.values()))
+def test_bad_input_as_a_process_is_exit_2_one_line_and_nothing_written(tmp_path, case):
+    def as_process(tool, argv):
+        proc = run_cli(tool, *argv)
+        return proc.returncode, proc.stderr
+    _bad_input_holds(tmp_path, *BAD_INPUT[case], as_process)
 
 
 def test_the_bad_input_table_covers_every_tool():
@@ -182,12 +202,12 @@ UNSUPPORTED = {
 }
 
 
-@pytest.mark.e2e
 @pytest.mark.parametrize("args, reason", UNSUPPORTED.values(), ids=UNSUPPORTED.keys())
 def test_unsupported_writes_a_record_and_exits_3(tmp_path, args, reason):
+    """Refused by the backend's check in bench.run's own process, before anything starts: main() in this process."""
     out = tmp_path / "out"
-    proc = run_cli("bench.run", *args, "--data", "synthetic", "--out", str(out))
-    assert proc.returncode == 3, proc.stderr
+    code, _, stderr = run_in_process("bench.run", *args, "--data", "synthetic", "--out", str(out))
+    assert code == 3, stderr
     [path] = (out / "runs").glob("*.json")
     record = json.loads(path.read_text())
     assert record["status"] == "unsupported" and reason in record["error"]
