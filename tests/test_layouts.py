@@ -20,7 +20,7 @@ from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame, layout_ta
 from common.layout import Layout
 from common.record import skeleton
 from common.results import load_records, validate_record, write_record
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 GOOD = [
     # name, (dp, tp, pp, micro-batches, schedule, optimizer shard, recompute, vocab_emb_dp), canonical, bench.run flags
@@ -84,13 +84,13 @@ def test_bad_names_say_why(entry, reason):
     (["--layouts", "tp2", "--model-parallel", "2"], "drop --model-parallel"),
     (["--layouts", "dp2", "--scaling", "weak"], "drop --scaling weak"),
 ])
-@pytest.mark.e2e
 def test_compare_refuses_a_bad_layout_list_with_one_line_and_writes_nothing(tmp_path, argv, reason):
+    """bench.compare's main() in this process (bench.parity's refusal below is held as a process)."""
     out = tmp_path / "results"
-    proc = run_cli("bench.compare", *argv, "--backends", "torch_ddp", "--out", str(out))
-    assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.startswith("bench.compare: error: ") and proc.stderr.count("\n") == 1, proc.stderr
-    assert reason in proc.stderr
+    code, _, stderr = run_in_process("bench.compare", *argv, "--backends", "torch_ddp", "--out", str(out))
+    assert code == 2, stderr
+    assert stderr.startswith("bench.compare: error: ") and stderr.count("\n") == 1, stderr
+    assert reason in stderr
     assert not out.exists()
 
 

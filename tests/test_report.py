@@ -13,7 +13,7 @@ from bench.reporting.compose import build_report
 from bench.reporting.document import Image, to_markdown
 from common.record import skeleton
 from common.results import load_records, validate_record, write_record
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_in_process
 
 HOSTS = {
     "host-a": {"host": {"name": "host-a", "cpu": "Intel(R) Xeon(R) Platinum 8480+", "cores": 16, "gpus": [],
@@ -289,15 +289,15 @@ def test_filters_select_runs_and_plots_hold_only_this_report(records, tmp_path):
     ["--results", "{results}", "--workload", "resnet"],
     ["--results", "{empty}"],
 ])
-@pytest.mark.e2e
 def test_bad_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args):
+    """bench.report's main() in this process (test_cli holds one bad input of it as a process)."""
     results = tmp_path / "results"
     write_record(fixture_records()[0], results)
     (tmp_path / "empty").mkdir()
     paths = {"missing": tmp_path / "nope", "results": results, "empty": tmp_path / "empty"}
-    proc = run_cli("bench.report", *(a.format(**paths) for a in args))
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("bench.report: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    code, _, stderr = run_in_process("bench.report", *(a.format(**paths) for a in args))
+    assert code == 2
+    assert stderr.startswith("bench.report: error: ") and stderr.count("\n") == 1, stderr
     assert not (results / "report.md").exists() and not (results / "plots").exists()
 
 
