@@ -132,6 +132,10 @@ def child_env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+# What a launcher is given to tear down after its workers' result is complete (run_supervised's `result`).
+TEARDOWN_GRACE_S = 2.0
+
+
 def _kill_group(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
     """SIGTERM the whole process group, then SIGKILL what is left after `grace_s` (0: SIGKILL at once)."""
     steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)) if grace_s > 0 else ((signal.SIGKILL, 5.0),)
@@ -151,21 +155,33 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
 
 
 def run_supervised(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float,
-                   health: Callable[[], str | None] | None = None, poll_s: float = 0.5) -> int:
+                   health: Callable[[], str | None] | None = None, poll_s: float = 0.5,
+                   result: Path | None = None, teardown_s: float = TEARDOWN_GRACE_S) -> int:
     """Run `cmd` in its own process group with output to `log_path`; kill the group on timeout or
     interrupt. `health`, polled while the launcher runs, returns why the run is already lost (a
-    worker died that the launcher would wait out) or None. Returns the exit code; raises RunFailed
-    on timeout or when `health` reports."""
+    worker died that the launcher would wait out) or None. `result`: the file the workers write last
+    (atomically), for a launcher whose teardown after it can take longer than the run's own work
+    (msrun: its scheduler finalizes on a 5 s poll): `teardown_s` after that file appears, the group is
+    stopped and the run counts as done (0), with a line in the log saying so. Returns the exit code;
+    raises RunFailed on timeout or when `health` reports."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-        started = time.monotonic()
+        started, finished = time.monotonic(), None
         try:
             while (rc := proc.poll()) is None:
                 if time.monotonic() - started > timeout_s:
                     raise RunFailed(f"timed out after {time.monotonic() - started:.0f} s (--timeout {timeout_s:g}); "
                                     f"log tail: {log_tail(log_path)}")
+                if finished is None and result is not None and result.is_file():
+                    finished = time.monotonic()
+                if finished is not None and time.monotonic() - finished > teardown_s:
+                    log.write(f"\nparbench: {result.name} was complete {teardown_s:g} s ago and the launcher was "
+                              "still tearing down: stopped\n".encode())
+                    log.flush()
+                    _kill_group(proc, grace_s=0)
+                    return 0
                 lost = health() if health else None
                 if lost:
                     raise RunFailed(lost)

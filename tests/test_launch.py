@@ -49,6 +49,27 @@ def test_a_health_check_ends_a_launcher_that_would_wait(tmp_path: Path):
 
 
 @pytest.mark.e2e
+def test_a_launcher_still_tearing_down_after_its_result_is_stopped_and_the_run_done(tmp_path: Path):
+    """msrun's teardown after the workers' result took 7-9 s a run: given TEARDOWN_GRACE_S, it is stopped, its
+    whole group with it, and the run counts as done; a launcher that ends on its own keeps its exit code."""
+    result, pid_file = tmp_path / "result.json", tmp_path / "child.pid"
+    code = (f"import pathlib, subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', "
+            f"'import time; time.sleep(60)']); pathlib.Path({str(pid_file)!r}).write_text(str(child.pid)); "
+            f"time.sleep(1); pathlib.Path({str(result)!r}).write_text('{{}}'); time.sleep(60)")
+    started = time.monotonic()
+    assert run_supervised([sys.executable, "-c", code], child_env({}), tmp_path / "l.log", timeout_s=30,
+                          result=result, teardown_s=1.0) == 0
+    assert time.monotonic() - started < 15
+    assert "result.json was complete 1 s ago" in (tmp_path / "l.log").read_text()
+    time.sleep(0.2)
+    assert not Path(f"/proc/{pid_file.read_text()}").exists() or \
+        Path(f"/proc/{pid_file.read_text()}/stat").read_text().split()[2] == "Z"
+    # Without a result the launcher's own exit code stands, however long it takes.
+    assert run_supervised([sys.executable, "-c", "import sys, time; time.sleep(2); sys.exit(5)"], child_env({}),
+                          tmp_path / "m.log", timeout_s=30, result=tmp_path / "never.json", teardown_s=0.5) == 5
+
+
+@pytest.mark.e2e
 def test_children_run_this_interpreter_whatever_comes_first_on_path(foreign_python_path, monkeypatch):
     """msrun starts workers as a bare `python`: it must be the interpreter of the run."""
     monkeypatch.setenv("PATH", foreign_python_path)

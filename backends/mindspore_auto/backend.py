@@ -205,7 +205,9 @@ class MSRun:
         env = child_env(env)
         check_msrun_python(env)
         try:
-            return run_supervised(cmd, env, self.log, cfg.timeout_s, health=lambda: dead_worker(self.pid_dir, self.log))
+            # The worker argv ends with RESULT (common.launch.launch); msrun's teardown after it took 7-9 s a run.
+            return run_supervised(cmd, env, self.log, cfg.timeout_s, health=lambda: dead_worker(self.pid_dir, self.log),
+                                  result=Path(worker[-1]))
         except RunFailed as exc:
             raise RunFailed(f"{exc}; {self.worker_logs()}") from None
         finally:
