@@ -4,7 +4,8 @@ parallelism plain, with a distributed optimizer (ZeRO-1), FSDP (ZeRO-3) or HSDP,
 micro-batches of a chosen size (gradient accumulation), bf16.
 
 A name is common.layout's grammar widened: dimensions dp<N>, fsdp<N>, tp<N>, pp<N>, cp<N> joined by 'x' (a bare
-dp or fsdp takes the devices the others leave; dp<R>xfsdp<S> is HSDP, R replicas of S-way shards), then options
+dp or fsdp takes the devices the others leave, and a name with neither takes them as dp; dp<R>xfsdp<S> is HSDP,
+R replicas of S-way shards), then options
 joined by '-': sp (sequence parallel), zero1 (distributed optimizer), gpipe | 1f1b (default), vp<V> (interleaved
 1F1B, V model chunks per rank), mbs<B> (sequences per micro-batch, default 1), rc (full recompute) | sel
 (selective), tpo (tensor-parallel communication overlapped with GEMMs: Megatron --tp-comm-overlap,
@@ -22,10 +23,14 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 _DIM = re.compile(r"(fsdp|dp|tp|pp|cp)([0-9]*)")
 REFUSED = {
-    "fp8": "fp8 is not modelled: the compute tables hold bf16 GEMM rates only and the model has no account of "
-           "Float8's scaling and cast kernels",
+    "fp8": "fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling and casts are not "
+           "counted)",
     "ep": "expert parallelism is not modelled: the bundled models are dense",
 }
+
+
+class Refused(ValueError):
+    """A name the grammar does not say or the model cannot honour, whatever the device count."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +105,8 @@ class LlmLayout:
 
 
 def parse(entry: str, devices: int) -> LlmLayout:
-    """A layout name at a device count; ValueError in one line for anything the grammar (module doc) does not say
-    or the model cannot honour."""
+    """A layout name at a device count; Refused (a ValueError, one line) for anything the grammar (module doc)
+    does not say or the model cannot honour, ValueError when the name cannot fill `devices`."""
     head, *words = entry.strip().split("-")
     values: dict[str, object] = {}
     bare = None
@@ -109,26 +114,28 @@ def parse(entry: str, devices: int) -> LlmLayout:
         match = _DIM.fullmatch(part)
         if not match:
             why = REFUSED.get(re.sub(r"[0-9]+$", "", part))
-            raise ValueError(f"{entry!r}: {why}" if why else
+            raise Refused(f"{entry!r}: {why}" if why else
                              f"{entry!r}: {part!r} is not dp<N>, fsdp<N>, tp<N>, pp<N> or cp<N> (or a bare dp/fsdp)")
         kind, size = match.group(1), match.group(2)
         key = "shard" if kind == "fsdp" else kind
         if key in values or (bare and bare == kind):
-            raise ValueError(f"{entry!r}: the {kind} dimension is given twice")
+            raise Refused(f"{entry!r}: the {kind} dimension is given twice")
         if not size:
             if kind not in ("dp", "fsdp") or bare:
-                raise ValueError(f"{entry!r}: only one bare dp or fsdp may take the devices left")
+                raise Refused(f"{entry!r}: only one bare dp or fsdp may take the devices left")
             bare = kind
             continue
         if int(size) < 1 or size != str(int(size)):
-            raise ValueError(f"{entry!r}: {part!r} needs a size >= 1 without leading zeros")
+            raise Refused(f"{entry!r}: {part!r} needs a size >= 1 without leading zeros")
         values[key] = int(size)
     for word in words:
         _option(entry, word, values)
     if values.get("virtual", 1) > 1 and values.get("schedule") != "interleaved":
-        raise ValueError(f"{entry!r}: vp<V> is interleaved 1F1B; it cannot be combined with {values['schedule']}")
+        raise Refused(f"{entry!r}: vp<V> is interleaved 1F1B; it cannot be combined with {values['schedule']}")
     layout = LlmLayout(**values)
     taken = layout.devices
+    if not bare and layout.data == 1 and taken < devices:
+        bare = "dp"   # as bench.predict's BERT layouts: a name without a data dimension takes the rest as dp
     if bare:
         if devices % taken:
             raise ValueError(f"{entry!r} at {devices} devices: the other dimensions ({taken}) do not divide them")
@@ -147,17 +154,17 @@ def _option(entry: str, word: str, values: dict) -> None:
     elif (m := re.fullmatch(r"vp([0-9]+)", word)) and int(m.group(1)) >= 2:
         key, value = "virtual", int(m.group(1))
         if values.get("schedule", "1f1b") != "1f1b":
-            raise ValueError(f"{entry!r}: vp<V> is interleaved 1F1B; it cannot be combined with {values['schedule']}")
+            raise Refused(f"{entry!r}: vp<V> is interleaved 1F1B; it cannot be combined with {values['schedule']}")
         values["schedule"] = "interleaved"
     elif (m := re.fullmatch(r"mbs([0-9]+)", word)) and int(m.group(1)) >= 1:
         key, value = "micro_batch", int(m.group(1))
     elif word in REFUSED:
-        raise ValueError(f"{entry!r}: {REFUSED[word]}")
+        raise Refused(f"{entry!r}: {REFUSED[word]}")
     else:
-        raise ValueError(f"{entry!r}: unknown option {word!r}; choose from sp, zero1, gpipe, 1f1b, vp<V>, mbs<B>, "
+        raise Refused(f"{entry!r}: unknown option {word!r}; choose from sp, zero1, gpipe, 1f1b, vp<V>, mbs<B>, "
                          "rc, sel, tpo")
     if key in values and not (key == "schedule" and values[key] == "interleaved" and value == "1f1b"):
-        raise ValueError(f"{entry!r}: {word!r} repeats an option or contradicts one given")
+        raise Refused(f"{entry!r}: {word!r} repeats an option or contradicts one given")
     if key == "schedule" and values.get(key) == "interleaved":
         return
     values[key] = value

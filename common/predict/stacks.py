@@ -32,6 +32,7 @@ class Stack:
     fsdp_gather_copy_bytes: float           # FSDP's copy-out per parameter element all-gathered (0: none)
     fsdp_scatter_copy_bytes: float          # FSDP's copy-in per gradient element reduce-scattered
     source: str
+    elementwise_formula: str = ""           # _megatron_te & co. in words, for the constants table
 
 
 def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
@@ -71,6 +72,7 @@ STACKS = {s.name: s for s in (
           attention_kernel="cudnn", fused_projections=True, elementwise=_megatron_te, elementwise_kernels=5,
           backward_factor=1.5, logit_bytes=20.0, selective="attention", optimizer_bytes=42.0,
           fsdp_gather_copy_bytes=0.0, fsdp_scatter_copy_bytes=0.0,
+          elementwise_formula="20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp",
           source="Megatron-LM core_r0.8.0: TE LayerNormLinear / bias-GELU / bias-dropout-add fusions "
                  "(megatron/core/fusions), TEDotProductAttention (cuDNN fused attention on sm_90), vocab-parallel "
                  "cross entropy in float32, distributed optimizer with TE/apex fused Adam (reads parameter, "
@@ -80,6 +82,7 @@ STACKS = {s.name: s for s in (
           attention_kernel="fa2", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
           backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
           fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
+          elementwise_formula="84h + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f (SwiGLU) or 4f",
           source="torchtitan 9dec370: models/llama/model.py, models/norms.py (RMSNorm in eager ops), "
                  "F.scaled_dot_product_attention (FLASH_ATTENTION backend on H100 in torch of 2024-12), "
                  "cross_entropy on float32 logits (6 + 8 forward, 22 backward per logit), foreach AdamW "
@@ -90,6 +93,7 @@ STACKS = {s.name: s for s in (
           attention_kernel="fa2", fused_projections=False, elementwise=_torch_compile, elementwise_kernels=7,
           backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
           fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
+          elementwise_formula="16h + 4(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 6f (SwiGLU) or 4f",
           source="torchtitan 9dec370 parallelize_llama.apply_compile (each TransformerBlock compiled, the loss "
                  "and optimizer not); otherwise as torch-eager"),
 )}
