@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bench.reporting.prediction_plot import prediction_plot
+from bench.reporting.published_plot import FILE as published_file
 from bench.reporting.published_plot import published_plot
 from common.predict import constants, decoder, stacks
 from common.predict import hardware as hardware_files
@@ -86,7 +87,7 @@ def run_published(console: Console, args) -> int:
                       f"points more than 10% apart {'holds' if g['order_holds'] else 'DOES NOT hold'} "
                       f"({len(g['points'])} points)")
     out = Path(args.out) if args.out else Path("predictions")
-    path = Path(args.json) if args.json else out / "published.json"
+    path = Path(args.json) if args.json else out / published_file
     written = [write_json_atomic(path, result), write_atomic(out / "plots" / "predicted-vs-published.png",
                                                              published_plot(result).png())]
     console.print(f"table: {written[0]}; figure: {written[1]}")

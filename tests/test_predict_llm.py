@@ -8,6 +8,7 @@ import json
 import pytest
 
 from bench import predict as predict_cli
+from bench.reporting.published_plot import published_blocks
 from common.predict import constants, decoder, published, stacks
 from common.predict import hardware as hardware_files
 from common.predict.decoder import Gemm
@@ -50,10 +51,12 @@ def test_gpt_activations_are_korthikantis_closed_forms():
     s, h, a, b = GPT.seq_len, GPT.hidden, GPT.heads, 2
     kept = GPT.stored_activation_bytes
     assert kept(b * s, flash=False, dropout=True) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
-    assert kept(b * s, tp=8, flash=False, dropout=True) == pytest.approx(s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8)))
+    assert kept(b * s, tp=8, flash=False, dropout=True) == \
+        pytest.approx(s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8)))
     assert kept(b * s, tp=8, sequence_parallel=True, flash=False, dropout=True) == \
         pytest.approx(s * b * h * (34 / 8 + 5 * a * s / (h * 8)))
-    assert kept(b * s, tp=8, sequence_parallel=True, dropout=True) == pytest.approx(s * b * h * 34 / 8 + 4 * b * s * a / 8)
+    assert kept(b * s, tp=8, sequence_parallel=True, dropout=True) == \
+        pytest.approx(s * b * h * 34 / 8 + 4 * b * s * a / 8)   # + the log-sum-exp, float32 per head
 
 
 def test_llama_layer_by_hand_and_the_published_parameter_counts():
@@ -150,6 +153,8 @@ def test_every_published_point_parses_and_is_predicted_or_refused(tmp_path, caps
     assert len(predicted) >= 12 and result["max_abs_error"] == max(predicted)
     assert "median |error|" in capsys.readouterr().out
     assert (tmp_path / "plots" / "predicted-vs-published.png").stat().st_size > 10_000
+    heading, _, table, image = published_blocks(tmp_path)       # bench.report's section from the same file
+    assert len(table.rows) == len(points) and image.path.endswith("predicted-vs-published.png")
 
 
 def test_spearman_and_the_order_check_by_hand():

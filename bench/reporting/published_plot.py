@@ -1,13 +1,19 @@
 """bench.predict --published's figure: each published point's predicted figure against its published one, one
 point per row, on log axes (the metrics differ in units), with the diagonal and the +-15% and +-35% bands the
-model is held to. Refused points (fp8) are listed in the caption, not drawn."""
+model is held to. Refused points (fp8) are listed in the caption, not drawn. bench.report shows the table and
+the figure when RESULTS/published.json exists (bench.predict --published --out RESULTS)."""
 from __future__ import annotations
 
+import json
 import textwrap
+from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
 from bench.reporting.plots import Plot
+
+FILE = "published.json"
 
 MARKERS = {"tokens_per_s_per_gpu": "o", "tflops_per_gpu": "s", "mfu": "^"}
 
@@ -49,3 +55,24 @@ def published_plot(result: dict, slug: str = "predicted-vs-published") -> Plot:
         ax.grid(True, alpha=0.3)
         data[metric] = [(r["name"], r["published"], r["predicted"], r["error"]) for r in mine]
     return Plot(slug, title, caption, fig, data)
+
+
+def published_blocks(results: Path) -> list[Block]:
+    """The report's section: the published points' table and the figure, when RESULTS/published.json exists."""
+    path = Path(results) / FILE
+    if not path.is_file():
+        return []
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    plot = published_plot(result)
+    rows = [[r["name"], r["metric"], f"{r['published']:g}",
+             "refused" if r.get("predicted") is None else f"{r['predicted']:.4g}",
+             "" if r.get("error") is None else f"{r['error']:+.1%}", r.get("refused") or r.get("layout_full", "")]
+            for r in result["points"]]
+    return [Heading("Prediction against published GPU-cluster results", 2),
+            Text(f"bench.predict --published ({FILE}): {plot.title}. Each error is predicted / published - 1 in the "
+                 "publisher's metric (docs/prediction-at-scale.md)."),
+            Table(["point", "metric", "published", "predicted", "error", "layout as modelled / why refused"], rows),
+            Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png())]
