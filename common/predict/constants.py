@@ -79,6 +79,9 @@ def stack_constants() -> list[Constant]:
             out.append(Constant(f"{s.name}: {field_name}", str(getattr(s, field_name)), unit, s.source))
         out.append(Constant(f"{s.name}: elementwise bytes per token and layer (forward)", s.elementwise_formula,
                             "B", s.source))
+        if s.tp_overlap_split:
+            out.append(Constant(f"{s.name}: GEMMs split by overlapped tensor-parallel communication",
+                                ", ".join(f"{g}: {k}" for g, k in s.tp_overlap_split), "chunks", s.tp_overlap_source))
     return out
 
 

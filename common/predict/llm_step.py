@@ -14,7 +14,8 @@ Per micro-batch of b sequences, T = b s / cp tokens on a rank, one layer:
     policy: the 2nd, 4th, ... mm of each block are recomputed);
   - tensor parallel: 2 all-reduces of T h bf16 values forward and 2 backward, or with sp 2 all-gathers + 2
     reduce-scatters each way; exposed, or with tpo (Megatron's --tp-comm-overlap, AsyncTP) only what exceeds the
-    layer's GEMMs in that direction;
+    layer's GEMMs in that direction, those GEMMs then run in chunks of the tokens as the stack's overlap cuts
+    them (Stack.tp_overlap_split: Transformer Engine's ring exchange in tp chunks, its pipeline in 4);
   - context parallel: a ring passes each rank's K and V chunk cp - 1 times forward (K, V and their gradients
     backward), hidden behind the attention it feeds, the rest exposed.
 A stage runs its layers (the first also the embedding, the last the final norm, output layer and loss); 1F1B
@@ -114,8 +115,18 @@ def _layer(spec: DecoderSpec, layout: LlmLayout, stack: Stack, timer: _Timer, ha
     tensor-parallel overlap can hide behind."""
     tp, sp = layout.tp, layout.sp
     gemms = spec.layer_gemms(tokens, tp, stack.fused_projections)
-    gemm_fwd = [timer.gemm(g) for g in gemms]
-    gemm_bwd = sum(timer.gemm(b) for g in gemms for b in spec.backward_gemms(g))
+    split = dict(stack.tp_overlap_split) if layout.tp_overlap and tp > 1 else {}
+
+    def timed(g: Gemm) -> float:
+        # Overlapped tensor-parallel communication runs the GEMM in chunks of the tokens (its stack's split).
+        chunks = split.get(g.name)
+        if not chunks:
+            return timer.gemm(g)
+        k = tp if chunks == "tp" else int(chunks)
+        return k * timer.gemm(Gemm(g.name, -(-g.m // k), g.n, g.k))
+
+    gemm_fwd = [timed(g) for g in gemms]
+    gemm_bwd = sum(timed(b) for g in gemms for b in spec.backward_gemms(g))
     seq = spec.seq_len / layout.cp
     # Causal: b sequences' 4 s^2 nd / 2 FLOPs, shared over tp (heads) and cp (load-balanced chunks).
     attn_flops = 2.0 * tokens * spec.seq_len * spec.q_width / tp

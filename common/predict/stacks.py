@@ -33,6 +33,10 @@ class Stack:
     fsdp_scatter_copy_bytes: float          # FSDP's copy-in per gradient element reduce-scattered
     source: str
     elementwise_formula: str = ""           # _megatron_te & co. in words, for the constants table
+    # With tensor-parallel communication overlapped (tpo): the GEMMs the overlap cuts into chunks along the
+    # tokens, by name (a forward GEMM's, or its ".dgrad"), "tp" for one chunk per tensor-parallel rank or a count.
+    tp_overlap_split: tuple[tuple[str, str], ...] = ()
+    tp_overlap_source: str = ""
 
 
 def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
@@ -73,6 +77,12 @@ STACKS = {s.name: s for s in (
           backward_factor=1.5, logit_bytes=20.0, selective="attention", optimizer_bytes=42.0,
           fsdp_gather_copy_bytes=0.0, fsdp_scatter_copy_bytes=0.0,
           elementwise_formula="20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp",
+          tp_overlap_split=(("qkv", "tp"), ("fc1", "tp"), ("wo.dgrad", "tp"), ("w2.dgrad", "tp"), ("wo", "4"),
+                            ("w2", "4")),
+          tp_overlap_source="TransformerEngine v1.8 pytorch/module/base.py initialize_ub defaults (Megatron "
+                            "--tp-comm-overlap without a config file): ring_exchange (the GEMM in tp chunks) for "
+                            "qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline with num_splits 4 for "
+                            "proj_fprop, fc2_fprop; bulk (unsplit) for the other dgrads and wgrads",
           source="Megatron-LM core_r0.8.0: TE LayerNormLinear / bias-GELU / bias-dropout-add fusions "
                  "(megatron/core/fusions), TEDotProductAttention (cuDNN fused attention on sm_90), vocab-parallel "
                  "cross entropy in float32, distributed optimizer with TE/apex fused Adam (reads parameter, "
@@ -94,6 +104,12 @@ STACKS = {s.name: s for s in (
           backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
           fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
           elementwise_formula="16h + 4(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 6f (SwiGLU) or 4f",
+          tp_overlap_split=tuple((g, "tp") for g in ("wq", "wk", "wv", "wo", "w1", "w3", "w2", "wq.dgrad",
+                                                       "wk.dgrad", "wv.dgrad", "wo.dgrad", "w1.dgrad", "w3.dgrad",
+                                                       "w2.dgrad")),
+          tp_overlap_source="torch async TP (torch/distributed/_symmetric_memory: fused_all_gather_matmul and "
+                            "fused_matmul_reduce_scatter decompose each all-gather + matmul and matmul + "
+                            "reduce-scatter into tp chunk matmuls; torchtitan needs torch.compile for it)",
           source="torchtitan 9dec370 parallelize_llama.apply_compile (each TransformerBlock compiled, the loss "
                  "and optimizer not); otherwise as torch-eager"),
 )}
