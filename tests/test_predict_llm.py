@@ -184,3 +184,5 @@ def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms
     # Transformer Engine's ring exchange runs QKV and FC1 in 8 chunks of 512 tokens: slower GEMMs, hidden comm.
     assert overlapped.parts["gemm"] > 1.05 * exposed.parts["gemm"]
     assert overlapped.comm_exposed_s < exposed.comm_exposed_s
+    with pytest.raises(ValueError, match="async TP needs torch.compile"):    # eager torch has no async TP
+        predict_llm(LLAMA, parse("tp2xfsdp-sp-tpo", 8), 8, hw, stacks.load("torch-eager"), c)

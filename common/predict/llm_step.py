@@ -179,6 +179,9 @@ def predict_llm(spec: DecoderSpec, layout: LlmLayout, global_batch: int, hardwar
     """The step of `layout` at `global_batch` sequences. `compute`: the device's measured rates; `mfu`: instead,
     every FLOP at mfu x the datasheet bf16 peak (labelled ASSUMED by the callers), memory-bound work absorbed."""
     layout.validate(spec, global_batch)
+    if layout.tp_overlap and layout.tp > 1 and not stack.tp_overlap_split:
+        raise ValueError(f"{layout.name}: {stack.name} cannot overlap tensor-parallel communication (tpo): "
+                         "torch's async TP needs torch.compile (--stack torch-compile)")
     mfu_flops = None
     if mfu is not None:
         peak = peak_flops(hardware.device_name, "bf16")

@@ -11,7 +11,7 @@ forward read one and wrote one).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.predict.decoder import DecoderSpec
 
@@ -71,48 +71,49 @@ def _torch_compile(spec: DecoderSpec) -> tuple[float, float]:
     return 2 * 8 * h, rope + repeat + 4 * q + ffn
 
 
-STACKS = {s.name: s for s in (
-    Stack("megatron-te", "Megatron-Core with Transformer Engine: fused kernels, cuDNN attention",
-          attention_kernel="cudnn", fused_projections=True, elementwise=_megatron_te, elementwise_kernels=5,
-          backward_factor=1.5, logit_bytes=20.0, selective="attention", optimizer_bytes=42.0,
-          fsdp_gather_copy_bytes=0.0, fsdp_scatter_copy_bytes=0.0,
-          elementwise_formula="20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp",
-          tp_overlap_split=(("qkv", "tp"), ("fc1", "tp"), ("wo.dgrad", "tp"), ("w2.dgrad", "tp"), ("wo", "4"),
-                            ("w2", "4")),
-          tp_overlap_source="TransformerEngine v1.8 pytorch/module/base.py initialize_ub defaults (Megatron "
-                            "--tp-comm-overlap without a config file): ring_exchange (the GEMM in tp chunks) for "
-                            "qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline with num_splits 4 for "
-                            "proj_fprop, fc2_fprop; bulk (unsplit) for the other dgrads and wgrads",
-          source="Megatron-LM core_r0.8.0: TE LayerNormLinear / bias-GELU / bias-dropout-add fusions "
-                 "(megatron/core/fusions), TEDotProductAttention (cuDNN fused attention on sm_90), vocab-parallel "
-                 "cross entropy in float32, distributed optimizer with TE/apex fused Adam (reads parameter, "
-                 "gradient and moments in float32, writes them and the bf16 copy: 30 B) and multi-tensor clipping "
-                 "(12 B)"),
-    Stack("torch-eager", "PyTorch eager (torchtitan without torch.compile): FSDP2, SDPA flash attention",
-          attention_kernel="fa2", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
-          backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
-          fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
-          elementwise_formula="84h + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f (SwiGLU) or 4f",
-          source="torchtitan 9dec370: models/llama/model.py, models/norms.py (RMSNorm in eager ops), "
-                 "F.scaled_dot_product_attention (FLASH_ATTENTION backend on H100 in torch of 2024-12), "
-                 "cross_entropy on float32 logits (6 + 8 forward, 22 backward per logit), foreach AdamW "
-                 "(optimizer.fused false: lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay: 80 B) and "
-                 "foreach clipping (12 B); FSDP2's all-gather copy-out (2 + 2 per gathered element) and "
-                 "reduce-scatter copy-in to float32 (2 + 4)"),
-    Stack("torch-compile", "PyTorch with torch.compile per transformer block (torchtitan --training.compile)",
-          attention_kernel="fa2", fused_projections=False, elementwise=_torch_compile, elementwise_kernels=7,
-          backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
-          fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
-          elementwise_formula="16h + 4(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 6f (SwiGLU) or 4f",
-          tp_overlap_split=tuple((g, "tp") for g in ("wq", "wk", "wv", "wo", "w1", "w3", "w2", "wq.dgrad",
-                                                       "wk.dgrad", "wv.dgrad", "wo.dgrad", "w1.dgrad", "w3.dgrad",
-                                                       "w2.dgrad")),
-          tp_overlap_source="torch async TP (torch/distributed/_symmetric_memory: fused_all_gather_matmul and "
-                            "fused_matmul_reduce_scatter decompose each all-gather + matmul and matmul + "
-                            "reduce-scatter into tp chunk matmuls; torchtitan needs torch.compile for it)",
-          source="torchtitan 9dec370 parallelize_llama.apply_compile (each TransformerBlock compiled, the loss "
-                 "and optimizer not); otherwise as torch-eager"),
-)}
+MEGATRON_TE = Stack(
+    "megatron-te", "Megatron-Core with Transformer Engine: fused kernels, cuDNN attention",
+    attention_kernel="cudnn", fused_projections=True, elementwise=_megatron_te, elementwise_kernels=5,
+    backward_factor=1.5, logit_bytes=20.0, selective="attention", optimizer_bytes=42.0,
+    fsdp_gather_copy_bytes=0.0, fsdp_scatter_copy_bytes=0.0,
+    elementwise_formula="20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp",
+    tp_overlap_split=(("qkv", "tp"), ("fc1", "tp"), ("wo.dgrad", "tp"), ("w2.dgrad", "tp"), ("wo", "4"),
+                      ("w2", "4")),
+    tp_overlap_source="TransformerEngine v1.8 pytorch/module/base.py initialize_ub defaults (Megatron "
+                      "--tp-comm-overlap without a config file): ring_exchange (the GEMM in tp chunks) for "
+                      "qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline with num_splits 4 for "
+                      "proj_fprop, fc2_fprop; bulk (unsplit) for the other dgrads and wgrads",
+    source="Megatron-LM core_r0.8.0: TE LayerNormLinear / bias-GELU / bias-dropout-add fusions "
+           "(megatron/core/fusions), TEDotProductAttention (cuDNN fused attention on sm_90), vocab-parallel "
+           "cross entropy in float32, distributed optimizer with TE/apex fused Adam (reads parameter, "
+           "gradient and moments in float32, writes them and the bf16 copy: 30 B) and multi-tensor clipping "
+           "(12 B)")
+TORCH_EAGER = Stack(
+    "torch-eager", "PyTorch eager (torchtitan without torch.compile): FSDP2, SDPA flash attention",
+    attention_kernel="fa2", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
+    backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
+    fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
+    elementwise_formula="84h + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f (SwiGLU) or 4f",
+    source="torchtitan 9dec370: models/llama/model.py, models/norms.py (RMSNorm in eager ops), "
+           "F.scaled_dot_product_attention (FLASH_ATTENTION backend on H100 in torch of 2024-12), "
+           "cross_entropy on float32 logits (6 + 8 forward, 22 backward per logit), foreach AdamW "
+           "(optimizer.fused false: lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay: 80 B) and "
+           "foreach clipping (12 B); FSDP2's all-gather copy-out (2 + 2 per gathered element) and "
+           "reduce-scatter copy-in to float32 (2 + 4)")
+# torch.compile changes the elementwise work only (and makes async TP possible); the rest is torch-eager's.
+TORCH_COMPILE = replace(
+    TORCH_EAGER, name="torch-compile",
+    description="PyTorch with torch.compile per transformer block (torchtitan --training.compile)",
+    elementwise=_torch_compile, elementwise_kernels=7,
+    elementwise_formula="16h + 4(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 6f (SwiGLU) or 4f",
+    tp_overlap_split=tuple((g, "tp") for g in ("wq", "wk", "wv", "wo", "w1", "w3", "w2", "wq.dgrad", "wk.dgrad",
+                                                 "wv.dgrad", "wo.dgrad", "w1.dgrad", "w3.dgrad", "w2.dgrad")),
+    tp_overlap_source="torch async TP (torch/distributed/_symmetric_memory: fused_all_gather_matmul and "
+                      "fused_matmul_reduce_scatter decompose each all-gather + matmul and matmul + reduce-scatter "
+                      "into tp chunk matmuls; torchtitan needs torch.compile for it)",
+    source="torchtitan 9dec370 parallelize_llama.apply_compile (each TransformerBlock compiled, the loss and "
+           "optimizer not); otherwise as torch-eager")
+STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE)}
 
 
 def load(name: str) -> Stack:
