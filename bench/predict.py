@@ -2,6 +2,8 @@
                           [--workload mlm] [--model-size base] [--batch-size B | --global-batch B]
                           [--precision amp] [--assume-mfu 0.4]
 python -m bench.predict --validate RESULTS [--hardware NAME|FILE]
+python -m bench.predict --model llama3-8b --hardware h100-sxm-8 --devices 8,128 --layouts fsdp-sel  (predict_llm.py)
+python -m bench.predict --constants | --published [--json FILE]
 
 Predicts a training step of each layout at each device count on the hardware described (step time, samples/s,
 efficiency, memory per rank, whether it fits, the exposed communication and bubble), from a 1-device run
@@ -20,6 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench import predict_llm
 from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
@@ -68,6 +71,7 @@ def build_parser() -> OneLineParser:
                         "--assume-mfu the math mode whose peak the MFU is of")
     p.add_argument("--out", help="folder for the figure and predictions.json (default: --from's folder, "
                                  "else ./predictions)")
+    predict_llm.add_arguments(p)
     return p
 
 
@@ -78,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.validate:
             return run_validation(console, Path(args.validate), args.hardware or DEFAULT_CPU_HARDWARE)
+        llm = predict_llm.dispatch(console, args)
+        if llm is not None:
+            return llm
         if not args.hardware:
             parser.error("--hardware is needed to predict (or --validate RESULTS)")
         if not args.source and args.assume_mfu is None:

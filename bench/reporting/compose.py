@@ -13,6 +13,7 @@ from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Te
 from bench.reporting.layout_plot import layout_plot
 from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
 from bench.reporting.plots import PLOTTERS, Plot, mark_absent
+from bench.reporting.published_plot import published_blocks
 from bench.reporting.series import DATA_NAMES, Series, build_series
 from bench.reporting.tables import workload_table
 from bench.reporting.validation import validation_blocks
@@ -165,5 +166,6 @@ def build_report(records: list[dict], results: str, filters: str = "", skipped: 
         blocks += section + extra
         plots[workload] += layout_plots
     repeated, plots["repeats"] = repeats_section(records)
-    blocks += repeated + calibration_blocks(records) + breakdown_blocks(records) + validation_blocks(Path(results))
+    blocks += repeated + calibration_blocks(records) + breakdown_blocks(records) + validation_blocks(Path(results)) \
+        + published_blocks(Path(results))
     return blocks, plots

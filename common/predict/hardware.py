@@ -44,6 +44,12 @@ class Hardware:
     # Measured matmul peak per math mode (TFLOP/s), e.g. from a run's achievable_peak: --assume-mfu's base
     # where given, before the datasheet's.
     achievable_tflops: dict[str, float] = field(default_factory=dict)
+    # The device's compute table (hardware/compute/<name>.toml: matmul rates over shapes, attention kernels) for
+    # bench.predict --model's first-principles compute; "" where none is known. compute_scale: a published bound
+    # on how this part differs from the part the table was measured on (1: the same part), with its source.
+    compute: str = ""
+    compute_scale: float = 1.0
+    compute_scale_source: str = ""
 
     def link(self, crosses_nodes: bool) -> Link:
         """The level a group uses: the network when it crosses nodes, else the node's own."""
@@ -77,7 +83,9 @@ def load(name_or_file: str) -> Hardware:
                         memory_GBps=float(raw["memory_GBps"]) if raw.get("memory_GBps") else None,
                         comm_overlaps_compute=bool(raw.get("comm_overlaps_compute", False)),
                         sources=tuple(raw.get("sources", ())), path=str(path),
-                        achievable_tflops={k: float(v) for k, v in raw.get("achievable_TFLOPS", {}).items()})
+                        achievable_tflops={k: float(v) for k, v in raw.get("achievable_TFLOPS", {}).items()},
+                        compute=raw.get("compute", ""), compute_scale=float(raw.get("compute_scale", 1.0)),
+                        compute_scale_source=raw.get("compute_scale_source", ""))
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"--hardware {path}: {type(exc).__name__}: {exc} (format: {HARDWARE_DIR}/README.md)") \
             from None

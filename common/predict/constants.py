@@ -1,0 +1,110 @@
+"""Every constant the GPU-cluster model uses, in one table (value, unit, source): bench.predict --constants.
+
+Gathered from where each is defined once: the hardware descriptions (links, memory, the compute table a part
+uses and its scale), the compute tables (matmul rates over shapes, attention kernels, the launch floor), the
+software stacks (bytes of memory-bound work, optimizer, FSDP copies), and the step's own constants. None is
+fitted to the published results (published/*.toml); where a figure is an assumption its source says so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.peak_flops import peak_flops
+from common.predict import hardware as hardware_files
+from common.predict import llm_step, published
+from common.predict.gpu_compute import compute_for
+from common.predict.stacks import STACKS
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    value: str
+    unit: str
+    source: str
+
+
+def gpu_hardware() -> list[str]:
+    """The bundled hardware descriptions that have a compute table."""
+    return [n for n in hardware_files.available() if hardware_files.load(n).compute]
+
+
+def hardware_constants(name: str) -> list[Constant]:
+    hw = hardware_files.load(name)
+    out = [Constant(f"{name}: devices per node", str(hw.devices_per_node), "", "; ".join(hw.sources[:1])),
+           Constant(f"{name}: memory per device", f"{hw.memory_bytes / 2**30:.1f}", "GiB", "; ".join(hw.sources[:1])),
+           Constant(f"{name}: memory bandwidth", f"{hw.memory_GBps:g}", "GB/s",
+                    "datasheet, used as reached (an upper bound); " + "; ".join(hw.sources[:1]))]
+    peak = peak_flops(hw.device_name, "bf16")
+    if peak:
+        out.append(Constant(f"{name}: bf16 dense peak (--assume-mfu, MFU)", f"{peak / 1e12:g}", "TFLOP/s",
+                            "common.peak_flops (NVIDIA datasheet)"))
+    for link in hw.links:
+        out.append(Constant(f"{name}: {link.level} bus bandwidth", f"{link.busbw_GBps:g}", "GB/s", link.source))
+        out.append(Constant(f"{name}: {link.level} latency per ring step", f"{link.latency_s * 1e6:g}", "us",
+                            link.source))
+    if hw.compute:
+        out.append(Constant(f"{name}: compute table", hw.compute, "", f"hardware/compute/{hw.compute}.toml"))
+        out.append(Constant(f"{name}: compute scale", f"{hw.compute_scale:g}", "x table",
+                            hw.compute_scale_source or "the part the table was measured on"))
+    return out
+
+
+def compute_constants(hardware_name: str) -> list[Constant]:
+    c = compute_for(hardware_files.load(hardware_name))
+    out = [Constant(f"{c.name}: kernel launch floor", f"{c.launch_floor_s * 1e6:g}", "us", c.launch_floor_source)]
+    for precision, table in c.matmul.items():
+        rates = table.tflops.values()
+        edge = table.tflops[(table.grid[0][-1], table.grid[1][-1], table.grid[2][-1])]
+        out.append(Constant(f"{c.name}: {precision} matmul rate, {len(table.tflops)} shapes "
+                            f"{table.grid[0][0]}-{table.grid[0][-1]} per dimension",
+                            f"{min(rates):.1f}-{max(rates):.1f} (at the largest: {edge:.1f})", "TFLOP/s",
+                            table.source))
+    for kernel, rates in c.attention.items():
+        fwd = ", ".join(f"{s}: {r:g}" for s, r in rates.forward_causal)
+        bwd = ", ".join(f"{s}: {r:g}" for s, r in rates.backward)
+        out.append(Constant(f"{c.name}: {kernel} attention forward (causal), by sequence", fwd, "TFLOP/s",
+                            rates.source))
+        out.append(Constant(f"{c.name}: {kernel} attention backward, by sequence", bwd, "TFLOP/s", rates.source))
+    return out
+
+
+def stack_constants() -> list[Constant]:
+    out = []
+    for s in STACKS.values():
+        for field_name, unit in (("attention_kernel", ""), ("fused_projections", ""), ("elementwise_kernels", "/layer"),
+                                 ("backward_factor", "x forward bytes"), ("logit_bytes", "B/logit"),
+                                 ("selective", ""), ("optimizer_bytes", "B/element"),
+                                 ("fsdp_gather_copy_bytes", "B/element"), ("fsdp_scatter_copy_bytes", "B/element")):
+            out.append(Constant(f"{s.name}: {field_name}", str(getattr(s, field_name)), unit, s.source))
+        out.append(Constant(f"{s.name}: elementwise bytes per token and layer (forward)", s.elementwise_formula,
+                            "B", s.source))
+        if s.tp_overlap_split:
+            out.append(Constant(f"{s.name}: GEMMs split by overlapped tensor-parallel communication",
+                                ", ".join(f"{g}: {k}" for g, k in s.tp_overlap_split), "chunks", s.tp_overlap_source))
+    return out
+
+
+def model_constants() -> list[Constant]:
+    return [Constant("flash attention backward FLOPs", f"{llm_step.FLASH_BACKWARD:g}", "x forward",
+                     "Dao 2023, FlashAttention-2, section 3 (the backward's 5 matmuls to the forward's 2); the FA "
+                     "papers' TFLOP/s convention"),
+            Constant("Megatron gradient bucket", f"{llm_step.MEGATRON_BUCKET_PARAMS:g}", "parameters",
+                     "megatron/core/distributed/distributed_data_parallel.py (core_r0.8.0): max(40M, 1M x dp)"),
+            Constant("Megatron MFU peak", f"{published.MEGATRON_PEAK / 1e12:g}", "TFLOP/s",
+                     "H100 SXM dense bf16 (NVIDIA datasheet); the Megatron table's 408.8 / 989 = 41%"),
+            Constant("ranking margin", f"{published.ORDER_MARGIN:g}", "relative",
+                     "issue 31: layout order must agree where published figures differ by more than 10%")]
+
+
+def table(hardware: list[str] | None = None) -> list[Constant]:
+    names = hardware or gpu_hardware()
+    rows: list[Constant] = []
+    computes = set()
+    for name in names:
+        rows += hardware_constants(name)
+        hw = hardware_files.load(name)
+        if hw.compute and hw.compute not in computes:
+            computes.add(hw.compute)
+            rows += compute_constants(name)
+    return rows + stack_constants() + model_constants()

@@ -1,0 +1,214 @@
+"""A decoder-only transformer (GPT-3, Megatron's GPT, Llama 3) described in a TOML file, and the one set of
+formulas bench.predict uses for every size: parameters, the GEMMs of a layer at their shapes, FLOPs, and the
+activations a layer keeps for its backward pass.
+
+A model file (models/<name>.toml, format in models/README.md) gives layers, hidden, heads, key/value heads (GQA),
+the FFN width and kind (gelu: up and down projections; swiglu: gate, up and down, Llama's), vocabulary,
+sequence length, tied embeddings, learned or rotary positions, the norm and whether linear layers have biases.
+
+Formulas (per token unless said; n heads, g key/value heads, d = hidden / n, f the FFN width, s the sequence):
+  - a layer's linear layers: Q (h x nd), K and V (h x gd each), output (nd x h), FFN up (h x f; swiglu also the
+    gate, h x f), FFN down (f x h). Forward FLOPs 2 x in x out each.
+  - attention scores and context: 2 x 2 x s x nd per token for full attention, half of it under a causal mask
+    (flash-attention kernels skip the masked blocks).
+  - training = forward + backward; a linear layer's backward is two GEMMs of its forward's size (input and weight
+    gradients): 3 x forward. Flash attention's backward recomputes the scores: 2.5 x its forward (Dao 2023).
+  - activations kept for the backward (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", section 4.1): counted component by component (stored_activation_bytes), which gives
+    their closed form, s x b x h x (34 + 5 a s / h) bytes per GPT layer in 16-bit, and sbh(10 + 24/t + 5as/(ht))
+    under t-way tensor parallelism, 34sbh/t with sequence parallelism (tests/test_predict_llm.py holds both).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from common.predict.hardware import tomllib
+
+MODELS_DIR = Path(__file__).parent / "models"
+FFN_KINDS = ("gelu", "swiglu")
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer of a transformer layer: `inputs` x `outputs` weights; `split` how Megatron's tensor
+    parallel plan cuts it (column: outputs split; row: inputs split, its output all-reduced or reduce-scattered)."""
+    name: str
+    inputs: int
+    outputs: int
+    split: str
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM C[m, n] = A[m, k] B[k, n] of a micro-batch on one rank."""
+    name: str
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    ffn_kind: str
+    vocab: int
+    seq_len: int
+    tied_embeddings: bool
+    position: str = "rope"
+    norm: str = "rmsnorm"
+    biases: bool = False
+    description: str = ""
+    source: str = ""
+    path: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    # -- parameters ------------------------------------------------------------------------------------
+
+    def linears(self) -> list[Linear]:
+        """A layer's linear layers in forward order (torchtitan's and Megatron's modules, unfused)."""
+        h, f = self.hidden, self.ffn
+        out = [Linear("wq", h, self.q_width, "column"), Linear("wk", h, self.kv_width, "column"),
+               Linear("wv", h, self.kv_width, "column"), Linear("wo", self.q_width, h, "row"),
+               Linear("w1", h, f, "column")]
+        if self.ffn_kind == "swiglu":
+            out.append(Linear("w3", h, f, "column"))
+        return out + [Linear("w2", f, h, "row")]
+
+    def norm_params(self) -> int:
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    def layer_params(self) -> int:
+        weights = sum(lin.inputs * lin.outputs for lin in self.linears())
+        biases = sum(lin.outputs for lin in self.linears()) if self.biases else 0
+        return weights + biases + 2 * self.norm_params()
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden + (self.seq_len * self.hidden if self.position == "learned" else 0)
+
+    def head_params(self) -> int:
+        """The final norm and, untied, the output layer."""
+        return self.norm_params() + (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    def param_count(self) -> int:
+        return self.embedding_params() + self.layers * self.layer_params() + self.head_params()
+
+    # -- work -------------------------------------------------------------------------------------------
+
+    def layer_gemms(self, tokens: int, tp: int = 1, fused: bool = False) -> list[Gemm]:
+        """A layer's forward GEMMs on one tensor-parallel rank for `tokens` tokens. `fused`: Q, K and V as one
+        GEMM and a SwiGLU's gate and up as one (Megatron's linear_qkv and linear_fc1); else one per module
+        (torchtitan's wq, wk, wv, w1, w3)."""
+        lins = self.linears()
+        if fused:
+            by = {lin.name: lin for lin in lins}
+            qkv = Linear("qkv", self.hidden, self.q_width + 2 * self.kv_width, "column")
+            up = Linear("fc1", self.hidden, self.ffn * (2 if self.ffn_kind == "swiglu" else 1), "column")
+            lins = [qkv, by["wo"], up, by["w2"]]
+        return [Gemm(lin.name, tokens, lin.outputs // tp if lin.split == "column" else lin.outputs,
+                     lin.inputs // tp if lin.split == "row" else lin.inputs) for lin in lins]
+
+    @staticmethod
+    def backward_gemms(forward: Gemm) -> list[Gemm]:
+        """The input gradient dX[m, k] = dY[m, n] W^T and the weight gradient dW[k, n] = X^T dY (a reduction over
+        the tokens)."""
+        return [Gemm(forward.name + ".dgrad", forward.m, forward.k, forward.n),
+                Gemm(forward.name + ".wgrad", forward.k, forward.n, forward.m)]
+
+    def head_gemm(self, tokens: int, tp: int = 1) -> Gemm:
+        """The output layer's logits, its vocabulary split over tensor parallel (Megatron, torchtitan's loss
+        parallel)."""
+        return Gemm("output", tokens, self.vocab // tp, self.hidden)
+
+    def matmul_flops_per_token(self) -> float:
+        """Forward FLOPs of the linear layers and the output layer, per token (2 x their weights)."""
+        return 2.0 * (self.layers * sum(lin.inputs * lin.outputs for lin in self.linears())
+                      + self.hidden * self.vocab)
+
+    def attention_flops_per_token(self, causal: bool = True, seq_len: int | None = None) -> float:
+        """Forward FLOPs of the attention scores and context per token, all layers: 2 x 2 x s x nd, half of it
+        under a causal mask."""
+        s = seq_len or self.seq_len
+        return self.layers * 4.0 * s * self.q_width * (0.5 if causal else 1.0)
+
+    def training_flops_per_token(self, causal: bool = True) -> float:
+        """Model FLOPs of one token's forward and backward (3 x forward; no recomputation counted)."""
+        return 3.0 * (self.matmul_flops_per_token() + self.attention_flops_per_token(causal))
+
+    # -- activations ------------------------------------------------------------------------------------
+
+    def stored_activation_bytes(self, tokens: int, tp: int = 1, sequence_parallel: bool = False,
+                                flash: bool = True, dropout: bool = False, seq_len: int | None = None,
+                                value_bytes: int = 2) -> float:
+        """Bytes one layer keeps for its backward on one rank, for `tokens` tokens (sequences of `seq_len`),
+        Korthikanti et al.'s accounting component by component (16-bit values, 1-byte dropout masks)."""
+        h, f, t, v = self.hidden, self.ffn, tp, value_bytes
+        s = seq_len or self.seq_len
+        shard = t if sequence_parallel else 1          # what sequence parallelism also splits
+        per_token = 2 * v * h / shard                  # the two norms' inputs
+        per_token += v * h / shard                     # the Q, K, V projections' input
+        per_token += v * (self.q_width + 2 * self.kv_width) / t   # Q, K (scores) and V (context)
+        if flash:
+            per_token += 4 * self.heads / t            # the softmax's log-sum-exp, float32 per head
+        else:
+            per_token += (2 * v + (1 if dropout else 0)) * self.heads * s / t  # softmax out, its mask, dropped
+        per_token += v * self.q_width / t              # the output projection's input (the context)
+        per_token += v * h / shard                     # the FFN's input
+        per_token += (2 if self.ffn_kind == "gelu" else 4) * v * f / t   # GELU: its input, fc2's input
+        if dropout:                                    # SwiGLU: gate out, up out, silu(gate), the product
+            per_token += 2 * h / shard                 # the two residual dropouts' masks
+        return per_token * tokens
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.toml"))
+
+
+def load(name_or_file: str) -> DecoderSpec:
+    """A bundled model by name (models/<name>.toml) or a file of one's own; ValueError in one line."""
+    path = MODELS_DIR / f"{name_or_file}.toml" if name_or_file in available() else Path(name_or_file)
+    if not path.is_file():
+        raise ValueError(f"--model {name_or_file}: no such file or bundled model (bundled: {', '.join(available())})")
+    try:
+        raw = tomllib.loads(path.read_text())
+        known = {f.name for f in fields(DecoderSpec)} - {"path"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise KeyError(f"unknown keys {unknown}")
+        spec = DecoderSpec(**raw, path=str(path))
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"--model {path}: {type(exc).__name__}: {exc} (format: {MODELS_DIR}/README.md)") from None
+    _check(spec, path)
+    return spec
+
+
+def _check(spec: DecoderSpec, path: Path) -> None:
+    problems = []
+    if spec.ffn_kind not in FFN_KINDS:
+        problems.append(f"ffn_kind {spec.ffn_kind!r} is not one of {', '.join(FFN_KINDS)}")
+    if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
+        problems.append(f"hidden {spec.hidden}, heads {spec.heads}, kv_heads {spec.kv_heads} do not divide")
+    if spec.position not in ("learned", "rope") or spec.norm not in ("layernorm", "rmsnorm"):
+        problems.append(f"position {spec.position!r} (learned|rope) or norm {spec.norm!r} (layernorm|rmsnorm)")
+    if problems:
+        raise ValueError(f"--model {path}: {'; '.join(problems)}")

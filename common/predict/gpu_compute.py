@@ -1,0 +1,132 @@
+"""How long a GPU takes for one kernel of a step, from first principles and published measurements, not from an
+assumed MFU: a GEMM at its own shape at the rate the device's matmul table gives for that shape; flash attention
+at the measured rate of its kernel at that sequence length; a memory-bound operation at the device's memory
+bandwidth; no kernel shorter than the launch floor.
+
+The table (hardware/compute/<name>.toml) holds measured TFLOP/s at shapes (m, n, k) on a grid; a shape between
+grid points takes the rate interpolated linearly in log2(m), log2(n), log2(k); a dimension beyond the grid takes
+the edge's rate (the largest measured shapes have reached the device's achievable peak: the table's
+cross_check). Attention rates interpolate in log2 of the sequence length the same way. A hardware file's
+compute_scale (a published bound on how its part differs from the measured one) multiplies both.
+Memory-bound work runs at the datasheet bandwidth (hardware memory_GBps): an upper bound, the model's
+optimistic side.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.predict.decoder import Gemm
+from common.predict.hardware import GB, Hardware, tomllib
+
+COMPUTE_DIR = Path(__file__).parent / "hardware" / "compute"
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class MatmulTable:
+    grid: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+    tflops: dict[tuple[int, int, int], float]
+    source: str
+
+    def rate(self, m: float, n: float, k: float) -> float:
+        """TFLOP/s at a shape: trilinear in log2 of each dimension between grid points, the edge beyond."""
+        corners = [_bracket(axis, value) for axis, value in zip(self.grid, (m, n, k))]
+        total = 0.0
+        for mi, wm in corners[0]:
+            for nj, wn in corners[1]:
+                for kv, wk in corners[2]:
+                    total += wm * wn * wk * self.tflops[(mi, nj, kv)]
+        return total
+
+
+def _bracket(axis: tuple[int, ...], value: float) -> list[tuple[int, float]]:
+    """The two grid points around `value` with their weights (log2 interpolation); one at or beyond an edge."""
+    if value <= axis[0]:
+        return [(axis[0], 1.0)]
+    if value >= axis[-1]:
+        return [(axis[-1], 1.0)]
+    hi = bisect.bisect_left(axis, value)
+    lo = hi - 1
+    if axis[hi] == value:
+        return [(axis[hi], 1.0)]
+    w = (math.log2(value) - math.log2(axis[lo])) / (math.log2(axis[hi]) - math.log2(axis[lo]))
+    return [(axis[lo], 1.0 - w), (axis[hi], w)]
+
+
+@dataclass(frozen=True)
+class AttentionRates:
+    forward_causal: tuple[tuple[int, float], ...]
+    backward: tuple[tuple[int, float], ...]
+    source: str
+
+    def rate(self, seq: float, backward: bool) -> float:
+        points = self.backward if backward else self.forward_causal
+        axis = tuple(s for s, _ in points)
+        values = dict(points)
+        return sum(w * values[s] for s, w in _bracket(axis, seq))
+
+
+@dataclass(frozen=True)
+class DeviceCompute:
+    """A device's compute as the model times it; built from a hardware description (compute_for)."""
+    name: str
+    matmul: dict[str, MatmulTable]
+    attention: dict[str, AttentionRates]
+    launch_floor_s: float
+    memory_Bps: float
+    scale: float
+    path: str
+    launch_floor_source: str = ""
+    scale_source: str = ""
+
+    def gemm_s(self, gemm: Gemm, precision: str = "bf16") -> float:
+        if precision not in self.matmul:
+            raise ValueError(f"{self.name}: no {precision} matmul table (has {', '.join(self.matmul)})")
+        if min(gemm.m, gemm.n, gemm.k) <= 0:
+            return 0.0
+        rate = self.matmul[precision].rate(gemm.m, gemm.n, gemm.k) * TERA * self.scale
+        return max(gemm.flops / rate, self.launch_floor_s)
+
+    def attention_s(self, kernel: str, flops: float, seq: float, backward: bool) -> float:
+        """Flash attention of `flops` (the FA papers' convention: causal forward 2 s^2 d per head; the backward
+        2.5 x that) at the kernel's rate for the sequence length."""
+        if kernel not in self.attention:
+            raise ValueError(f"{self.name}: no attention kernel {kernel!r} (has {', '.join(self.attention)})")
+        rate = self.attention[kernel].rate(seq, backward) * TERA * self.scale
+        return max(flops / rate, self.launch_floor_s) if flops > 0 else 0.0
+
+    def memory_s(self, nbytes: float, kernels: int = 1) -> float:
+        """Memory-bound work of `nbytes` moved by `kernels` kernels at the device's bandwidth."""
+        return max(nbytes / self.memory_Bps, kernels * self.launch_floor_s) if nbytes > 0 else 0.0
+
+
+def compute_for(hardware: Hardware) -> DeviceCompute:
+    """The compute table a hardware description names (its `compute` key); ValueError in one line if none."""
+    if not hardware.compute:
+        raise ValueError(f"--hardware {hardware.name}: no compute table (a `compute = NAME` key naming "
+                         f"{COMPUTE_DIR}/NAME.toml); use --assume-mfu")
+    if not hardware.memory_GBps:
+        raise ValueError(f"--hardware {hardware.name}: memory_GBps is needed for memory-bound work")
+    path = COMPUTE_DIR / f"{hardware.compute}.toml"
+    if not path.is_file():
+        raise ValueError(f"--hardware {hardware.name}: compute table {path} does not exist")
+    raw = tomllib.loads(path.read_text())
+    matmul = {}
+    for precision, table in raw.get("matmul", {}).items():
+        points = {(int(m), int(n), int(k)): float(t) for m, n, k, t in table["points"]}
+        grid = tuple(tuple(sorted({p[i] for p in points})) for i in range(3))
+        missing = [(m, n, k) for m in grid[0] for n in grid[1] for k in grid[2] if (m, n, k) not in points]
+        if missing:
+            raise ValueError(f"{path}: matmul.{precision} is not a full grid (missing {missing[:3]} ...)")
+        matmul[precision] = MatmulTable(grid=grid, tflops=points, source=table.get("source", ""))
+    attention = {kernel: AttentionRates(tuple(map(tuple, a["forward_causal"])), tuple(map(tuple, a["backward"])),
+                                        a.get("source", ""))
+                 for kernel, a in raw.get("attention", {}).items()}
+    return DeviceCompute(name=raw.get("name", hardware.compute), matmul=matmul, attention=attention,
+                         launch_floor_s=float(raw["launch_floor_us"]) * 1e-6, memory_Bps=hardware.memory_GBps * GB,
+                         scale=hardware.compute_scale, path=str(path),
+                         launch_floor_source=raw.get("launch_floor_source", ""),
+                         scale_source=hardware.compute_scale_source)

@@ -1,0 +1,170 @@
+"""Published training results as checked data (published/*.toml), and bench.predict's predictions of them.
+
+A file has a [source] (publisher, where exactly, the hardware description, the software stack, how the
+publisher counts FLOPs) and [[point]]s: name, model (models/*.toml), devices, layout (llm_layout's grammar),
+global batch (sequences), metric, the published figure, the quoted row it was copied from, and optionally
+seq_len (a run at another sequence length), stack and `assumed` (what the source does not say and the file
+assumes). A point the model cannot honour (fp8) stays in the table as refused, with the one-line reason.
+
+Metrics: tokens_per_s_per_gpu; tflops_per_gpu and mfu as the publisher counts FLOPs (Megatron's
+num_floating_point_operations, MEGATRON_PEAK for its MFU), so the model's FLOP formula never enters the
+comparison: a predicted step time is turned into the publisher's figure with the publisher's formula.
+error = predicted / published - 1. Ranking: points on one model, hardware and device count are a group; the
+Spearman correlation of predicted and published order, and whether every pair whose published figures differ
+by more than 10% is ordered alike.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from common.predict import decoder, stacks
+from common.predict import hardware as hardware_files
+from common.predict.gpu_compute import compute_for
+from common.predict.hardware import tomllib
+from common.predict.llm_layout import parse
+from common.predict.llm_step import predict_llm
+
+PUBLISHED_DIR = Path(__file__).parent / "published"
+METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
+MEGATRON_PEAK = 989.5e12     # H100 SXM dense bf16 (common.peak_flops): Megatron's MFU is of it (408.8 / 989.5 = 41%)
+ORDER_MARGIN = 0.10
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    model: str
+    devices: int
+    layout: str
+    global_batch: int
+    metric: str
+    published: float
+    quote: str
+    hardware: str
+    stack: str
+    flops: str
+    source: str
+    seq_len: int | None = None
+    assumed: str = ""
+
+
+def load(path: Path) -> list[Point]:
+    raw = tomllib.loads(path.read_text())
+    src = raw["source"]
+    where = f"{src['publisher']}: {src['where']}"
+    points = []
+    for p in raw["point"]:
+        if p["metric"] not in METRICS:
+            raise ValueError(f"{path}: {p['name']}: metric {p['metric']!r} is not one of {', '.join(METRICS)}")
+        points.append(Point(name=p["name"], model=p["model"], devices=int(p["devices"]), layout=p["layout"],
+                            global_batch=int(p["global_batch"]), metric=p["metric"], published=float(p["published"]),
+                            quote=p["quote"], hardware=p.get("hardware", src["hardware"]),
+                            stack=p.get("stack", src["stack"]), flops=p.get("flops", src.get("flops", "")),
+                            source=where, seq_len=p.get("seq_len"), assumed=p.get("assumed", "")))
+    return points
+
+
+def all_points() -> list[Point]:
+    return [p for path in sorted(PUBLISHED_DIR.glob("*.toml")) for p in load(path)]
+
+
+def megatron_flops(spec: decoder.DecoderSpec, batch: int) -> float:
+    """FLOPs of one step as Megatron counts them (training.py num_floating_point_operations, core_r0.8.0)."""
+    s, h, L = spec.seq_len, spec.hidden, spec.layers
+    gated = 1.5 if spec.ffn_kind == "swiglu" else 1.0
+    return 12.0 * batch * s * L * h * h * ((1 + spec.kv_heads / spec.heads + s / h) * spec.q_width / h
+                                           + spec.ffn / h * gated + spec.vocab / (2 * L * h))
+
+
+def metric_of(point: Point, spec: decoder.DecoderSpec, step_s: float) -> float:
+    """The point's figure had its step taken `step_s` seconds, counted as its publisher counts."""
+    if point.metric == "tokens_per_s_per_gpu":
+        return point.global_batch * spec.seq_len / step_s / point.devices
+    if point.flops != "megatron":
+        raise ValueError(f"{point.name}: {point.metric} needs the publisher's FLOP formula (flops = 'megatron')")
+    per_gpu = megatron_flops(spec, point.global_batch) / step_s / point.devices
+    return per_gpu / 1e12 if point.metric == "tflops_per_gpu" else per_gpu / MEGATRON_PEAK
+
+
+def predict_point(point: Point) -> dict:
+    """One row: the point, the prediction of its figure, the error, and the step's parts; `refused` instead where
+    the model cannot honour the layout."""
+    row = {"name": point.name, "source": point.source, "metric": point.metric, "published": point.published,
+           "model": point.model, "devices": point.devices, "layout": point.layout, "hardware": point.hardware,
+           "stack": point.stack, "global_batch": point.global_batch, "quote": point.quote, "assumed": point.assumed}
+    spec = decoder.load(point.model)
+    if point.seq_len:
+        spec = replace(spec, seq_len=point.seq_len)
+    try:
+        layout = parse(point.layout, point.devices)
+    except ValueError as exc:
+        return {**row, "predicted": None, "error": None, "refused": str(exc)}
+    hardware = hardware_files.load(point.hardware)
+    p = predict_llm(spec, layout, point.global_batch, hardware, stacks.load(point.stack), compute_for(hardware))
+    predicted = metric_of(point, spec, p.step_s)
+    return {**row, "layout_full": layout.name, "predicted": predicted, "error": predicted / point.published - 1,
+            "step_s": p.step_s, "parts_s": p.parts_s, "memory_per_rank": p.memory_per_rank}
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 2 points or a constant side."""
+    if len(xs) < 2:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    sx = sum((a - mx) ** 2 for a in rx) ** 0.5
+    sy = sum((b - my) ** 2 for b in ry) ** 0.5
+    if not sx or not sy:
+        return None
+    return sum((a - mx) * (b - my) for a, b in zip(rx, ry)) / (sx * sy)
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def rankings(rows: list[dict]) -> list[dict]:
+    """Per group of predicted points on one model, hardware and device count: Spearman of predicted against
+    published, and whether each pair whose published figures differ by more than ORDER_MARGIN is ordered alike."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r.get("predicted") is not None:
+            groups.setdefault((r["model"], r["hardware"], r["devices"], r["metric"]), []).append(r)
+    out = []
+    for (model, hw, devices, _metric), members in groups.items():
+        if len(members) < 2:
+            continue
+        pairs = []
+        for i, a in enumerate(members):
+            for b in members[i + 1:]:
+                apart = abs(a["published"] / b["published"] - 1) > ORDER_MARGIN
+                alike = (a["published"] - b["published"]) * (a["predicted"] - b["predicted"]) > 0
+                pairs.append({"a": a["name"], "b": b["name"], "apart": apart, "agrees": alike})
+        out.append({"model": model, "hardware": hw, "devices": devices, "points": [m["name"] for m in members],
+                    "spearman": spearman([m["predicted"] for m in members], [m["published"] for m in members]),
+                    "pairs": pairs,
+                    "order_holds": all(p["agrees"] for p in pairs if p["apart"])})
+    return out
+
+
+def check(points: list[Point] | None = None) -> dict:
+    """Every published point predicted: the JSON bench.predict --published writes."""
+    rows = [predict_point(p) for p in (points if points is not None else all_points())]
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    return {"points": rows,
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "max_abs_error": max(errors) if errors else None,
+            "predicted": len(errors), "refused": sum(1 for r in rows if r.get("refused")),
+            "rankings": rankings(rows)}

@@ -1,0 +1,122 @@
+"""The software that runs a decoder's step, as the GPU model sees it: which attention kernel, whether projections
+are fused, how many bytes the memory-bound operations move, what selective recomputation recomputes, and how
+the optimizer updates. One entry per stack a published point ran; each byte count is read off that stack's code.
+
+Memory-bound bytes are per token of one layer on one rank (h hidden, q = heads x head_dim, kv = kv_heads x
+head_dim, f the FFN width), split into what sequence parallelism shares out (h-wide: norms, residuals) and what
+tensor parallelism always splits (q-, kv- and f-wide); the backward moves `backward_factor` x the forward's bytes
+(an operation's backward reads its saved input and the incoming gradient and writes the outgoing one, where the
+forward read one and wrote one).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from common.predict.decoder import DecoderSpec
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    description: str
+    attention_kernel: str                   # a key of the compute table's [attention.*]
+    fused_projections: bool                 # Q, K, V one GEMM; a SwiGLU's gate and up one GEMM
+    # (h-wide bytes per token, the rest) of one layer's forward elementwise work, for a model
+    elementwise: Callable[[DecoderSpec], tuple[float, float]]
+    elementwise_kernels: int                # memory-bound kernels per layer forward (each at least the launch floor)
+    backward_factor: float
+    logit_bytes: float                      # bytes per logit of the loss, forward and backward
+    selective: str                          # what selective recomputation recomputes: "attention" | "odd-mm"
+    optimizer_bytes: float                  # per parameter element a rank updates (AdamW, clipping included)
+    fsdp_gather_copy_bytes: float           # FSDP's copy-out per parameter element all-gathered (0: none)
+    fsdp_scatter_copy_bytes: float          # FSDP's copy-in per gradient element reduce-scattered
+    source: str
+    elementwise_formula: str = ""           # _megatron_te & co. in words, for the constants table
+    # With tensor-parallel communication overlapped (tpo): the GEMMs the overlap cuts into chunks along the
+    # tokens, by name (a forward GEMM's, or its ".dgrad"), "tp" for one chunk per tensor-parallel rank or a count.
+    tp_overlap_split: tuple[tuple[str, str], ...] = ()
+    tp_overlap_source: str = ""
+
+
+def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
+    # LayerNorm x 2 (read, write: 4h each), bias-dropout-add x 2 (read two, write one: 6h each); FFN: bias-GELU
+    # (4f) or SwiGLU (reads gate and up, writes one: 6f).
+    ffn = 4 * spec.ffn if spec.ffn_kind == "gelu" else 6 * spec.ffn
+    return 2 * 4 * spec.hidden + 2 * 6 * spec.hidden, ffn
+
+
+def _torch_eager(spec: DecoderSpec) -> tuple[float, float]:
+    # torchtitan's eager RMSNorm: x.float() (2+4), pow (4+4), mean (4), x * rsqrt (4+4), type_as (4+2), * weight
+    # (2+2): 36 bytes per element, twice; the residual adds 6h twice. RoPE on Q and K: float (2+4), complex
+    # multiply (4+4), type_as (4+2): 20 per element; repeat_kv copies K and V to all heads (2 x (2kv + 2q));
+    # the attention output's transpose().contiguous() copies it (4q); silu (4f) and the product with the up
+    # projection (6f).
+    h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
+    rope = 20 * (q + kv) if spec.position == "rope" else 0
+    repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
+    ffn = 10 * f if spec.ffn_kind == "swiglu" else 4 * f
+    return 2 * 36 * h + 2 * 6 * h, rope + repeat + 4 * q + ffn
+
+
+def _torch_compile(spec: DecoderSpec) -> tuple[float, float]:
+    # torch.compile per block (Inductor fuses elementwise chains): residual add + RMSNorm one kernel each
+    # (reads x and the branch, writes the sum and the normalised: 8h), RoPE one pass (4 per element), repeat_kv
+    # and the transpose still materialised for the attention and output projection (extern kernels), SwiGLU's
+    # silu x up one kernel (6f).
+    h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
+    rope = 4 * (q + kv) if spec.position == "rope" else 0
+    repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
+    ffn = 6 * f if spec.ffn_kind == "swiglu" else 4 * f
+    return 2 * 8 * h, rope + repeat + 4 * q + ffn
+
+
+MEGATRON_TE = Stack(
+    "megatron-te", "Megatron-Core with Transformer Engine: fused kernels, cuDNN attention",
+    attention_kernel="cudnn", fused_projections=True, elementwise=_megatron_te, elementwise_kernels=5,
+    backward_factor=1.5, logit_bytes=20.0, selective="attention", optimizer_bytes=42.0,
+    fsdp_gather_copy_bytes=0.0, fsdp_scatter_copy_bytes=0.0,
+    elementwise_formula="20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp",
+    tp_overlap_split=(("qkv", "tp"), ("fc1", "tp"), ("wo.dgrad", "tp"), ("w2.dgrad", "tp"), ("wo", "4"),
+                      ("w2", "4")),
+    tp_overlap_source="TransformerEngine v1.8 pytorch/module/base.py initialize_ub defaults (Megatron "
+                      "--tp-comm-overlap without a config file): ring_exchange (the GEMM in tp chunks) for "
+                      "qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad; pipeline with num_splits 4 for "
+                      "proj_fprop, fc2_fprop; bulk (unsplit) for the other dgrads and wgrads",
+    source="Megatron-LM core_r0.8.0: TE LayerNormLinear / bias-GELU / bias-dropout-add fusions "
+           "(megatron/core/fusions), TEDotProductAttention (cuDNN fused attention on sm_90), vocab-parallel "
+           "cross entropy in float32, distributed optimizer with TE/apex fused Adam (reads parameter, "
+           "gradient and moments in float32, writes them and the bf16 copy: 30 B) and multi-tensor clipping "
+           "(12 B)")
+TORCH_EAGER = Stack(
+    "torch-eager", "PyTorch eager (torchtitan without torch.compile): FSDP2, SDPA flash attention",
+    attention_kernel="fa2", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
+    backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
+    fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
+    elementwise_formula="84h + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f (SwiGLU) or 4f",
+    source="torchtitan 9dec370: models/llama/model.py, models/norms.py (RMSNorm in eager ops), "
+           "F.scaled_dot_product_attention (FLASH_ATTENTION backend on H100 in torch of 2024-12), "
+           "cross_entropy on float32 logits (6 + 8 forward, 22 backward per logit), foreach AdamW "
+           "(optimizer.fused false: lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay: 80 B) and "
+           "foreach clipping (12 B); FSDP2's all-gather copy-out (2 + 2 per gathered element) and "
+           "reduce-scatter copy-in to float32 (2 + 4)")
+# torch.compile changes the elementwise work only (and makes async TP possible); the rest is torch-eager's.
+TORCH_COMPILE = replace(
+    TORCH_EAGER, name="torch-compile",
+    description="PyTorch with torch.compile per transformer block (torchtitan --training.compile)",
+    elementwise=_torch_compile, elementwise_kernels=7,
+    elementwise_formula="16h + 4(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 6f (SwiGLU) or 4f",
+    tp_overlap_split=tuple((g, "tp") for g in ("wq", "wk", "wv", "wo", "w1", "w3", "w2", "wq.dgrad", "wk.dgrad",
+                                                 "wv.dgrad", "wo.dgrad", "w1.dgrad", "w3.dgrad", "w2.dgrad")),
+    tp_overlap_source="torch async TP (torch/distributed/_symmetric_memory: fused_all_gather_matmul and "
+                      "fused_matmul_reduce_scatter decompose each all-gather + matmul and matmul + reduce-scatter "
+                      "into tp chunk matmuls; torchtitan needs torch.compile for it)",
+    source="torchtitan 9dec370 parallelize_llama.apply_compile (each TransformerBlock compiled, the loss and "
+           "optimizer not); otherwise as torch-eager")
+STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE)}
+
+
+def load(name: str) -> Stack:
+    if name not in STACKS:
+        raise ValueError(f"stack {name!r}: the model knows {', '.join(STACKS)}")
+    return STACKS[name]

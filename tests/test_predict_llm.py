@@ -1,0 +1,188 @@
+"""bench.predict at LLM scale (common/predict/decoder.py, llm_layout.py, gpu_compute.py, llm_step.py,
+published.py): the formulas against hand counts and the papers' closed forms, the published points as data,
+and refusals in one line. Unit tests only: no process is started."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import predict as predict_cli
+from bench.reporting.published_plot import published_blocks
+from common.predict import constants, decoder, published, stacks
+from common.predict import hardware as hardware_files
+from common.predict.decoder import Gemm
+from common.predict.gpu_compute import compute_for
+from common.predict.llm_layout import LlmLayout, Refused, parse
+from common.predict.llm_step import interleaved_pipeline_s, predict_llm
+
+GPT = decoder.load("megatron-gpt-177b")     # h 12288, 96 heads, s 4096, GELU 4h, biases, untied
+LLAMA = decoder.load("llama3-8b")           # h 4096, 32 heads, 8 KV heads, SwiGLU 14336, no biases
+
+
+# ----------------------------------------------------------------------------- one GPT and one Llama layer
+
+def test_gpt_layer_parameters_flops_and_gemms_by_hand():
+    h = GPT.hidden
+    # Q, K, V, output: 4h^2 + 4h biases; FFN 8h^2 + 5h; two LayerNorms 4h: 12h^2 + 13h.
+    assert GPT.layer_params() == 12 * h * h + 13 * h
+    assert GPT.matmul_flops_per_token() == 2 * (GPT.layers * 12 * h * h + h * GPT.vocab)
+    # Under tp 8 with Megatron's fused QKV: [T, h] x [h, 3h/8], [T, h/8] x [h/8, h], fc1 [h, 4h/8], fc2 [4h/8, h].
+    shapes = [(g.m, g.n, g.k) for g in GPT.layer_gemms(4096, tp=8, fused=True)]
+    assert shapes == [(4096, 3 * h // 8, h), (4096, h, h // 8), (4096, 4 * h // 8, h), (4096, h, 4 * h // 8)]
+    dgrad, wgrad = decoder.DecoderSpec.backward_gemms(Gemm("w", 4096, 1536, 12288))
+    assert (dgrad.m, dgrad.n, dgrad.k) == (4096, 12288, 1536) and (wgrad.m, wgrad.n, wgrad.k) == (12288, 1536, 4096)
+
+
+def test_gpt_training_flops_are_narayanans_and_megatrons_count():
+    # Narayanan et al. 2021 (eq. 3 without recomputation): 72 B s l h^2 (1 + s / 6h) + 6 B s h V per step, which
+    # is also Megatron's num_floating_point_operations for a GPT with a 4h FFN; both count full attention.
+    s, h, L, V = GPT.seq_len, GPT.hidden, GPT.layers, GPT.vocab
+    narayanan = 72 * s * L * h * h * (1 + s / (6 * h)) + 6 * s * h * V
+    ours = s * 3 * (GPT.matmul_flops_per_token() + GPT.attention_flops_per_token(causal=False))
+    assert ours == pytest.approx(narayanan, rel=1e-12)
+    assert published.megatron_flops(GPT, 1) == pytest.approx(narayanan, rel=1e-12)
+    assert GPT.attention_flops_per_token(causal=True) == GPT.attention_flops_per_token(causal=False) / 2
+
+
+def test_gpt_activations_are_korthikantis_closed_forms():
+    # Korthikanti et al. 2022, section 4: sbh(34 + 5as/h) bytes per layer; with tp t sbh(10 + 24/t + 5as/(ht));
+    # with sequence parallelism sbh(34/t + 5as/(ht)); flash attention keeps no s x s scores.
+    s, h, a, b = GPT.seq_len, GPT.hidden, GPT.heads, 2
+    kept = GPT.stored_activation_bytes
+    assert kept(b * s, flash=False, dropout=True) == pytest.approx(s * b * h * (34 + 5 * a * s / h))
+    assert kept(b * s, tp=8, flash=False, dropout=True) == \
+        pytest.approx(s * b * h * (10 + 24 / 8 + 5 * a * s / (h * 8)))
+    assert kept(b * s, tp=8, sequence_parallel=True, flash=False, dropout=True) == \
+        pytest.approx(s * b * h * (34 / 8 + 5 * a * s / (h * 8)))
+    assert kept(b * s, tp=8, sequence_parallel=True, dropout=True) == \
+        pytest.approx(s * b * h * 34 / 8 + 4 * b * s * a / 8)   # + the log-sum-exp, float32 per head
+
+
+def test_llama_layer_by_hand_and_the_published_parameter_counts():
+    h, kv, f = LLAMA.hidden, LLAMA.kv_width, LLAMA.ffn
+    assert kv == 8 * 128
+    # Q and O h x h, K and V h x 1024 (GQA), gate, up and down h x f, two RMSNorm weights.
+    assert LLAMA.layer_params() == 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
+    # The Llama 3 models' parameter counts (Hugging Face's meta-llama checkpoints), and Megatron's table's sizes.
+    assert [decoder.load(n).param_count() for n in ("llama3-8b", "llama3-70b", "llama3-405b")] == \
+        [8_030_261_248, 70_553_706_496, 405_853_388_800]
+    table = {"1.7b": 1.7, "7.1b": 7.1, "16b": 16, "32b": 32, "70b": 70, "119b": 119, "177b": 177, "314b": 314,
+             "462b": 462}
+    for name, billions in table.items():   # the table rounds (and writes 1.75B as 1.7B)
+        assert decoder.load(f"megatron-gpt-{name}").param_count() / 1e9 == pytest.approx(billions, rel=0.035)
+    # SwiGLU under tp 2 unfused (torchtitan): wq, wk, wv, wo, w1, w3, w2 at their own shapes.
+    assert [(g.name, g.n, g.k) for g in LLAMA.layer_gemms(16384, tp=2)] == [
+        ("wq", h // 2, h), ("wk", kv // 2, h), ("wv", kv // 2, h), ("wo", h, h // 2), ("w1", f // 2, h),
+        ("w3", f // 2, h), ("w2", h, f // 2)]
+
+
+def test_a_bad_model_file_is_one_line(tmp_path):
+    bad = tmp_path / "m.toml"
+    bad.write_text('name = "m"\nlayers = 2\nhidden = 64\nheads = 3\nkv_heads = 1\nffn = 128\nffn_kind = "relu"\n'
+                   'vocab = 10\nseq_len = 8\ntied_embeddings = true\n')
+    with pytest.raises(ValueError, match="ffn_kind 'relu'.*do not divide") as err:
+        decoder.load(str(bad))
+    assert "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- compute and layouts
+
+def test_gemm_rates_come_from_the_table_interpolated_in_log_space():
+    c = compute_for(hardware_files.load("h100-sxm-8"))
+    table = c.matmul["bf16"]
+    assert table.rate(4096, 4096, 4096) == table.tflops[(4096, 4096, 4096)]
+    between = table.rate(4096, 4096, 2896.3)   # half-way in log2 between k = 2048 and 4096
+    assert between == pytest.approx((table.tflops[(4096, 4096, 2048)] + table.tflops[(4096, 4096, 4096)]) / 2,
+                                    rel=1e-3)
+    assert table.rate(16384, 8192, 65536) == table.tflops[(4096, 4096, 4096)]      # the edge beyond the grid
+    g = Gemm("x", 4096, 4096, 4096)
+    assert c.gemm_s(g) == pytest.approx(g.flops / (table.tflops[(4096, 4096, 4096)] * 1e12))
+    assert c.gemm_s(Gemm("tiny", 1, 1, 1)) == c.launch_floor_s
+
+
+def test_interleaving_shrinks_the_bubble_by_the_chunks():
+    e, p, m, v = 2.0, 4, 8, 2
+    assert interleaved_pipeline_s([e] * p, m, v) == pytest.approx((m + (p - 1) / v) * e)
+    spec, hw = decoder.load("megatron-gpt-70b"), hardware_files.load("h100-sxm-8")
+    c, meg = compute_for(hw), stacks.load("megatron-te")
+    plain = predict_llm(spec, parse("tp8xpp4-sp-zero1", 32), 32, hw, meg, c)
+    chunked = predict_llm(spec, parse("tp8xpp4-sp-zero1-vp3", 32), 32, hw, meg, c)
+    assert chunked.bubble_s < plain.bubble_s
+    assert chunked.compute_s == pytest.approx(plain.compute_s)
+
+
+def test_layout_names_and_refusals_are_one_line():
+    assert parse("tp8xpp6xdp-sp-zero1-vp2-tpo", 2304) == LlmLayout(
+        dp=48, tp=8, pp=6, sp=True, zero1=True, schedule="interleaved", virtual=2, tp_overlap=True)
+    assert parse("dp2xfsdp4-sel", 8) == LlmLayout(dp=2, shard=4, recompute="selective")
+    assert parse("tp8xpp4", 64).dp == 2
+    for name, why in (("fsdp-fp8", "fp8 is not modelled"), ("tp2xep4", "expert parallelism"),
+                      ("fsdp-zero3", "unknown option 'zero3'"), ("tp8-gpipe-vp2", "interleaved")):
+        with pytest.raises(Refused, match=why) as err:
+            parse(name, 8)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        parse("fsdp-sp", 8).validate(LLAMA, 8)
+
+
+def test_the_cli_refuses_a_layout_it_cannot_model_in_one_line(capsys):
+    with pytest.raises(SystemExit) as code:
+        predict_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8",
+                          "--layouts", "fsdp-fp8"])
+    err = capsys.readouterr().err.strip()
+    assert code.value.code == 2 and "fp8 is not modelled" in err and len(err.splitlines()) == 1
+
+
+# ----------------------------------------------------------------------------- published points
+
+def test_every_published_point_parses_and_is_predicted_or_refused(tmp_path, capsys):
+    points = published.all_points()
+    assert len(points) >= 12 and all(p.source and p.quote for p in points)
+    out = tmp_path / "published.json"
+    assert predict_cli.main(["--published", "--json", str(out), "--out", str(tmp_path)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["points"]) == len(points)
+    for row in result["points"]:
+        assert {"name", "source", "metric", "published", "predicted", "error"} <= set(row)
+        if row["predicted"] is None:
+            assert "fp8 is not modelled" in row["refused"] and "\n" not in row["refused"]
+        else:
+            assert row["error"] == pytest.approx(row["predicted"] / row["published"] - 1)
+    predicted = [abs(r["error"]) for r in result["points"] if r["error"] is not None]
+    assert len(predicted) >= 12 and result["max_abs_error"] == max(predicted)
+    assert "median |error|" in capsys.readouterr().out
+    assert (tmp_path / "plots" / "predicted-vs-published.png").stat().st_size > 10_000
+    heading, _, table, image = published_blocks(tmp_path)       # bench.report's section from the same file
+    assert len(table.rows) == len(points) and image.path.endswith("predicted-vs-published.png")
+
+
+def test_spearman_and_the_order_check_by_hand():
+    assert published.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert published.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert published.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    rows = [{"name": n, "model": "m", "hardware": "h", "devices": 8, "metric": "x", "published": pub, "predicted": pr}
+            for n, pub, pr in (("a", 100, 5), ("b", 105, 4), ("c", 150, 9))]
+    (group,) = published.rankings(rows)
+    assert group["order_holds"]                       # a and b are within 10%: their swap does not count
+    rows[2]["predicted"] = 1
+    assert not published.rankings(rows)[0]["order_holds"]
+
+
+def test_every_constant_has_a_value_and_a_source(capsys):
+    rows = constants.table()
+    assert rows and all(c.value and c.source for c in rows)
+    assert predict_cli.main(["--constants"]) == 0
+    assert "OpenXLA" in capsys.readouterr().out
+
+
+def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
+    spec, hw = decoder.load("megatron-gpt-177b"), hardware_files.load("h100-sxm-8")
+    c, meg = compute_for(hw), stacks.load("megatron-te")
+    exposed = predict_llm(spec, parse("tp8xpp6-sp-zero1", 48), 48, hw, meg, c)
+    overlapped = predict_llm(spec, parse("tp8xpp6-sp-zero1-tpo", 48), 48, hw, meg, c)
+    # Transformer Engine's ring exchange runs QKV and FC1 in 8 chunks of 512 tokens: slower GEMMs, hidden comm.
+    assert overlapped.parts["gemm"] > 1.05 * exposed.parts["gemm"]
+    assert overlapped.comm_exposed_s < exposed.comm_exposed_s
+    with pytest.raises(ValueError, match="async TP needs torch.compile"):    # eager torch has no async TP
+        predict_llm(LLAMA, parse("tp2xfsdp-sp-tpo", 8), 8, hw, stacks.load("torch-eager"), c)
