@@ -180,7 +180,7 @@ def run_supervised(cmd: list[str], env: dict[str, str], log_path: Path, timeout_
                     log.write(f"\nparbench: {result.name} was complete {teardown_s:g} s ago and the launcher was "
                               "still tearing down: stopped\n".encode())
                     log.flush()
-                    _kill_group(proc, grace_s=0)
+                    _kill_group(proc)  # SIGTERM first: torchrun forwards it to its workers, in sessions of their own
                     return 0
                 lost = health() if health else None
                 if lost:
@@ -211,13 +211,15 @@ class GroupExit:
 
 
 def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]], timeout_s: float,
-                         poll_s: float = 0.2) -> GroupExit:
+                         poll_s: float = 0.2, result: Path | None = None,
+                         teardown_s: float = TEARDOWN_GRACE_S) -> GroupExit:
     """Run cooperating processes (the ranks of one job), each `(cmd, env, log_path)` in its own process
     group. The first to fail takes the others down at once: a peer blocked in a collective with a dead
-    rank would otherwise sit out its collective timeout. Raises RunFailed on timeout; every group is
-    killed on any exit from here."""
+    rank would otherwise sit out its collective timeout. `result` and `teardown_s` as run_supervised's: the
+    ranks still tearing down `teardown_s` after the result is complete are stopped, and none counts as
+    failed. Raises RunFailed on timeout; every group is killed on any exit from here."""
     procs: list[subprocess.Popen] = []
-    first_failed = None
+    first_failed, finished, cut = None, None, False
     with contextlib.ExitStack() as logs:
         try:
             for cmd, env, log_path in commands:
@@ -234,6 +236,15 @@ def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]],
                     break
                 if all(c is not None for c in codes):
                     break
+                if finished is None and result is not None and result.is_file():
+                    finished = time.monotonic()
+                if finished is not None and time.monotonic() - finished > teardown_s:
+                    cut = True
+                    with open(commands[0][2], "ab") as log:
+                        log.write(f"\nparbench: {result.name} was complete {teardown_s:g} s ago and ranks "
+                                  f"{[i for i, c in enumerate(codes) if c is None]} were still tearing down: "
+                                  "stopped\n".encode())
+                    break
                 if time.monotonic() > deadline:
                     raise RunFailed(f"timed out after {timeout_s:g} s (--timeout); log tail of rank 0: "
                                     f"{log_tail(commands[0][2])}")
@@ -242,7 +253,7 @@ def run_supervised_group(commands: list[tuple[list[str], dict[str, str], Path]],
             # The peers of a failed rank are stuck in collectives that cannot complete: nothing to wind
             # down (a TF worker took 5 s to act on SIGTERM), so they are killed outright.
             for proc in procs:
-                _kill_group(proc, 0 if first_failed is not None else TERM_GRACE_S)
+                _kill_group(proc, 0 if first_failed is not None or cut else TERM_GRACE_S)
     return GroupExit([p.returncode for p in procs], first_failed)
 
 
@@ -250,8 +261,10 @@ class Launcher(Protocol):
     """How a backend starts its workers: a launcher (torchrun, msrun), a group of processes, or one."""
 
     def start(self, worker: list[str]) -> int:
-        """Run `worker` (its entry point and arguments, without the interpreter) to its end; the exit code.
-        Raises RunFailed when the run is lost before that (timeout, a dead worker the launcher would wait out)."""
+        """Run `worker` (its entry point and arguments, without the interpreter, ending with CONFIG RESULT) to its
+        end; the exit code. A teardown still running TEARDOWN_GRACE_S after RESULT is complete is stopped (the
+        run is done: run_supervised's `result`). Raises RunFailed when the run is lost before that (timeout, a
+        dead worker the launcher would wait out)."""
 
     def failure(self, code: int) -> str:
         """Why the run failed (exit `code`, or no result), from what the launcher and its workers left."""
@@ -282,7 +295,8 @@ class OneProcess:
     what: str = "worker"
 
     def start(self, worker: list[str]) -> int:
-        return run_supervised([sys.executable, *worker], child_env(self.env), self.log, self.timeout_s)
+        return run_supervised([sys.executable, *worker], child_env(self.env), self.log, self.timeout_s,
+                              result=Path(worker[-1]))
 
     def failure(self, code: int) -> str:
         return f"{self.what} exited with code {code}: {log_tail(self.log)}"
@@ -300,7 +314,7 @@ class ProcessGroup:
 
     def start(self, worker: list[str]) -> int:
         commands = [([sys.executable, *worker], child_env(env), log) for env, log in zip(self.envs, self.logs)]
-        self.ended = run_supervised_group(commands, self.timeout_s)
+        self.ended = run_supervised_group(commands, self.timeout_s, result=Path(worker[-1]))
         failed = self.ended.first_failed
         return 0 if failed is None else self.ended.codes[failed]
 

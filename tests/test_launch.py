@@ -64,6 +64,15 @@ def test_a_launcher_still_tearing_down_after_its_result_is_stopped_and_the_run_d
     time.sleep(0.2)
     assert not Path(f"/proc/{pid_file.read_text()}").exists() or \
         Path(f"/proc/{pid_file.read_text()}/stat").read_text().split()[2] == "Z"
+    # The ranks of a group likewise: rank 0 writes the result, both linger; none counts as failed.
+    group_result = tmp_path / "group.json"
+    linger = f"import pathlib, time; pathlib.Path({str(group_result)!r}).write_text('{{}}'); time.sleep(60)"
+    started = time.monotonic()
+    ended = run_supervised_group([_py(linger, tmp_path / "0.log"), _py("import time; time.sleep(60)", tmp_path /
+                                                                       "1.log")], timeout_s=30, result=group_result,
+                                 teardown_s=1.0)
+    assert ended.first_failed is None and time.monotonic() - started < 15
+    assert "were still tearing down: stopped" in (tmp_path / "0.log").read_text()
     # Without a result the launcher's own exit code stands, however long it takes.
     assert run_supervised([sys.executable, "-c", "import sys, time; time.sleep(2); sys.exit(5)"], child_env({}),
                           tmp_path / "m.log", timeout_s=30, result=tmp_path / "never.json", teardown_s=0.5) == 5

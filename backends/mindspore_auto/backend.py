@@ -205,7 +205,7 @@ class MSRun:
         env = child_env(env)
         check_msrun_python(env)
         try:
-            # The worker argv ends with RESULT (common.launch.launch); msrun's teardown after it took 7-9 s a run.
+            # The worker argv ends with RESULT (common.launch.launch): msrun's teardown after it took 7-9 s.
             return run_supervised(cmd, env, self.log, cfg.timeout_s, health=lambda: dead_worker(self.pid_dir, self.log),
                                   result=Path(worker[-1]))
         except RunFailed as exc:

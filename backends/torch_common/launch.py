@@ -96,7 +96,7 @@ class Torchrun:
                    *worker]
             env = {"OMP_NUM_THREADS": str(max(1, self.threads_per_device)), **rdzv_env,
                    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", REPORT_ENV: str(self.report_path)}
-            code = run_supervised(cmd, child_env(env), self.log, self.cfg.timeout_s)
+            code = run_supervised(cmd, child_env(env), self.log, self.cfg.timeout_s, result=Path(worker[-1]))
             # A port the user gave, or node 0's, is not ours to change.
             if code == 0 or self.cfg.multi_node or self.cfg.master_port or self.report().get("kind") != "port_taken":
                 return code
