@@ -26,10 +26,10 @@ def _labels(frame: pd.DataFrame) -> dict:
 def repeats_section(records: list[dict]) -> tuple[list[Block], list[Plot]]:
     """Only rows with more than one ok run: one run has no interval to show."""
     frame = interval_frame(records)
+    labels = _labels(frame)  # told apart from every row measured, repeated or not
     frame = frame[frame.runs > 1]
     if frame.empty:
         return [], []
-    labels = _labels(frame)
     blocks: list[Block] = [Heading("Repeated rows: medians and 95% intervals", 2), Text(
         "A row is one configuration at one device count, its runs the repeats within a sweep and the runs of the "
         "same configuration in other sweeps. "

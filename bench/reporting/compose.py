@@ -10,11 +10,12 @@ import pandas as pd
 from bench.reporting.calibration import breakdown_blocks, calibration_blocks
 from bench.reporting.comparison import repeats_section
 from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
+from bench.reporting.keys import describe_sweep
 from bench.reporting.layout_plot import layout_plot
 from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
 from bench.reporting.plots import PLOTTERS, Plot, mark_absent
 from bench.reporting.series import DATA_NAMES, Series, build_series, describe_lines
-from bench.reporting.sweeps import sweep_index
+from bench.reporting.sweeps import sweep_ids, sweep_index
 from bench.reporting.tables import workload_table
 from bench.reporting.validation import validation_blocks
 from common.config_key import NO_REFERENCE
@@ -59,7 +60,7 @@ def _data(records: list[dict]) -> Table:
     return Table(["workload", "dataset", "data", "runs"], [[*key, str(n)] for key, n in sorted(counts.items())])
 
 
-def header(records: list[dict], results: str, filters: str, skipped: int) -> list[Block]:
+def header(records: list[dict], results: str, filters: str, skipped: int, folder: list[dict]) -> list[Block]:
     statuses = pd.Series([r["status"] for r in records]).value_counts()
     counts = ", ".join(f"{statuses.get(s, 0)} {s}" for s in STATUSES)
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -78,7 +79,11 @@ def header(records: list[dict], results: str, filters: str, skipped: int) -> lis
              f"global batch and micro-batches on one device); where there is none the cell says \"{NO_REFERENCE}\". "
              "A table row is the latest run of a configuration and device count in its sweep; a line in a figure "
              "joins the runs of one configuration in one sweep."),
-        Heading("Sweeps", 2), sweep_index(records),
+        Heading("Sweeps", 2),
+        Text("Every sweep of the folder; `bench.report --sweep ID` reports one." + (
+            " This report: " + ", ".join(describe_sweep(s) for s in sweep_ids(records)) + "."
+            if len(sweep_ids(folder)) > 1 and filters else "")),
+        sweep_index(folder),
         Heading("Hardware", 2), _hardware(records),
         Heading("Software", 2), _software(records),
         Heading("Data", 2), _data(records),
@@ -86,15 +91,13 @@ def header(records: list[dict], results: str, filters: str, skipped: int) -> lis
 
 
 def figure_caption(workload: str, series: list[Series]) -> str:
-    """What is behind a figure: the machines, data, scaling mode and framework versions of its lines."""
+    """What is behind a figure: the data and framework versions of its lines, and what they share (the
+    legend names what tells them apart)."""
     runs = [r for s in series for r in s.runs.values()]
-    machines = _join(f"{(r.get('host') or {}).get('name')} ({r.get('device_kind')}"
-                     f"{', virtual' if r.get('virtual') else ''})" for r in runs)
     data = _join(f"{r.get('data')} {DATA_NAMES.get(workload, '')}".strip() for r in runs)
     frameworks = _join(f"{r.get('framework')} {r.get('framework_version')}" for r in runs)
     shared = describe_lines(series)
-    return (f"Machines: {machines}. Data: {data}. Scaling: {_join(r.get('scaling') for r in runs)}. "
-            f"Frameworks: {frameworks}." + (f" {shared}" if shared else ""))
+    return f"Data: {data}. Frameworks: {frameworks}." + (f" {shared}" if shared else "")
 
 
 def absent_backends(frame: pd.DataFrame, workload: str, series: list[Series]) -> list[str]:
@@ -153,16 +156,17 @@ def layout_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str, 
     return blocks + [Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png())], [plot]
 
 
-def build_report(records: list[dict], results: str, filters: str = "", skipped: int = 0
-                 ) -> tuple[list[Block], dict[str, list[Plot]]]:
-    """The blocks of the whole report, and per workload the plots behind its figures (for the tests)."""
+def build_report(records: list[dict], results: str, filters: str = "", skipped: int = 0,
+                 folder: list[dict] | None = None) -> tuple[list[Block], dict[str, list[Plot]]]:
+    """The blocks of the whole report, and per workload the plots behind its figures (for the tests). `folder`:
+    every record of the results folder, for the sweep index (default: `records`)."""
     frame = summary_frame(records)
     records_by_id = {r["run_id"]: r for r in records}
     # A layout sweep runs several layouts at one device count: its runs have their own figure, not a line.
     layouts = layout_frame(records)
     lines = [r for r in records if not in_layout_table(r)]
     series = build_series(lines, frame[frame.run_id.isin({r["run_id"] for r in lines})])
-    blocks = header(records, results, filters, skipped)
+    blocks = header(records, results, filters, skipped, records if folder is None else folder)
     plots = {}
     for workload in sorted(frame.workload.unique()):
         section, plots[workload] = workload_section(workload, frame, records_by_id, series.get(workload, []))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from bench.reporting.keys import cells, distinguishing, in_label, order, said_once
+from bench.reporting.keys import LABEL_FIELDS, cells, distinguishing, in_label, order, said_once
 from common.config_key import ConfigKey, config_key, sweep_of
 
 DATA_NAMES = {"cnn": "MNIST", "mlm": "WikiText-2"}
@@ -82,7 +82,7 @@ def series_label(cells: dict[str, str], fields: list[str]) -> str:
 def describe_lines(series: list[Series]) -> str:
     """What the lines of a figure share, said once (the legend names what tells them apart)."""
     rows = [s.cells for s in series]
-    return said_once(rows, distinguishing(rows), what="line")
+    return said_once(rows, distinguishing(rows), [f for f in LABEL_FIELDS if f != "data"], what="line")
 
 
 def build_series(records: list[dict], frame: pd.DataFrame) -> dict[str, list[Series]]:
