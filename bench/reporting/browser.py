@@ -118,7 +118,7 @@ def self_test(browser: str, folder: Path) -> list[str]:
     return failures
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench.reporting.browser", description=__doc__.split("\n\n")[0])
     parser.add_argument("page", type=Path, help="the report.html to check")
     parser.add_argument("--screenshot", type=Path, metavar="PNG", help="save the whole page here")
@@ -126,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: the whole page)")
     parser.add_argument("--width", type=int, default=WIDTH, help=f"window width in pixels (default {WIDTH})")
     parser.add_argument("--self-test", action="store_true", help="first hold the check to broken pages")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     browser = find_chromium()
     if browser is None:
