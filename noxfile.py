@@ -1,4 +1,5 @@
-"""nox sessions: tests, tests-fast, slurm, lint, compare, parity, report, and bench-<backend> for each backend.
+"""nox sessions: tests, tests-fast, slurm, lint, compare, parity, report, report-browser, and bench-<backend> for
+each backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -6,6 +7,7 @@ takes the CPU build of torch instead of the CUDA one (CI does this).
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -17,6 +19,7 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 from backends import BACKENDS  # noqa: E402  (the registry: one list of backends and their extras)
+from bench.reporting.browser import find_chromium  # noqa: E402  (standard library only)
 
 PASS_ENV = ("PARBENCH_DATA_DIR",)
 
@@ -74,6 +77,45 @@ def report(session: nox.Session) -> None:
     """report.md, report.html and plots/ from the records in results/; arguments after -- go to bench.report."""
     session.install("-e", ".")  # reading records and plotting needs no framework
     session.run("python", "-m", "bench.report", *session.posargs)
+
+
+REFERENCE_SWEEP = "results/reference/h100x1"  # a real sweep, committed
+
+
+def _ensure_chromium(session: nox.Session) -> None:
+    """Debian's chromium through apt-get where no Chromium is installed (apt-get update first: a stale list
+    names package versions the mirror no longer has)."""
+    if find_chromium():
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        session.error("no chromium, and installing Debian's needs root and apt-get")
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", "-q", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium", external=True, env=env)
+
+
+def _results_dir(args: list[str]) -> Path:
+    for i, arg in enumerate(args):
+        if arg == "--results" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if arg.startswith("--results="):
+            return Path(arg.split("=", 1)[1])
+    return Path("results")
+
+
+@nox.session(python="3.11", name="report-browser")
+def report_browser(session: nox.Session) -> None:
+    """report.html of a real sweep (default: the committed results/reference/h100x1) in headless Chromium: fails
+    if an image did not load, the page logs to its console, or a table runs past the page width, after holding
+    the check to broken pages; saves the page as report.png beside it. Installs Debian's chromium with apt-get
+    where missing (needs root). Not in CI. Arguments after -- go to bench.report, e.g. -- --results DIR --sweep ID."""
+    _ensure_chromium(session)
+    session.install("-e", ".")
+    args = session.posargs or ["--results", REFERENCE_SWEEP]
+    results = _results_dir(args)
+    session.run("python", "-m", "bench.report", *args)
+    session.run("python", "-m", "bench.reporting.browser", str(results / "report.html"), "--self-test",
+                "--screenshot", str(results / "report.png"))
 
 
 def _bench_session(backend: str) -> None:

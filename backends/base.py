@@ -21,6 +21,11 @@ class Backend:
         """The strategy this run uses; a backend with several modes names the chosen one."""
         return self.strategy
 
+    def mode_name(self, cfg: RunConfig) -> str:
+        """The strategy without the layout (common.config_key): what tells this run's configuration apart from
+        another of the same backend, layout and devices. The strategy itself unless it names the layout."""
+        return self.strategy_name(cfg)
+
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         """Which devices `count` means here (kind: auto|cpu|cuda); raises Unsupported if none fit."""
         raise NotImplementedError

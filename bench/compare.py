@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -45,7 +46,7 @@ from bench.cli import (
     positive_int,
     workload_names,
 )
-from bench.layouts import layout_list, reference_accumulations
+from bench.layouts import layout_list, one_device_references
 from bench.reporting.intervals import interval_frame, ranked
 from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame
 from common.devices import default_threads_per_device
@@ -95,6 +96,8 @@ def run_command(args, backend: str, workload: str, devices: int, run_id: str, sw
     """bench.run with the sweep's options; for a layout, its own layout flags and --grad-accum instead."""
     cmd = [sys.executable, "-m", "bench.run", "--backend", backend, "--workload", workload,
            "--devices", str(devices), "--run-id", run_id, "--sweep-id", sweep_id]
+    if getattr(args, "sweep_command", ""):  # main() sets it: the sweep's own command line, for every record
+        cmd += ["--sweep-command", args.sweep_command]
     # A backend's own options reach that backend only (the registry says whose they are).
     cmd += forwarded(args, BACKENDS[backend].options, skip=(*SET_BY_LAYOUTS, "grad_accum") if layout else ())
     if layout:
@@ -122,7 +125,8 @@ def record_harness_failure(args, backend, workload, devices, run_id, sweep_id, s
                            grad_accum: int = 1) -> None:
     """bench.run ended without a record (bad input for this N, or it died): the sweep writes one."""
     record = skeleton(run_id, backend, workload, devices, utc_now(), sweep_id=sweep_id,
-                      scaling=args.scaling, seed=args.seed, data=args.data)
+                      sweep_command=getattr(args, "sweep_command", ""), scaling=args.scaling, seed=args.seed,
+                      data=args.data)
     if layout:  # so that the report still names the layout that did not run
         record.update(layout=asdict(layout), config={"grad_accum": grad_accum})
     record.update(status=status, error=error, duration_s=0.0)
@@ -271,7 +275,7 @@ def sweep_plan(args) -> list[tuple[str, str, int, Layout | None, int]]:
     the 1-device runs it is measured against (one per micro-batch count: pp<N>-mb<K> <-> --grad-accum K)."""
     if not args.layouts:
         return [(w, b, n, None, args.grad_accum) for w in args.workloads for b in args.backends for n in args.devices]
-    runs = [(Layout(), args.grad_accum * k) for k in reference_accumulations(args.layouts)]
+    runs = [(one, args.grad_accum * k) for one, k in one_device_references(args.layouts)]
     runs += [(lay, args.grad_accum) for lay in args.layouts]
     return [(w, b, lay.devices, lay, accum) for w in args.workloads for b in args.backends for lay, accum in runs]
 
@@ -322,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     cancel_on_signals()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.sweep_command = shlex.join(["python", "-m", "bench.compare", *(sys.argv[1:] if argv is None else argv)])
     if args.layouts:
         check_layout_options(parser, args)
     args.job_nodes = 0

@@ -20,9 +20,10 @@ e.g. dp2, tp2, pp2, fsdp2, dp2xtp2, pp2-mb4-1f1b, pp2-mb4-1f1b-splitauto, tp2-vo
 
 A layout runs at the devices it implies (dp x tp x pp) with the same global batch as every other layout
 of its sweep; its reference is one device training that global batch as the same number of accumulated
-micro-batches (pp<N>-mb<K> <-> 1 device --grad-accum K). This module only reads names: whether a layout
-fits a model (heads, hidden size, vocabulary, layers, batch) is common/layout.py's one validation, which
-bench.run applies to every run. The words and flags themselves are declared once, in common.layout.OPTIONS.
+micro-batches (pp<N>-mb<K> <-> 1 device --grad-accum K), recomputing where the layout does (-rc). This
+module only reads names: whether a layout fits a model (heads, hidden size, vocabulary, layers, batch) is
+common/layout.py's one validation, which bench.run applies to every run. The words and flags themselves are
+declared once, in common.layout.OPTIONS.
 """
 from __future__ import annotations
 
@@ -59,3 +60,10 @@ def reference_accumulations(layouts: list[Layout]) -> list[int]:
     """The 1-device runs a set of layouts is measured against, as the micro-batches each accumulates:
     one per distinct micro-batch count among the layouts."""
     return sorted({lay.accumulation() for lay in layouts})
+
+
+def one_device_references(layouts: list[Layout]) -> list[tuple[Layout, int]]:
+    """The 1-device runs (layout, micro-batches) a set of layouts is measured against for efficiency: one per
+    distinct micro-batch count, recomputing where the layout does (common.config_key.reference_key)."""
+    return sorted({(Layout(recompute=lay.recompute), lay.accumulation()) for lay in layouts},
+                  key=lambda ref: (ref[0].recompute, ref[1]))

@@ -27,6 +27,7 @@ from bench.cli import OneLineParser, int_list, positive_float, positive_int, wor
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
 from common.config import PRECISIONS
+from common.config_key import efficiency
 from common.errors import BadInput
 from common.layout import Layout
 from common.peak_flops import device_model
@@ -251,7 +252,7 @@ def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, back
         return {**row, "invalid": str(exc)}
     memory = p.memory_per_rank or p.model_per_rank
     return {**row, "layout_full": layout.name, "step_s": p.step_s, "samples_per_s": p.samples_per_s,
-            "efficiency": p.samples_per_s / (devices * one), "memory_per_rank_max": max(memory),
+            "efficiency": efficiency(p.samples_per_s, devices, one), "memory_per_rank_max": max(memory),
             "state_per_rank_max": max(s.total for s in p.state_per_rank), "fits": p.fits(hardware.memory_bytes),
             "comm_exposed_share": p.comm_exposed_s / p.step_s, "bubble_share": p.bubble_s / p.step_s,
             "parts_s": p.parts_s,

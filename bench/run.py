@@ -62,6 +62,7 @@ def build_parser() -> OneLineParser:
                         "gave the task GPUs: then those)")
     # Set by bench.compare, which must know the record's name before the run starts.
     p.add_argument("--sweep-id", default="", help=argparse.SUPPRESS)
+    p.add_argument("--sweep-command", default="", help=argparse.SUPPRESS)  # the sweep's, for its record
     p.add_argument("--run-id", default="", help=argparse.SUPPRESS)
     # Set by bench.calibrate: the framework's bare loop instead of the suite's, result in OUT/bare/RUN_ID.json.
     p.add_argument("--bare", action="store_true", help=argparse.SUPPRESS)
@@ -224,7 +225,8 @@ def build_config(args, run_id: str, plan, checked: Checked | None = None) -> Run
         eval_every=args.eval_every, skip_eval=args.skip_eval, eval_samples=args.eval_samples, patience=args.patience,
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=ckpt_dir, resume=args.resume, max_restarts=args.max_restarts, timeout_s=args.timeout,
-        collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id, layout=layout,
+        collective_timeout_s=args.collective_timeout, sweep_id=args.sweep_id,
+        sweep_command=args.sweep_command, layout=layout,
         backend_options=backend_options(args), nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr or "", master_port=args.master_port or 0,
         init_perturbation=args.init_perturbation, init_perturbation_seed=args.init_perturbation_seed,
@@ -296,7 +298,8 @@ def run(args, run_id: str, workdir: Path) -> int:
     t0, started = time.monotonic(), utc_now()
     world = world_size(args)
     record = skeleton(run_id, args.backend, args.workload, world, started, scaling=scaling_of(args),
-                      seed=args.seed, sweep_id=args.sweep_id, data=args.data, scheduler=args.scheduler,
+                      seed=args.seed, sweep_id=args.sweep_id, sweep_command=args.sweep_command, data=args.data,
+                      scheduler=args.scheduler,
                       **describe_nodes(args.nnodes, args.node_rank, args.devices, args.master_addr,
                                        args.master_port))
     try:

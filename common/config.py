@@ -53,6 +53,7 @@ class RunConfig:
     timeout_s: float = 3600.0
     collective_timeout_s: float = 300.0
     sweep_id: str = ""
+    sweep_command: str = ""      # the bench.compare command line of the sweep this run belongs to
     # The parallel layout, validated once by bench.run (common.layout); data parallel is what tp x pp leave.
     # None: plain data parallelism over every device.
     layout: Layout | None = None

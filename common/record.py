@@ -37,6 +37,7 @@ def describe_config(cfg: RunConfig, plan: DevicePlan, backend) -> dict:
         "warmup_steps": cfg.warmup_steps, "layout": cfg.layout.as_record(spec, cfg.global_batch),
         "params": spec.param_count(),
         "flops_per_sample": training_flops_per_sample(spec), "seed": cfg.seed, "sweep_id": cfg.sweep_id,
+        "sweep_command": cfg.sweep_command, "mode": backend.mode_name(cfg),
         "config": {**asdict(cfg), "model": asdict(spec), "optimizer": asdict(cfg.optim)},
         "host": host_info(list(plan.hardware)),
         "notes": backend.notes(cfg, plan),

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from common.config_key import config_key, describe, scaling_efficiencies
 from common.sections import record_section_problems, section_problems
 
 if TYPE_CHECKING:
@@ -36,16 +37,16 @@ REQUIRED_FIELDS = (
 SCHEDULER_FIELDS = ("name", "job_id", "step_id", "nodes", "restart_count")
 STEP_TIME_KEYS = ("mean", "p50", "p90", "min", "max", "std")
 
-# The columns of summary.csv, in order; scaling_efficiency is computed per group.
+# The columns of summary.csv, in order. config_key names the run's configuration (common.config_key), whose
+# fields follow it as a reader sees them; scaling_efficiency is against the reference run of that key.
+KEY_COLUMNS = ("mode", "model_size", "precision", "micro_batches", "layout", "compile")
 SUMMARY_COLUMNS = (
-    "run_id", "sweep_id", "status", "backend", "strategy", "workload", "data", "devices", "device_kind",
-    "virtual", "threads_per_device", "oversubscribed", "scaling", "per_device_batch", "global_batch",
-    "measured_steps", "samples_per_s", "tokens_per_s", "scaling_efficiency", "mfu", "mfu_achievable",
-    "step_time_p50", "step_time_p90", "data_wait_fraction", "peak_memory_bytes", "eval_metric", "eval_value",
-    "loss_last", "host", "started_at", "error",
+    "run_id", "sweep_id", "config_key", "status", "backend", "strategy", *KEY_COLUMNS, "workload", "data",
+    "devices", "device_kind", "virtual", "threads_per_device", "oversubscribed", "scaling", "per_device_batch",
+    "global_batch", "measured_steps", "samples_per_s", "tokens_per_s", "scaling_efficiency", "mfu",
+    "mfu_achievable", "step_time_p50", "step_time_p90", "data_wait_fraction", "peak_memory_bytes", "eval_metric",
+    "eval_value", "loss_last", "host", "started_at", "error",
 )
-# Runs compare only within one of these groups: same machine, same experiment.
-GROUP_KEYS = ("sweep_id", "host", "backend", "strategy", "workload", "data", "device_kind", "scaling")
 
 
 def new_run_id(backend: str, workload: str, devices: int, scheduler_tag: str = "") -> str:
@@ -132,8 +133,10 @@ def load_records(out_dir: Path) -> list[dict]:
 def _row(r: dict) -> dict:
     st = r.get("step_time_s") or {}
     ev = r.get("eval") or {}
+    key = config_key(r)
     return {
-        "run_id": r["run_id"], "sweep_id": r.get("sweep_id") or "", "status": r["status"],
+        "run_id": r["run_id"], "sweep_id": r.get("sweep_id") or "", "config_key": key.id, "status": r["status"],
+        **{name: describe(key, name) for name in KEY_COLUMNS},
         "backend": r["backend"], "strategy": r.get("strategy"), "workload": r["workload"],
         "data": r.get("data"), "devices": r["devices"], "device_kind": r.get("device_kind"),
         "virtual": r.get("virtual"), "threads_per_device": r.get("threads_per_device"),
@@ -151,25 +154,16 @@ def _row(r: dict) -> dict:
 
 
 def summary_frame(records: list[dict]) -> pd.DataFrame:
-    """One row per run; scaling_efficiency = sps(N) / (N * sps(1)) against the latest ok 1-device
-    run of the same group (GROUP_KEYS), empty where the group has none."""
+    """One row per run; scaling_efficiency = sps(N) / (N * sps(1)) against the latest ok 1-device run of
+    the run's reference configuration in its sweep (common.config_key), empty where the sweep has none."""
     # Imported here, not with the module: bench.run and every worker import this module for its records, and
     # pandas was the larger part of their start-up (~0.3 s of CPU, in each of the suite's hundreds of processes).
     import pandas as pd
 
     frame = pd.DataFrame([_row(r) for r in records], columns=[c for c in SUMMARY_COLUMNS
                                                               if c != "scaling_efficiency"])
-    frame["scaling_efficiency"] = float("nan")
-    if frame.empty:
-        return frame[list(SUMMARY_COLUMNS)]
+    frame["scaling_efficiency"] = frame.run_id.map(scaling_efficiencies(records)).astype(float)
     frame = frame.sort_values(["started_at", "run_id"], kind="stable").reset_index(drop=True)
-    for _, group in frame.groupby(list(GROUP_KEYS), dropna=False, sort=False):
-        base = group[(group.status == "ok") & (group.devices == 1)]
-        if base.empty:
-            continue
-        one = base.iloc[-1].samples_per_s
-        ok = group[group.status == "ok"]
-        frame.loc[ok.index, "scaling_efficiency"] = ok.samples_per_s / (ok.devices * one)
     return frame[list(SUMMARY_COLUMNS)]
 
 

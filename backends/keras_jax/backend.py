@@ -45,6 +45,9 @@ class KerasJax(Backend):
         parts = [f"dp{lay.dp}" + (" sharded state" if lay.optimizer_shard else ""), f"tp{lay.tp}"]
         return f"keras_jax {kind} {' x '.join(parts)} ({mode_of(cfg)})"
 
+    def mode_name(self, cfg: RunConfig) -> str:
+        return mode_of(cfg)  # Data- or ModelParallel and the dimensions follow from the layout
+
     def plan_devices(self, count: int, kind: str, threads_per_device: int) -> DevicePlan:
         gpus = gpu_names() if kind != "cpu" else []
         if kind == "cuda" and not gpus:

@@ -239,6 +239,9 @@ class MindSporeAuto(Backend):
     def spans_hosts(self, cfg: RunConfig) -> bool:
         return True
 
+    def mode_name(self, cfg: RunConfig) -> str:
+        return f"{parallel_config_of(cfg).mode} parallel"  # --parallel-mode: data, semi_auto or auto
+
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         pcfg = self.layout(cfg)
         split = LAYOUT_OPTION["stage_split"].flag_for(cfg.layout.stage_split)

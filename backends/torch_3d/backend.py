@@ -23,6 +23,9 @@ class Torch3D(TorchrunBackend):
                  f"pp{lay.pp}" + (f" {lay.schedule} x{lay.micro_batches}" if lay.pp > 1 else "")]
         return f"torch_3d {' x '.join(parts)}"
 
+    def mode_name(self, cfg: RunConfig) -> str:
+        return "DeviceMesh"  # the strategy name is the layout's, which the configuration key holds apart
+
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         lay = cfg.layout
         if cfg.workload == "cnn":

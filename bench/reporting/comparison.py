@@ -11,22 +11,28 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
-from bench.reporting.intervals import ROW_KEYS, baseline_frame, interval_frame, ranked, row_key
+from bench.reporting.intervals import BASELINE_IGNORES, baseline_frame, interval_frame, ranked, row_key
+from bench.reporting.keys import row_labels
 from bench.reporting.plots import Plot
 
 
-def _label(row) -> str:
-    layout = f" {row.layout}" if row.layout and row.layout not in ("1 device", f"dp{row.devices}") else ""
-    return f"{row.backend}{layout} N={row.devices}"
+def _labels(frame: pd.DataFrame) -> dict:
+    """Per (key, devices) of the frame: the backend, the key fields that tell its rows apart, and N."""
+    keys = list(dict.fromkeys(frame.key))
+    names = dict(zip(keys, row_labels(keys)))
+    return {(k, n): f"{names[k]} N={n}" for k, n in zip(frame.key, frame.devices)}
 
 
 def repeats_section(records: list[dict]) -> tuple[list[Block], list[Plot]]:
     """Only rows with more than one ok run: one run has no interval to show."""
     frame = interval_frame(records)
+    labels = _labels(frame)  # told apart from every row measured, repeated or not
     frame = frame[frame.runs > 1]
     if frame.empty:
         return [], []
     blocks: list[Block] = [Heading("Repeated rows: medians and 95% intervals", 2), Text(
+        "A row is one configuration at one device count, its runs the repeats within a sweep and the runs of the "
+        "same configuration in other sweeps. "
         "Each row's figure is the median over its runs; the interval is a two-level bootstrap (runs, then each "
         "run's step times), so it holds the drift between runs. Rows of one workload and device count whose "
         "intervals overlap the fastest row's are marked *no difference* instead of ranked. Busy runs started on "
@@ -35,23 +41,23 @@ def repeats_section(records: list[dict]) -> tuple[list[Block], list[Plot]]:
     for row in ranked(frame).itertuples():
         eff = ("" if pd.isna(row.efficiency) else
                f"{row.efficiency:.2f} [{row.efficiency_low:.2f}, {row.efficiency_high:.2f}]")
-        rows.append([row.workload, _label(row), str(row.runs), str(row.busy_runs),
+        rows.append([row.workload, labels[row.key, row.devices], str(row.runs), str(row.sweeps), str(row.busy_runs),
                      f"{row.samples_per_s:.1f} [{row.samples_per_s_low:.1f}, {row.samples_per_s_high:.1f}]",
                      eff, row.vs_fastest])
-    blocks.append(Table(["workload", "row", "runs", "busy runs", "samples/s [95%]", "efficiency [95%]",
+    blocks.append(Table(["workload", "row", "runs", "sweeps", "busy runs", "samples/s [95%]", "efficiency [95%]",
                          "vs fastest of its N"], rows))
     for workload, group in frame.groupby("workload", sort=True):
-        plot = _interval_plot(workload, group)
+        plot = _interval_plot(workload, group, labels)
         plots.append(plot)
         blocks.append(Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png()))
     return blocks, plots
 
 
-def _interval_plot(workload: str, frame: pd.DataFrame) -> Plot:
+def _interval_plot(workload: str, frame: pd.DataFrame, names: dict) -> Plot:
     fig = Figure(figsize=(8, 0.9 + 0.35 * len(frame)), layout="constrained")
     ax = fig.subplots()
     ordered = frame.sort_values(["devices", "samples_per_s"])
-    labels = [_label(r) for r in ordered.itertuples()]
+    labels = [names[r.key, r.devices] for r in ordered.itertuples()]
     low = ordered.samples_per_s - ordered.samples_per_s_low
     high = ordered.samples_per_s_high - ordered.samples_per_s
     ax.errorbar(ordered.samples_per_s, range(len(ordered)), xerr=[low, high], fmt="o", capsize=4)
@@ -77,31 +83,36 @@ def baseline_section(records: list[dict], baseline: list[dict], baseline_name: s
         "Ratio = samples/s here over samples/s in the baseline, with its 95% interval (each folder's runs "
         "bootstrapped on their own). *slower*/*faster*: the whole interval lies below/above 1; otherwise *no "
         "difference*."))
+    labels = _labels(frame)
     blocks.append(Table(["workload", "row", "runs (here / baseline)", "samples/s here", "baseline",
                          "ratio [95%]", "verdict"],
-                        [[r.workload, _label(r), f"{r.runs} / {r.baseline_runs}", f"{r.samples_per_s:.1f}",
+                        [[r.workload, labels[r.key, r.devices], f"{r.runs} / {r.baseline_runs}",
+                          f"{r.samples_per_s:.1f}",
                           f"{r.baseline_samples_per_s:.1f}", f"{r.ratio:.3f} [{r.ratio_low:.3f}, {r.ratio_high:.3f}]",
                           r.verdict] for r in frame.itertuples()]))
     plots = []
     for workload in sorted(frame.workload.unique()):
-        plot = _loss_overlay(workload, frame[frame.workload == workload], records, baseline, baseline_name)
+        plot = _loss_overlay(workload, frame[frame.workload == workload], records, baseline, baseline_name, labels)
         plots.append(plot)
         blocks.append(Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png()))
     return blocks, plots, frame
 
 
 def _loss_overlay(workload: str, frame: pd.DataFrame, records: list[dict], baseline: list[dict],
-                  baseline_name: str) -> Plot:
+                  baseline_name: str, names: dict) -> Plot:
     fig = Figure(figsize=(8, 4.5), layout="constrained")
     ax = fig.subplots()
     data = {}
-    keys = {tuple(getattr(r, k) for k in ROW_KEYS) for r in frame.itertuples()}
     for source, runs, style in (("here", records, "-"), (baseline_name, baseline, "--")):
         for r in runs:
-            if r.get("status") != "ok" or row_key(r) not in keys or not (r.get("loss") or {}).get("curve"):
+            if r.get("status") != "ok" or not (r.get("loss") or {}).get("curve"):
+                continue
+            key, devices = row_key(r)
+            row = key.without(*BASELINE_IGNORES), devices
+            if row not in names or row[0].workload != workload:
                 continue
             steps, losses = zip(*r["loss"]["curve"])
-            label = f"{r['backend']} N={r['devices']} ({source})"
+            label = f"{names[row]} ({source})"
             if label in data:  # the first run of a row stands for its repeats: the same data, the same curve
                 continue
             ax.plot(steps, losses, style, label=label)

@@ -1,5 +1,5 @@
-"""From run records to the report's blocks: a header naming what is behind the numbers, then per workload
-its table and figures."""
+"""From run records to the report's blocks: a header naming what is behind the numbers and the sweeps, then per
+workload its table and figures."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -10,13 +10,16 @@ import pandas as pd
 from bench.reporting.calibration import breakdown_blocks, calibration_blocks
 from bench.reporting.comparison import repeats_section
 from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
+from bench.reporting.keys import describe_sweep
 from bench.reporting.layout_plot import layout_plot
 from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
 from bench.reporting.plots import PLOTTERS, Plot, mark_absent
 from bench.reporting.published_plot import published_blocks
-from bench.reporting.series import DATA_NAMES, Series, build_series
+from bench.reporting.series import DATA_NAMES, Series, build_series, describe_lines
+from bench.reporting.sweeps import sweep_ids, sweep_index
 from bench.reporting.tables import workload_table
 from bench.reporting.validation import validation_blocks
+from common.config_key import NO_REFERENCE
 from common.results import STATUSES, summary_frame
 
 
@@ -58,7 +61,7 @@ def _data(records: list[dict]) -> Table:
     return Table(["workload", "dataset", "data", "runs"], [[*key, str(n)] for key, n in sorted(counts.items())])
 
 
-def header(records: list[dict], results: str, filters: str, skipped: int) -> list[Block]:
+def header(records: list[dict], results: str, filters: str, skipped: int, folder: list[dict]) -> list[Block]:
     statuses = pd.Series([r["status"] for r in records]).value_counts()
     counts = ", ".join(f"{statuses.get(s, 0)} {s}" for s in STATUSES)
     generated = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -69,9 +72,19 @@ def header(records: list[dict], results: str, filters: str, skipped: int) -> lis
         intro += f" {skipped} file(s) in `runs/` skipped: not a valid run record."
     return [
         Heading("parbench report", 1), Text(intro),
-        Text("Scaling efficiency is samples/s(N) / (N x samples/s(1)) against the latest ok 1-device run of the "
-             "same sweep, host, backend, strategy, workload, data, device kind and scaling mode; a line in a figure "
-             "joins only runs of one such group, so runs from different hosts or device kinds never share a line."),
+        Text("A configuration is everything a run was asked to do but its device count: backend, strategy or "
+             "mode, workload, model size, precision, batch (per device under weak scaling, global under strong), "
+             "micro-batches, layout and its options, compile mode, data, device kind, host, threads per device "
+             "and scaling mode. Scaling efficiency is samples/s(N) / (N x samples/s(1)) against the latest ok "
+             "1-device run of the same configuration in the same sweep (a layout that splits the model: of its "
+             f"global batch and micro-batches on one device); where there is none the cell says \"{NO_REFERENCE}\". "
+             "A table row is the latest run of a configuration and device count in its sweep; a line in a figure "
+             "joins the runs of one configuration in one sweep."),
+        Heading("Sweeps", 2),
+        Text("Every sweep of the folder; `bench.report --sweep ID` reports one." + (
+            " This report: " + ", ".join(describe_sweep(s) for s in sweep_ids(records)) + "."
+            if len(sweep_ids(folder)) > 1 and filters else "")),
+        sweep_index(folder),
         Heading("Hardware", 2), _hardware(records),
         Heading("Software", 2), _software(records),
         Heading("Data", 2), _data(records),
@@ -79,20 +92,19 @@ def header(records: list[dict], results: str, filters: str, skipped: int) -> lis
 
 
 def figure_caption(workload: str, series: list[Series]) -> str:
-    """What is behind a figure: the machines, data, scaling mode and framework versions of its lines."""
+    """What is behind a figure: the data and framework versions of its lines, and what they share (the
+    legend names what tells them apart)."""
     runs = [r for s in series for r in s.runs.values()]
-    machines = _join(f"{(r.get('host') or {}).get('name')} ({r.get('device_kind')}"
-                     f"{', virtual' if r.get('virtual') else ''})" for r in runs)
     data = _join(f"{r.get('data')} {DATA_NAMES.get(workload, '')}".strip() for r in runs)
     frameworks = _join(f"{r.get('framework')} {r.get('framework_version')}" for r in runs)
-    return (f"Machines: {machines}. Data: {data}. Scaling: {_join(r.get('scaling') for r in runs)}. "
-            f"Frameworks: {frameworks}.")
+    shared = describe_lines(series)
+    return f"Data: {data}. Frameworks: {frameworks}." + (f" {shared}" if shared else "")
 
 
 def absent_backends(frame: pd.DataFrame, workload: str, series: list[Series]) -> list[str]:
     """Backends of this workload with no ok run and so no line in its figures, each with its runs' statuses
     (one whose ok runs are all in layout sweeps is drawn in the layout figure instead)."""
-    drawn = {s.key["backend"] for s in series}
+    drawn = {s.key.backend for s in series}
     rows = frame[(frame.workload == workload) & ~frame.backend.isin(drawn)]
     return [f"{backend} ({', '.join(f'{n} {status}' for status, n in group.status.value_counts().items())})"
             for backend, group in rows.groupby("backend") if not (group.status == "ok").any()]
@@ -100,8 +112,9 @@ def absent_backends(frame: pd.DataFrame, workload: str, series: list[Series]) ->
 
 def workload_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str, dict],
                      series: list[Series]) -> tuple[list[Block], list[Plot]]:
-    columns, rows = workload_table(frame, records_by_id, workload)
-    blocks: list[Block] = [Heading(f"Workload `{workload}`", 2), Table(columns, rows)]
+    above, columns, rows = workload_table(frame, records_by_id, workload)
+    blocks: list[Block] = [Heading(f"Workload `{workload}`", 2), *([Text(above)] if above else []),
+                           Table(columns, rows)]
     if not series:
         return blocks + [Text("No ok run with measured steps (outside layout sweeps): nothing to plot against "
                               "devices.")], []
@@ -144,21 +157,17 @@ def layout_section(workload: str, frame: pd.DataFrame, records_by_id: dict[str, 
     return blocks + [Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png())], [plot]
 
 
-def build_report(records: list[dict], results: str, filters: str = "", skipped: int = 0
-                 ) -> tuple[list[Block], dict[str, list[Plot]]]:
-    """The blocks of the whole report, and per workload the plots behind its figures (for the tests)."""
+def build_report(records: list[dict], results: str, filters: str = "", skipped: int = 0,
+                 folder: list[dict] | None = None) -> tuple[list[Block], dict[str, list[Plot]]]:
+    """The blocks of the whole report, and per workload the plots behind its figures (for the tests). `folder`:
+    every record of the results folder, for the sweep index (default: `records`)."""
     frame = summary_frame(records)
     records_by_id = {r["run_id"]: r for r in records}
     # A layout sweep runs several layouts at one device count: its runs have their own figure, not a line.
     layouts = layout_frame(records)
-    # A layout run's efficiency is against the 1-device run of its global batch and micro-batches, in both tables.
-    in_layouts = frame.run_id.isin(layouts.run_id)
-    if in_layouts.any():
-        frame.loc[in_layouts, "scaling_efficiency"] = frame.loc[in_layouts, "run_id"].map(
-            layouts.set_index("run_id").efficiency)
     lines = [r for r in records if not in_layout_table(r)]
     series = build_series(lines, frame[frame.run_id.isin({r["run_id"] for r in lines})])
-    blocks = header(records, results, filters, skipped)
+    blocks = header(records, results, filters, skipped, records if folder is None else folder)
     plots = {}
     for workload in sorted(frame.workload.unique()):
         section, plots[workload] = workload_section(workload, frame, records_by_id, series.get(workload, []))

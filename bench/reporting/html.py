@@ -6,10 +6,13 @@ import html
 
 from bench.reporting.document import Block, Heading, Image, Table, Text
 
+# Tables fit the window (a browser check holds them to it: bench.reporting.browser): cells wrap, long words
+# (run ids, package lists, paths in an error) break anywhere, headers wrap between words.
 CSS = """
-body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1200px; padding: 0 1rem; color: #222; }
-table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.85rem; }
-th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left; vertical-align: top; }
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1400px; padding: 0 1rem; color: #222; }
+table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.78rem; }
+th, td { border: 1px solid #ccc; padding: 0.2rem 0.3rem; text-align: left; vertical-align: top;
+         overflow-wrap: break-word; }
 th { background: #f2f2f2; }
 tr.failed td, tr.unsupported td, tr.invalid td { background: #fff4f4; }
 figure { margin: 1rem 0 2rem; }
@@ -27,7 +30,8 @@ def _inline(text: str) -> str:
 
 def _table(block: Table) -> str:
     status = block.columns.index("status") if "status" in block.columns else None
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in block.columns)
+    # A header may break after an underscore (masked_accuracy): a word as wide as the column is not.
+    head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in block.columns)
     rows = []
     for row in block.rows:
         css = f' class="{html.escape(row[status])}"' if status is not None else ""

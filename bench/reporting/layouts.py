@@ -2,20 +2,22 @@
 
 Its runs are every run of a `bench.compare --layouts` sweep (sweep ids starting LAYOUT_SWEEP_PREFIX) and any
 other run whose layout splits the model or shards its state. Efficiency is held against the 1-device run of
-the same global batch and micro-batching (same sweep, host, backend, workload, data and device kind): a
-layout at N devices is ideal when it trains N times as many samples per second as that run.
+the same global batch and micro-batching and the rest of the configuration key alike, in the same sweep
+(common.config_key.reference_key): a layout at N devices is ideal when it trains N times as many samples per
+second as that run.
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from bench.reporting.tables import fmt_efficiency, fmt_number, fmt_share
+from common.config_key import NO_REFERENCE, efficiency, reference_throughputs
 from common.layout import Layout
 from common.sections import COMM_KINDS, STATE_PARTS, Bubble, CommPerStep, Memory, StateBytesPerRank
 
 LAYOUT_SWEEP_PREFIX = "layouts-"
-# Rows of one comparison: the reference must match all of these, and the run count of devices must be 1.
-REFERENCE_KEYS = ("sweep_id", "host", "backend", "workload", "data", "device_kind", "global_batch", "accumulation")
+FRAME_COLUMNS = ("run_id", "layout", "sweep_id", "host", "backend", "workload", "data", "devices", "device_kind",
+                 "global_batch", "accumulation", "status", "samples_per_s", "started_at")
 # peak memory: the process's (common.loop); training memory: the growth from the first step to the peak of the
 # training steps (common.memory), which shows what sharding and splitting save where the process peak hides it.
 COLUMNS = ["layout", "backend", "N", "status", "samples/s", "efficiency vs 1 device", "MFU (measured peak)",
@@ -54,6 +56,7 @@ def layout_name(record: dict) -> str:
 def layout_frame(records: list[dict]) -> pd.DataFrame:
     """One row per run of the layout table, with its reference's throughput and the efficiency against it."""
     rows = []
+    references = reference_throughputs(records)
     for r in records:
         if not in_layout_table(r):
             continue
@@ -61,20 +64,12 @@ def layout_frame(records: list[dict]) -> pd.DataFrame:
                      "host": (r.get("host") or {}).get("name"), "backend": r["backend"], "workload": r["workload"],
                      "data": r.get("data"), "device_kind": r.get("device_kind"), "devices": r["devices"],
                      "global_batch": r.get("global_batch"), "accumulation": accumulation(r), "status": r["status"],
-                     "samples_per_s": r.get("samples_per_s"), "started_at": r.get("started_at") or ""})
-    frame = pd.DataFrame(rows, columns=["run_id", "layout", *REFERENCE_KEYS[:5], "devices", *REFERENCE_KEYS[5:],
-                                        "status", "samples_per_s", "started_at"])
-    frame["reference_samples_per_s"] = float("nan")
-    if frame.empty:
-        frame["efficiency"] = float("nan")
-        return frame
+                     "samples_per_s": r.get("samples_per_s"), "started_at": r.get("started_at") or "",
+                     "reference_samples_per_s": references.get(r["run_id"], float("nan"))})
+    frame = pd.DataFrame(rows, columns=[*FRAME_COLUMNS, "reference_samples_per_s"])
+    frame["efficiency"] = [efficiency(s, n, ref) if ref == ref else float("nan")
+                           for s, n, ref in zip(frame.samples_per_s, frame.devices, frame.reference_samples_per_s)]
     frame = frame.sort_values(["started_at", "run_id"], kind="stable").reset_index(drop=True)
-    for _, group in frame.groupby(list(REFERENCE_KEYS), dropna=False, sort=False):
-        base = group[(group.status == "ok") & (group.devices == 1) & group.samples_per_s.notna()]
-        if not base.empty:  # the latest, as summary_frame takes it
-            frame.loc[group.index, "reference_samples_per_s"] = base.iloc[-1].samples_per_s
-    frame["efficiency"] = frame.samples_per_s / (frame.devices * frame.reference_samples_per_s)
-    frame.loc[frame.status != "ok", "efficiency"] = float("nan")
     # The frameworks side by side: each layout's rows together, one per backend.
     return frame.sort_values(["workload", "sweep_id", "host", "devices", "layout", "backend"], kind="stable")
 
@@ -123,7 +118,7 @@ def _remark(record: dict, row) -> str:
         return str(record.get("error") or "")
     notes = ["oversubscribed: devices x threads > cores"] if record.get("oversubscribed") else []
     if row.efficiency != row.efficiency and record["devices"] > 1:
-        notes.append("no ok 1-device run of the same global batch and micro-batches")
+        notes.append(f"{NO_REFERENCE} (the same global batch and micro-batches) in its sweep")
     return "; ".join(notes)
 
 

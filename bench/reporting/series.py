@@ -1,9 +1,9 @@
-"""Which runs share a line in a figure or a block in a table, and how each line is named and drawn.
+"""Which runs share a line in a figure, and how each line is named and drawn.
 
-A series is one group of GROUP_KEYS (sweep, host, backend, strategy, workload, data, device kind,
-scaling): the same group summary_frame computes scaling efficiency in, so a plotted efficiency and
-the ideal line always rest on the same 1-device run. Runs from different hosts or device kinds are
-therefore never on one line.
+A series is one configuration key (common.config_key) in one sweep: the key summary_frame computes
+scaling efficiency with, so a plotted efficiency and the ideal line always rest on the same 1-device
+run, and runs of different hosts, device kinds, model sizes, precisions, batches or layouts are never
+on one line. Its legend label names the key fields that tell the lines apart (bench.reporting.keys).
 """
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from common.results import GROUP_KEYS
+from bench.reporting.keys import LABEL_FIELDS, cells, distinguishing, in_label, order, said_once
+from common.config_key import ConfigKey, config_key, sweep_of
 
-# Key fields a label may name, in label order.
-LABEL_FIELDS = ("host", "device_kind", "strategy", "scaling", "data", "sweep_id")
 DATA_NAMES = {"cnn": "MNIST", "mlm": "WikiText-2"}
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+# matplotlib's tab10 and then tab20's lighter shades: one colour per configuration (machines aside).
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+          "#bcbd22", "#aec7e8", "#ff9896", "#98df8a", "#c5b0d5", "#ffbb78", "#c49c94")
+# Fields of the machine a run ran on: a configuration keeps its colour across machines.
+MACHINE_FIELDS = ("host", "device_kind", "threads_per_device")
 # One (marker, line style, hatch) per host and device kind, so a backend keeps its colour across machines.
 MACHINE_STYLES = (("o", "-", ""), ("s", "--", "//"), ("^", ":", ".."), ("D", "-.", "xx"),
                   ("v", (0, (5, 1)), "\\\\"), ("P", (0, (1, 1)), "++"))
@@ -24,7 +27,9 @@ MACHINE_STYLES = (("o", "-", ""), ("s", "--", "//"), ("^", ":", ".."), ("D", "-.
 
 @dataclass
 class Series:
-    key: dict
+    key: ConfigKey
+    sweep: str
+    cells: dict[str, str]  # the key's fields as a reader sees them (bench.reporting.keys.cells)
     label: str
     color: str
     marker: str
@@ -32,6 +37,7 @@ class Series:
     hatch: str
     runs: dict[int, dict] = field(default_factory=dict)        # devices -> latest ok record
     efficiency: dict[int, float] = field(default_factory=dict)  # devices -> summary_frame's value
+    panel: str = ""  # the machine, and the model size where a workload has several (build_series)
 
     @property
     def machine(self) -> str:
@@ -39,8 +45,7 @@ class Series:
         machine its own panel rather than one axis scaled for the fastest. Whether devices are virtual is no part
         of it: a 1-device run on a whole GPU anchors the virtual runs sharing that GPU, so they share a panel
         (virtual points are drawn hollow, see panel_title)."""
-        kind = describe_field("device_kind", self.key["device_kind"])
-        return f"{describe_field('host', self.key['host'])} · {kind}"
+        return f"{self.cells['host']} · {self.cells['device_kind']}"
 
     @property
     def virtual_devices(self) -> list[int]:
@@ -70,29 +75,14 @@ def throughput_unit(workload: str) -> str:
     return "tokens/s" if workload == "mlm" else "samples/s"
 
 
-def varying_fields(frame: pd.DataFrame) -> list[str]:
-    """The key fields a label needs: host and device kind whenever the report holds more than one, the others
-    only where they tell apart series that the backend and the fields already chosen do not."""
-    fields: list[str] = []
-    for name in LABEL_FIELDS:
-        # A run that never started has no host detail or device kind: a missing value tells nothing apart.
-        if name in ("host", "device_kind"):
-            varies = frame[name].nunique() > 1
-        else:
-            varies = (frame.groupby(["backend", *fields], dropna=False)[name].nunique() > 1).any()
-        if varies:
-            fields.append(name)
-    return fields
+def series_label(cells: dict[str, str], fields: list[str]) -> str:
+    return " · ".join([cells["backend"], *(in_label(f, cells[f]) for f in fields)])
 
 
-def describe_field(name: str, value) -> str:
-    if name == "sweep_id":
-        return str(value).removeprefix("sweep-") if value else "no sweep"
-    return "?" if value is None or value != value else str(value)
-
-
-def series_label(key: dict, fields: list[str]) -> str:
-    return " · ".join([key["backend"], *(describe_field(f, key[f]) for f in fields)])
+def describe_lines(series: list[Series]) -> str:
+    """What the lines of a figure share, said once (the legend names what tells them apart)."""
+    rows = [s.cells for s in series]
+    return said_once(rows, distinguishing(rows), [f for f in LABEL_FIELDS if f != "data"], what="line")
 
 
 def build_series(records: list[dict], frame: pd.DataFrame) -> dict[str, list[Series]]:
@@ -104,21 +94,37 @@ def build_series(records: list[dict], frame: pd.DataFrame) -> dict[str, list[Ser
     by_id = {r["run_id"]: r for r in records}
     # An ok run without measured steps (evaluation only) has no throughput to draw.
     ok = frame[(frame.status == "ok") & frame.samples_per_s.notna()]
-    fields = varying_fields(ok)
-    backends = list(dict.fromkeys(sorted(frame.backend)))
-    machines = list(dict.fromkeys(sorted(zip(ok.host.fillna(""), ok.device_kind.fillna("")))))
     out: dict[str, list[Series]] = {}
-    for values, group in ok.groupby(list(GROUP_KEYS), dropna=False, sort=True):
-        key = dict(zip(GROUP_KEYS, values))
-        machine = tuple("" if pd.isna(key[k]) else key[k] for k in ("host", "device_kind"))
-        marker, linestyle, hatch = MACHINE_STYLES[machines.index(machine) % len(MACHINE_STYLES)]
-        series = Series(key=key, label=series_label(key, fields),
-                        color=COLORS[backends.index(key["backend"]) % len(COLORS)],
-                        marker=marker, linestyle=linestyle, hatch=hatch)
-        for row in group.itertuples():
-            series.runs[row.devices] = by_id[row.run_id]
-            series.efficiency[row.devices] = row.scaling_efficiency
-        out.setdefault(key["workload"], []).append(series)
-    for workload in out:
-        out[workload].sort(key=lambda s: (s.key["backend"], s.label))
+    for row in ok.itertuples():
+        record = by_id[row.run_id]
+        key, sweep = config_key(record), sweep_of(record)
+        mine = out.setdefault(key.workload, [])
+        series = next((s for s in mine if (s.key, s.sweep) == (key, sweep)), None)
+        if series is None:
+            series = Series(key=key, sweep=sweep, cells=cells(record), label="", color="", marker="",
+                            linestyle="", hatch="")
+            mine.append(series)
+        series.runs[row.devices] = record
+        series.efficiency[row.devices] = row.scaling_efficiency
+    for series in out.values():
+        _name_and_style(series)
     return out
+
+
+def _name_and_style(series: list[Series]) -> None:
+    """Labels from the fields that tell a workload's lines apart; a colour per configuration, a marker and line
+    style per machine; a panel per machine and, where the workload has several, per model size: the throughput
+    of a tiny and a base model never share an axis."""
+    rows = [s.cells for s in series]
+    fields = distinguishing(rows)
+    for s in series:
+        s.label = series_label(s.cells, fields)
+    series.sort(key=lambda s: order(s.cells))
+    machines = sorted({(s.cells["host"], s.cells["device_kind"]) for s in series})
+    identities = list(dict.fromkeys(s.key.without(*MACHINE_FIELDS) for s in series))
+    sizes = {s.key.model_size for s in series}
+    for s in series:
+        machine = machines.index((s.cells["host"], s.cells["device_kind"]))
+        s.marker, s.linestyle, s.hatch = MACHINE_STYLES[machine % len(MACHINE_STYLES)]
+        s.color = COLORS[identities.index(s.key.without(*MACHINE_FIELDS)) % len(COLORS)]
+        s.panel = s.machine + (f" · model {s.key.model_size}" if len(sizes) > 1 else "")
