@@ -18,7 +18,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 from backends import BACKENDS  # noqa: E402  (the registry: one list of backends and their extras)
 
-PASS_ENV = ("PARBENCH_DATA_DIR",)
+PASS_ENV = ("PARBENCH_DATA_DIR", "PARBENCH_REQUIRE_CLUSTER")
 
 
 def _env() -> dict[str, str]:
