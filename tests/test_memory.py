@@ -55,9 +55,14 @@ def test_the_process_peak_keeps_what_was_reached_before_the_reset():
 
 
 def test_an_allocator_s_counters_come_first():
-    """Python's own allocator counters (tracemalloc) stand for a framework's: held now, peak, reset."""
+    """Python's own allocator counters (tracemalloc) stand for a framework's: held now, peak, reset. The
+    figure is the peak the counter read at the end less what it held at the start, whatever else the
+    interpreter allocated or freed meanwhile (mutmut's instrumentation does); the 24 MiB are in it."""
+    readings = []
+
     def allocator(reset: bool):
         held, peak = tracemalloc.get_traced_memory()
+        readings.append((held, peak))
         if reset:
             tracemalloc.reset_peak()
         return held, peak
@@ -72,10 +77,25 @@ def test_an_allocator_s_counters_come_first():
         training = window.close()
     finally:
         tracemalloc.stop()
-    assert window.method == "allocator" and window.at_start >= 8 * MIB
-    assert 24 * MIB <= training < 25 * MIB
+    (held_at_start, _), (_, peak_at_end) = readings[0], readings[-1]
+    assert window.method == "allocator" and window.at_start == held_at_start >= 8 * MIB
+    assert training == peak_at_end - held_at_start
+    assert abs(training - 24 * MIB) < MIB
     assert "tracemalloc" in window.description("tracemalloc")
     del weights
+
+
+def _counter(fails_at: set[int], held: int = 100, peaks: tuple[int, ...] = (150, 400)):
+    """An allocator's counters: readings 1, 2, ... (open, each pause, each resume) answer (held, peak so far),
+    except those in `fails_at`, which raise."""
+    calls = []
+
+    def read(reset: bool):
+        calls.append(reset)
+        if len(calls) in fails_at:
+            raise RuntimeError("the device is gone")
+        return held, (held if len(calls) == 1 else peaks[min(len(calls), len(peaks)) - 1])
+    return read
 
 
 def test_a_counter_that_fails_makes_the_figure_null_not_the_run():
@@ -84,7 +104,24 @@ def test_a_counter_that_fails_makes_the_figure_null_not_the_run():
 
     window = MemoryWindow(broken, _process_peak)
     window.open()  # falls back to /proc
-    assert window.method == "proc"
+    assert window.method == "proc" and window.at_start > 0
+    # A counter that answers at the start and then fails: no figure (not the /proc one, not a partial peak),
+    # whether it fails at the first segment's end (2), at the resume (3, also when it answers again after) or at
+    # the last segment's end (4).
+    for fails_at in ({2, 3, 4}, {3, 4}, {3}, {4}):
+        window = MemoryWindow(_counter(fails_at), _process_peak)
+        window.open()
+        assert window.method == "allocator" and window.at_start == 100
+        window.pause()
+        window.resume()
+        assert window.close() is None, fails_at
+        assert window.method is None and window.description("x") is None
+    # One that keeps answering: the highest segment's peak over the start.
+    window = MemoryWindow(_counter(set()), _process_peak)
+    window.open()
+    window.pause()
+    window.resume()
+    assert window.close() == 400 - 100
 
 
 @pytest.mark.parametrize("share", [False, True])
