@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backends.mindspore_auto import models as ms_models
 from backends.mindspore_auto.parallel_config import ParallelConfig
 from backends.mindspore_auto.strategies import bert_strategies, cnn_strategies, stage_plan
 from common.errors import BadInput
@@ -136,9 +137,6 @@ def test_compare_forwards_the_layout_options():
 
 
 # ----------------------------------------------------------------------------- the MindSpore models
-
-ms_models = pytest.importorskip("backends.mindspore_auto.models", reason="needs mindspore")
-
 
 def _sharded_primitives(net) -> dict[str, tuple]:
     """Every primitive of the built network that carries a strategy, by its attribute path."""
