@@ -1,4 +1,5 @@
-"""nox sessions: tests, tests-fast, slurm, lint, compare, parity, report, and bench-<backend> for each backend.
+"""nox sessions: tests, tests-fast, slurm, mutation, lint, compare, parity, report, and bench-<backend> for each
+backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -46,6 +47,17 @@ def slurm(session: nox.Session) -> None:
     it cannot). The full suite runs it too."""
     session.install("-e", ".[torch,tf,dev]")
     session.run("pytest", "tests/test_slurm.py", *(session.posargs or ["-q"]), env=_env())
+
+
+@nox.session(python="3.11")
+def mutation(session: nox.Session) -> None:
+    """mutmut on the code whose mistakes are silent (pyproject.toml's [tool.mutmut]), each mutant against the fast
+    tests that reach it; then mutation.json and the table of tests/mutation_score.py (docs/testing.md). Not in CI:
+    it takes most of an hour on 2 cores. Arguments after -- go to `mutmut run` (mutant names or globs, e.g.
+    "common.stats*"). mutmut's first pass fails the session when a selected test fails without a mutant."""
+    session.install("-e", ".[dev]", "mutmut>=3.8,<4")  # the selected tests import no framework
+    session.run("mutmut", "run", *session.posargs)
+    session.run("python", "tests/mutation_score.py")
 
 
 @nox.session(python="3.11")

@@ -29,7 +29,6 @@ from common.predict.hardware import Link
 from common.predict.layouts import at_devices, check_name
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import collectives, pipeline_s, predict, sync_factor
-from common.predict.validation import probed_links, references, validate
 from common.results import load_records
 from common.spec import BERT_SIZES
 from tests.conftest import run_cli
@@ -301,29 +300,6 @@ def test_a_rank_beyond_the_device_memory_does_not_fit_and_fsdp_shrinks_it():
     assert max(s.total for s in fsdp.state_per_rank) < 0.25 * 2**30 and fsdp.fits(hw.memory_bytes)
 
 
-def _record(run_id, devices, batch, accumulation=1, backend="torch_3d", started="2026-01-01T00:00:00", link=None):
-    metrics = {"grad_comm": {"bytes_per_step": 1, "time_s": 1.0, "busbw_GBps": None, "link_GBps": link,
-                             "ring_bound_s": None, "ranks": devices}} if link else {}
-    return {"run_id": run_id, "status": "ok", "devices": devices, "global_batch": batch, "backend": backend,
-            "workload": "mlm", "device_kind": "cpu", "threads_per_device": 1, "host": {"name": "h"},
-            "config": {"model_size": "tiny", "precision": "fp32", "grad_accum": accumulation},
-            "layout": {"dp": devices}, "step_time_s": {"p50": 1.0}, "started_at": started,
-            "backend_metrics": metrics}
-
-
-def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batches():
-    one, four = _record("one", 1, 32), _record("four", 1, 32, accumulation=4)
-    other_backend, other_batch = _record("ddp", 1, 32, backend="torch_ddp"), _record("b64", 1, 64)
-    pipeline = {**_record("pp", 2, 32), "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}
-    records = [one, four, other_backend, other_batch, pipeline]
-    # The same accumulation first; the other micro-batch count of that batch gives the per-micro-batch cost.
-    assert [r["run_id"] for r in references(pipeline, records)] == ["four", "one"]
-    assert [r["run_id"] for r in references(_record("dp2", 2, 32), records)] == ["one", "four"]
-    assert references(_record("dp2", 2, 32, backend="keras_jax"), records) == []
-    probes = [_record("a", 2, 32, link=1.0), _record("b", 2, 32, link=3.0), _record("c", 4, 32, link=0.5)]
-    assert probed_links(probes) == {2: 2.0, 4: 0.5}
-
-
 def test_memory_figures_come_from_the_memory_section_one_per_process():
     older = {"devices": 2, "peak_memory_per_rank": [100, 120]}
     assert measured_memory(older, "process_peak_per_rank") == [100, 120]
@@ -376,37 +352,3 @@ def test_a_predicted_pipeline_places_its_layers_as_torch_3d_would():
     assert [rows[n]["layers_per_stage"] for n in rows] == [[2, 2], [3, 1], [1, 3]]
     assert rows["pp2-mb4-1f1b-splitauto"]["step_s"] < rows["pp2-mb4-1f1b"]["step_s"] < \
         rows["pp2-mb4-1f1b-split1+3"]["step_s"]
-
-
-# ----------------------------------------------------------------------------- validation, on a known answer
-
-def test_validation_of_runs_whose_step_is_known_by_hand():
-    """Every step of a 1-device run is forward+backward (no breakdown probe: shares 1, 0, 0), 1 s at global batch
-    32. On an H100 node (no CPU contention, no interruption term), dp2 and dp4 at 32 per rank compute that same
-    1 s and then all-reduce the float32 gradients once (torch_3d: after the backward, exposed), over the link the
-    folder's probe measured (2 GB/s busbw) with the hardware file's 2 us per ring step. The dp2 run took 25% longer
-    than that, the dp4 run exactly that: errors -0.2 and 0, whatever else the model holds."""
-    hw = hardware_files.load("h100-sxm-8")
-    link_gbps, latency = 2.0, hw.link(False).latency_s
-    gradients = 4 * TINY_PARAMS
-
-    def by_hand(ranks: int) -> float:  # ring: 2(n-1)/n of the bytes through each link, 2(n-1) latency steps
-        return 1.0 + 2 * (ranks - 1) / ranks * gradients / (link_gbps * 1e9) + 2 * (ranks - 1) * latency
-
-    one = {**_record("one", 1, 32), "device_kind": "cuda"}
-    dp2 = {**_record("dp2", 2, 64, link=link_gbps), "device_kind": "cuda"}
-    dp4 = {**_record("dp4", 4, 128), "device_kind": "cuda"}
-    dp2["step_time_s"], dp4["step_time_s"] = {"p50": 1.25 * by_hand(2)}, {"p50": by_hand(4)}
-    dp4["layout"] = {"dp": 4}
-    result = validate([dp4, one, dp2], hw)
-    runs = {r["run_id"]: r for r in result["runs"]}
-    assert set(runs) == {"dp2", "dp4"} and result["skipped"] == []
-    for run_id, ranks, error in (("dp2", 2, -0.2), ("dp4", 4, 0.0)):
-        step = runs[run_id]["step_s"]
-        assert step["predicted"] == pytest.approx(by_hand(ranks), rel=1e-12)
-        assert step["error"] == pytest.approx(error, abs=1e-12) and step["error_ignoring_load"] == step["error"]
-        assert runs[run_id]["references"] == ["one"] and "probe at 2 ranks" in runs[run_id]["link"]
-        assert runs[run_id]["step_parts_s"]["compute"] == pytest.approx(1.0, rel=1e-12)
-    assert result["links_probed_GBps"] == {"2": link_gbps}
-    summary = result["summary"]["all"]["step_s"]
-    assert summary == {"runs": 2, "median_abs_error": pytest.approx(0.1), "max_abs_error": pytest.approx(0.2)}
