@@ -167,6 +167,7 @@ def test_loop_warmup_exclusion(tmp_path, data_dir):
     assert outcome["memory"]["training_per_rank"][0] > 0 and outcome["achievable_peak"]["per_rank"][0] > 0
 
 
+@pytest.mark.e2e  # trains the tiny BERT in this process, a few seconds a case
 @pytest.mark.parametrize("patience, steps_done", [(2, 3), (3, 4)])
 def test_early_stopping_waits_patience_evaluations_without_improvement(tmp_path, data_dir, monkeypatch, patience,
                                                                         steps_done):
