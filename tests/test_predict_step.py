@@ -117,3 +117,28 @@ def test_a_cpu_host_s_contention_and_interruptions():
     assert predict(TOY, Layout(dp=2), 8, basis, GPU).sync_wait_s == 0.0
     assert sync_factor(Layout(dp=3)) == pytest.approx(1 + 1 / 2 + 1 / 3)
     assert sync_factor(Layout(dp=3, optimizer_shard=True, tp=2)) == 6
+
+
+def test_names_at_a_device_count_and_where_their_groups_lie():
+    from common.predict.collectives import crosses_nodes, group_stride
+    from common.predict.layouts import at_devices, check_name
+
+    assert at_devices("dp", 8) == Layout(dp=8) and at_devices("fsdp", 8) == Layout(dp=8, optimizer_shard=True)
+    assert at_devices("dp-rc", 4) == Layout(dp=4, recompute=True) and at_devices("fsdp", 1) == Layout(
+        dp=1, optimizer_shard=True)
+    assert at_devices("fsdpxtp2", 8) == Layout(dp=4, tp=2, optimizer_shard=True)
+    assert at_devices("tp2", 8) == Layout(dp=4, tp=2) and at_devices("dp2xtp2", 4) == Layout(dp=2, tp=2)
+    assert at_devices("pp2-1f1b", 2) == Layout(pp=2, micro_batches=4, schedule="1f1b")
+    for entry, devices, message in (("tp3", 8, "'tp3' at 8 devices: tp x pp = 3 does not divide them"),
+                                    ("tp3xdp", 8, "tp x pp = 3 does not divide them"),
+                                    ("dp2xtp2", 8, "'dp2xtp2' uses 4 devices, not 8"),
+                                    ("dp-fast", 8, "unknown option 'fast'")):
+        with pytest.raises(ValueError, match=message):
+            at_devices(entry, devices)
+    check_name("fsdpxtp8xpp4-1f1b")
+    with pytest.raises(ValueError, match="'dp2xep2': 'ep2' is not"):  # the bare dp checked as dp2
+        check_name("dpxep2")
+    grid = Layout(dp=2, tp=4, pp=2, micro_batches=2)
+    assert [group_stride(grid, d) for d in ("tp", "dp", "pp")] == [1, 4, 8]
+    assert not crosses_nodes(grid, "tp", 4) and crosses_nodes(grid, "tp", 3) and crosses_nodes(grid, "dp", 4)
+    assert not crosses_nodes(grid, "dp", 8) and not crosses_nodes(Layout(tp=4), "dp", 1)
