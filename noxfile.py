@@ -1,5 +1,5 @@
-"""nox sessions: tests, tests-fast, slurm, lint, compare, parity, report, report-browser, and bench-<backend> for
-each backend.
+"""nox sessions: tests, tests-fast, slurm, mutation, lint, compare, parity, report, report-browser, and
+bench-<backend> for each backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -21,7 +21,7 @@ nox.options.reuse_existing_virtualenvs = True
 from backends import BACKENDS  # noqa: E402  (the registry: one list of backends and their extras)
 from bench.reporting.browser import find_chromium  # noqa: E402  (standard library only)
 
-PASS_ENV = ("PARBENCH_DATA_DIR",)
+PASS_ENV = ("PARBENCH_DATA_DIR", "PARBENCH_REQUIRE_CLUSTER")
 
 
 def _env() -> dict[str, str]:
@@ -49,6 +49,17 @@ def slurm(session: nox.Session) -> None:
     it cannot). The full suite runs it too."""
     session.install("-e", ".[torch,tf,dev]")
     session.run("pytest", "tests/test_slurm.py", *(session.posargs or ["-q"]), env=_env())
+
+
+@nox.session(python="3.11")
+def mutation(session: nox.Session) -> None:
+    """mutmut on the code whose mistakes are silent (pyproject.toml's [tool.mutmut]), each mutant against the fast
+    tests that reach it; then mutation.json and the table of tests/mutation_score.py (docs/testing.md). Not in CI:
+    it takes most of an hour on 2 cores. Arguments after -- go to `mutmut run` (mutant names or globs, e.g.
+    "common.stats*"). mutmut's first pass fails the session when a selected test fails without a mutant."""
+    session.install("-e", ".[dev]", "mutmut>=3.8,<4")  # the selected tests import no framework
+    session.run("mutmut", "run", *session.posargs)
+    session.run("python", "tests/mutation_score.py")
 
 
 @nox.session(python="3.11")

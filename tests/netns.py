@@ -2,7 +2,8 @@
 test itself. Each namespace has its own interfaces, addresses and ports, so a run across them
 crosses a real network link (no loopback shortcut), as a run across two machines would.
 
-Needs root and iproute2; `why_unavailable` says why not otherwise, for the skip message.
+Needs root and iproute2; `why_unavailable` says why not otherwise, for the skip message (or the error, where
+$PARBENCH_REQUIRE_CLUSTER asks for the cluster: see or_unavailable).
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ import pytest
 SUBNET_PREFIX = "10.231.{}"
 CHECK_TIMEOUT_S = 20
 NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts in place
+# Set (to anything but 0) where the cluster tests must run: a missing capability or a failed start is then an
+# error, not a skip (.ci/run sets it).
+REQUIRE_CLUSTER_ENV = "PARBENCH_REQUIRE_CLUSTER"
 
 
 def why_unavailable() -> str | None:
@@ -92,17 +96,28 @@ def _name_resolves_to(host: Host) -> None:
 
 
 @contextmanager
-def or_skip(why_unavailable: Callable[[], str | None], make: Callable[[], AbstractContextManager], what: str):
-    """For a fixture: what `make` makes, or a skip saying why not (what `why_unavailable` says, or the OSError
-    `make` raised on the way in; a failing test raises its own error, never into the fixture)."""
+def or_unavailable(why_unavailable: Callable[[], str | None], make: Callable[[], AbstractContextManager], what: str):
+    """For a fixture: what `make` makes, or why not (what `why_unavailable` says, or the OSError `make` raised on
+    the way in, which carries the daemons' log tails; a failing test raises its own error, never into the
+    fixture). Why not is a skip, its reason in pytest's summary (-ra), on a developer's machine without root;
+    where $PARBENCH_REQUIRE_CLUSTER is set (CI, .ci/run), it is an error: a cluster test must not pass as a skip."""
     reason = why_unavailable()
     if reason:
-        pytest.skip(reason)
+        _unavailable(reason)
+    failure = None
     try:
         with make() as made:
             yield made
     except OSError as exc:
-        pytest.skip(f"{what}: {exc}")
+        failure = f"{what}: {exc}"
+    if failure:  # outside the except: the report is the reason, not a chain of tracebacks
+        _unavailable(failure)
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get(REQUIRE_CLUSTER_ENV, "") not in ("", "0"):
+        pytest.fail(f"{REQUIRE_CLUSTER_ENV} is set and the cluster cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
 
 
 @contextmanager
@@ -110,8 +125,8 @@ def two_hosts(prefix: str = "pb", subnet_prefix: str = SUBNET_PREFIX,
               prefix_len: int = 30) -> Iterator[tuple[Host, Host]]:
     """Namespaces `pb<pid>a`/`pb<pid>b`, veth `pb<pid>x`/`pb<pid>y`, 10.231.N.1/30 and .2/30, lo up in
     both (`prefix`, `subnet_prefix` and `prefix_len` change the names and the subnet). Everything is
-    deleted on the way out, also when the test fails. Raises OSError when the kernel refuses (the
-    caller turns that into a skip with the reason)."""
+    deleted on the way out, also when the test fails. Raises OSError when the kernel refuses (or_unavailable
+    says why)."""
     tag = f"{prefix}{os.getpid() % 10**8}"
     names, links = (f"{tag}a", f"{tag}b"), (f"{tag}x", f"{tag}y")
     subnet = subnet_prefix.format(os.getpid() % 250)

@@ -184,7 +184,7 @@ def _alive(pid: int) -> bool:
 @contextmanager
 def slurm_cluster() -> Iterator[Cluster]:
     """munged, slurmctld and slurmd nodeA in namespace A, slurmd nodeB in namespace B; both nodes idle on entry.
-    Raises OSError when a piece does not start (the caller skips with the reason, the logs' tails in it)."""
+    Raises OSError when a piece does not start, the daemons' log tails in it (tests.netns.or_unavailable)."""
     with two_hosts(prefix="pbs", subnet_prefix=SUBNET, prefix_len=24) as hosts:
         root = Path(tempfile.gettempdir()) / f"parbench-slurm-{os.getpid()}"
         shutil.rmtree(root, ignore_errors=True)
@@ -201,13 +201,16 @@ def slurm_cluster() -> Iterator[Cluster]:
         cluster = Cluster(hosts, root, conf)
         pid_files = [root / "munged.pid", root / "slurmctld.pid", *(root / f"slurmd-{n}.pid" for n in NODES)]
         try:
-            _start_daemon(hosts[0], ["munged", "--force", f"--socket={munge_socket}", f"--key-file={key}",
-                                     f"--pid-file={pid_files[0]}", f"--log-file={root / 'munged.log'}",
-                                     f"--seed-file={root / 'munged.seed'}"], pid_files[0], cluster.env)
-            _start_daemon(hosts[0], ["slurmctld", "-f", str(conf)], pid_files[1], cluster.env)
-            for (name, host), pid_file in zip(zip(NODES, hosts), pid_files[2:]):
-                _start_daemon(host, ["slurmd", "-f", str(conf), "-N", name], pid_file, cluster.env)
-            cluster.wait_idle()
+            try:
+                _start_daemon(hosts[0], ["munged", "--force", f"--socket={munge_socket}", f"--key-file={key}",
+                                         f"--pid-file={pid_files[0]}", f"--log-file={root / 'munged.log'}",
+                                         f"--seed-file={root / 'munged.seed'}"], pid_files[0], cluster.env)
+                _start_daemon(hosts[0], ["slurmctld", "-f", str(conf)], pid_files[1], cluster.env)
+                for (name, host), pid_file in zip(zip(NODES, hosts), pid_files[2:]):
+                    _start_daemon(host, ["slurmd", "-f", str(conf), "-N", name], pid_file, cluster.env)
+            except OSError as exc:  # the logs go with the folder on the way out: their tails go in the error
+                raise OSError(f"{exc}; daemons' log tails: {cluster.log_tail() or '(no log written)'}") from exc
+            cluster.wait_idle()  # its error has the tails
             yield cluster
         finally:
             _stop_daemons(pid_files)

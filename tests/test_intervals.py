@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
+import pytest
 
-from bench.reporting.intervals import baseline_frame, busy, interval_frame, same_speed
+from bench.reporting.intervals import ROW_KEYS, baseline_frame, busy, interval_frame, ranked, row_key, same_speed
 
 
 def _record(devices: int, speed: float, seed: int, backend: str = "torch_ddp", load: float = 0.3) -> dict:
@@ -96,3 +98,67 @@ def test_report_against_a_baseline_fails_on_a_regression_only(tmp_path):
     # 30% slower is within a 40% allowance: reported as slower, not failed.
     assert report.main(["--results", str(slower), "--baseline", str(before), "--fail-on-regression", "40"]) == 0
     assert "| slower |" in (slower / "report.md").read_text()
+
+
+def test_rows_rank_by_speed_and_only_beyond_the_noise():
+    fast = [_record(2, s, i) for i, s in enumerate((200, 204, 197))]
+    close = [_record(2, s, 5 + i, "tf_mirrored") for i, s in enumerate((199, 203, 196))]
+    slow = [_record(2, s, 9 + i, "mindspore_auto") for i, s in enumerate((120, 121, 119))]
+    other = [_record(1, 50, 20, "mindspore_auto")]
+    table = ranked(interval_frame(fast + close + slow + other))
+    assert table[["devices", "backend"]].values.tolist() == [[1, "mindspore_auto"], [2, "torch_ddp"],
+                                                             [2, "tf_mirrored"], [2, "mindspore_auto"]]
+    speeds = table.samples_per_s.tolist()
+    assert table.vs_fastest.tolist() == ["fastest", "fastest", "no difference", f"{speeds[3] / speeds[1]:.2f}x"]
+    assert table.vs_fastest.iloc[3] == "0.60x" and list(table.columns)[-1] == "vs_fastest"
+
+
+def test_a_row_is_its_configuration_and_only_ok_measured_runs_count():
+    base = _record(2, 150, 1)
+    assert row_key(base) == ("mlm", "torch_ddp", "torch_ddp", "dp2", 2, "cpu", "weak", 64, "fp32", "tiny",
+                             "synthetic")
+    assert row_key({**base, "layout": None, "config": None})[3::5] == ("", None)
+    frame = interval_frame([base, {**base, "status": "failed"}, {**base, "step_times_s": []},
+                            {**base, "global_batch": 0}, {**base, "load": {"loadavg_1m_before": 9.0}}])
+    [line] = frame.to_dict("records")
+    assert (line["runs"], line["busy_runs"]) == (2, 1)
+    assert line["efficiency"] is None and line["efficiency_low"] is None and line["efficiency_high"] is None
+    assert line["samples_per_s"] == pytest.approx(150, rel=0.05)
+    assert list(frame.columns) == [*ROW_KEYS, "runs", "busy_runs", "samples_per_s", "samples_per_s_low",
+                                   "samples_per_s_high", "efficiency", "efficiency_low", "efficiency_high"]
+
+
+def test_scaling_is_held_against_one_device_of_the_right_batch():
+    one, two = _record(1, 100, 1), _record(2, 150, 2)
+    weak = interval_frame([one, two]).set_index("devices")
+    assert weak.loc[2, "efficiency"] == pytest.approx(weak.loc[2, "samples_per_s"] / (2 * weak.loc[1,
+                                                                                                "samples_per_s"]))
+    # strong scaling: the 1-device row of the same global batch (64), not of 32
+    strong_one = {**_record(1, 100, 3), "scaling": "strong", "global_batch": 64}
+    strong_two = {**two, "scaling": "strong"}
+    assert pd.isna(interval_frame([{**one, "scaling": "strong"}, strong_two]).set_index("devices").loc[2,
+                                                                                                      "efficiency"])
+    strong = interval_frame([strong_one, strong_two]).set_index("devices")
+    assert strong.loc[2, "efficiency"] == pytest.approx(strong.loc[2, "samples_per_s"] /
+                                                        (2 * strong.loc[1, "samples_per_s"]))
+    # a layout row is held against the layout sweep's "1 device" row
+    assert pd.isna(interval_frame([{**one, "layout": None}, two]).set_index("devices").loc[2, "efficiency"])
+
+
+def test_a_baseline_row_by_the_numbers():
+    before = [_record(1, s, i) for i, s in enumerate((100, 102, 98))]
+    after = [_record(1, s, 30 + i) for i, s in enumerate((95, 95, 95))]
+    [line] = baseline_frame(after, before + [_record(2, 150, 40)]).to_dict("records")
+    assert (line["runs"], line["baseline_runs"], line["devices"]) == (3, 3, 1)
+    assert line["ratio"] == pytest.approx(line["samples_per_s"] / line["baseline_samples_per_s"])
+    assert line["samples_per_s"] == pytest.approx(95, rel=0.02) and line["ratio_low"] < line["ratio"] < \
+        line["ratio_high"]
+    assert line["verdict"] == "slower" and baseline_frame(after, before, threshold=0.1).verdict.tolist() == \
+        ["no difference"]
+
+
+def test_busy_at_its_thresholds():
+    assert not busy(_record(1, 100, 0, load=3.0))  # 1.5 per core on 2 cores: not beyond
+    assert busy({"load": {"loadavg_1m_before": 1.6}})  # no core count: one
+    assert not busy({"load": {"cpu_steal_share": 0.05}}) and busy({"load": {"cpu_steal_share": 0.051}})
+    assert not busy({}) and not busy({"load": {"loadavg_1m_before": None, "cpu_steal_share": None}})

@@ -148,9 +148,13 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, args):
     assert len(states) == len(comm) == devices
     whole = ref["backend_metrics"]["state_bytes_per_rank"][0]
     assert whole["params"] == whole["grads"] == 4 * TINY.param_count()
-    if lay["optimizer_shard"]:  # every weight split over the data axis: half of everything, gathered and scattered
+    if lay["optimizer_shard"]:  # every weight split over the data axis: half of everything
         assert all(s["params"] <= 0.5 * whole["params"] + 4 * TINY.hidden for s in states)
-        assert all({"all_gather", "reduce_scatter"} & set(c) for c in comm)
+        # The shards gathered for the compute, and the gradients reduced shard by shard, never all-reduced whole
+        # (as plain data parallel does, below). XLA picks how: jax 0.10.2 on CPU lowers the gradients'
+        # reduce-scatter to all-to-alls and small all-reduces (measured: 2.3 MB all-reduced of 18.9 MB).
+        assert all("all_gather" in c for c in comm), comm
+        assert all(c.get("all_reduce", {"bytes": 0})["bytes"] < 0.5 * whole["grads"] for c in comm), comm
     elif lay["tp"] == 1:  # plain data parallel: the gradients all-reduced
         assert all(c["all_reduce"]["bytes"] >= s["params"] for c, s in zip(comm, states))
     if lay["tp"] > 1:  # the block weights split: less than the whole on every device, and the compiler all-reduces

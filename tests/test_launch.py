@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,29 @@ def test_all_succeed(tmp_path: Path):
     assert (tmp_path / "0.log").read_text().strip() == "hi"
 
 
+def _live_processes_naming(marker: str) -> list[int]:
+    """Pids whose command line holds `marker`, zombies left out (a killed orphan waits there for init)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if marker in (proc / "cmdline").read_bytes().decode(errors="replace") and \
+                    (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(proc.name))
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or gone while read
+    return found
+
+
 @pytest.mark.e2e
 def test_timeout_kills_every_rank(tmp_path: Path):
+    """Each rank, and a process each rank started in its group (a launcher's worker), is gone afterwards."""
+    marker = f"parbench-rank-{uuid.uuid4().hex}"
+    rank = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+            "sys.argv[1] + '-worker']); time.sleep(60)")
     with pytest.raises(RunFailed, match="timed out"):
-        run_supervised_group([_py("import time; time.sleep(60)", tmp_path / f"{i}.log") for i in range(2)],
-                             timeout_s=1)
+        run_supervised_group([([sys.executable, "-c", rank, marker], child_env({}), tmp_path / f"{i}.log")
+                              for i in range(2)], timeout_s=1)
+    assert _live_processes_naming(marker) == []
 
 
 @pytest.mark.e2e

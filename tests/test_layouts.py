@@ -2,7 +2,6 @@
 and figure from hand-made records, parity's layout checks on made-up curves, and one real layout sweep."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from dataclasses import replace
@@ -346,7 +345,6 @@ def test_parity_refuses_a_bad_layout_list(tmp_path):
 # ----------------------------------------------------------------------------- one real sweep
 
 @pytest.mark.e2e
-@pytest.mark.skipif(importlib.util.find_spec("backends.torch_3d") is None, reason="backends.torch_3d is not built")
 def test_a_layout_sweep_leaves_one_record_per_layout_and_reference(layout_sweep):
     proc, out = layout_sweep  # conftest.LAYOUT_SWEEP: --layouts dp2,tp2 on the tiny MLM, global batch 8
     assert proc.returncode == 0, proc.stderr[-2000:]

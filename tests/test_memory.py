@@ -6,6 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from common import memory
 from common.memory import MemoryWindow, memory_section, proc_status, reset_hwm
 
 MIB = 1 << 20
@@ -55,9 +56,14 @@ def test_the_process_peak_keeps_what_was_reached_before_the_reset():
 
 
 def test_an_allocator_s_counters_come_first():
-    """Python's own allocator counters (tracemalloc) stand for a framework's: held now, peak, reset."""
+    """Python's own allocator counters (tracemalloc) stand for a framework's: held now, peak, reset. The
+    figure is the peak the counter read at the end less what it held at the start, whatever else the
+    interpreter allocated or freed meanwhile (mutmut's instrumentation does); the 24 MiB are in it."""
+    readings = []
+
     def allocator(reset: bool):
         held, peak = tracemalloc.get_traced_memory()
+        readings.append((held, peak))
         if reset:
             tracemalloc.reset_peak()
         return held, peak
@@ -72,10 +78,25 @@ def test_an_allocator_s_counters_come_first():
         training = window.close()
     finally:
         tracemalloc.stop()
-    assert window.method == "allocator" and window.at_start >= 8 * MIB
-    assert 24 * MIB <= training < 25 * MIB
+    (held_at_start, _), (_, peak_at_end) = readings[0], readings[-1]
+    assert window.method == "allocator" and window.at_start == held_at_start >= 8 * MIB
+    assert training == peak_at_end - held_at_start
+    assert abs(training - 24 * MIB) < MIB
     assert "tracemalloc" in window.description("tracemalloc")
     del weights
+
+
+def _counter(fails_at: set[int], held: int = 100, peaks: tuple[int, ...] = (150, 400)):
+    """An allocator's counters: readings 1, 2, ... (open, each pause, each resume) answer (held, peak so far),
+    except those in `fails_at`, which raise."""
+    calls = []
+
+    def read(reset: bool):
+        calls.append(reset)
+        if len(calls) in fails_at:
+            raise RuntimeError("the device is gone")
+        return held, (held if len(calls) == 1 else peaks[min(len(calls), len(peaks)) - 1])
+    return read
 
 
 def test_a_counter_that_fails_makes_the_figure_null_not_the_run():
@@ -84,7 +105,24 @@ def test_a_counter_that_fails_makes_the_figure_null_not_the_run():
 
     window = MemoryWindow(broken, _process_peak)
     window.open()  # falls back to /proc
-    assert window.method == "proc"
+    assert window.method == "proc" and window.at_start > 0
+    # A counter that answers at the start and then fails: no figure (not the /proc one, not a partial peak),
+    # whether it fails at the first segment's end (2), at the resume (3, also when it answers again after) or at
+    # the last segment's end (4).
+    for fails_at in ({2, 3, 4}, {3, 4}, {3}, {4}):
+        window = MemoryWindow(_counter(fails_at), _process_peak)
+        window.open()
+        assert window.method == "allocator" and window.at_start == 100
+        window.pause()
+        window.resume()
+        assert window.close() is None, fails_at
+        assert window.method is None and window.description("x") is None
+    # One that keeps answering: the highest segment's peak over the start.
+    window = MemoryWindow(_counter(set()), _process_peak)
+    window.open()
+    window.pause()
+    window.resume()
+    assert window.close() == 400 - 100
 
 
 @pytest.mark.parametrize("share", [False, True])
@@ -95,3 +133,53 @@ def test_the_section_says_per_rank_and_whether_processes_share_devices(share):
     assert section["process_peak_per_rank"] == [3, 5] and section["training_per_rank"] == [1, None]
     assert section["processes_share"] is share
     assert ("divide" in section["method"]) is share
+
+
+def _status(tmp_path, rss_kb: int, hwm_kb: int) -> str:
+    path = tmp_path / "status"
+    path.write_text(f"Name:\tpython\nVmPeak:\t 999 kB\nVmHWM:\t {hwm_kb} kB\nVmRSS:\t {rss_kb} kB\nThreads:\t1\n")
+    return str(path)
+
+
+def test_the_kernel_s_figures_read_and_a_reset_it_ignored_is_not_trusted(tmp_path, monkeypatch):
+    """/proc read through files of known content: kB to bytes; a missing field or file says nothing; a reset is
+    trusted only where VmHWM then reads within 1 MiB of VmRSS."""
+    monkeypatch.setattr(memory, "STATUS", memory.Path(_status(tmp_path, 2048, 4096)))
+    assert proc_status() == {"VmRSS": 2048 * 1024, "VmHWM": 4096 * 1024}
+    clear = tmp_path / "clear_refs"
+    monkeypatch.setattr(memory, "CLEAR_REFS", clear)
+    assert reset_hwm() is None and clear.read_text() == "5"  # the kernel left a peak 2 MiB above: ignored
+    monkeypatch.setattr(memory, "STATUS", memory.Path(_status(tmp_path, 2048, 2048 + 1024)))
+    assert reset_hwm() == 2048 * 1024                          # 1 MiB above: pages faulted in between
+    monkeypatch.setattr(memory, "STATUS", memory.Path(_status(tmp_path, 2048, 2048 + 1025)))
+    assert reset_hwm() is None
+    monkeypatch.setattr(memory, "CLEAR_REFS", tmp_path)        # a directory: the write fails
+    assert reset_hwm() is None
+    (tmp_path / "status").write_text("VmRSS:\t 10 kB\n")
+    assert proc_status() is None
+    monkeypatch.setattr(memory, "STATUS", tmp_path / "gone")
+    assert proc_status() is None
+
+
+def test_a_kernel_that_refuses_the_reset_measures_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(memory, "CLEAR_REFS", tmp_path)  # not writable as a file
+    peaks = iter([7, 5])
+    window = MemoryWindow(None, lambda: next(peaks))
+    window.open()
+    assert (window.method, window.at_start) == (None, None)
+    window.pause()
+    window.resume()
+    assert window.close() is None and window.description("x") is None
+    assert window.process_peak() == 7  # the peak before the window, kept
+
+
+def test_the_section_names_each_rank_s_method_where_they_differ():
+    ranks = [{"process_peak": 3, "training": 1, "at_start": 2, "method": "a"},
+             {"process_peak": 5, "method": "b"}]
+    section = memory_section(ranks, False)
+    assert section == {"process_peak_per_rank": [3, 5], "training_per_rank": [1, None], "at_start_per_rank": [2, None],
+                       "method": "rank 0: a; rank 1: b", "processes_share": False}
+    shared = memory_section([{"process_peak": 1, "method": None}], True)["method"]
+    assert shared == "not measured; one process drives several devices: per device, divide a process's figure by " \
+                     "its devices"
+    assert memory_section([{"process_peak": 1, "method": "a"}] * 2, False)["method"] == "a"

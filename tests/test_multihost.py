@@ -19,7 +19,7 @@ from common.launch import free_port
 from common.nodes import exchange
 from common.results import NODE_RECORDS, RUN_RECORDS, validate_record
 from tests.conftest import REPO, run_cli, run_in_process
-from tests.netns import or_skip, two_hosts, why_unavailable
+from tests.netns import or_unavailable, two_hosts, why_unavailable
 
 TINY_MLM = ["--workload", "mlm", "--model-size", "tiny", "--steps", "3", "--warmup-steps", "1", "--skip-eval",
             "--batch-size", "4", "--data", "real"]
@@ -34,7 +34,7 @@ BACKENDS = {
 
 @pytest.fixture
 def hosts():
-    with or_skip(why_unavailable, two_hosts, "cannot make two network namespaces joined by veth") as pair:
+    with or_unavailable(why_unavailable, two_hosts, "cannot make two network namespaces joined by veth") as pair:
         yield pair
 
 

@@ -52,7 +52,7 @@ def test_a_perturbation_moves_trainable_tensors_by_its_relative_size_only():
 
 
 def test_torch_loader_takes_every_tensor_and_rejects_gaps():
-    torch_weights = pytest.importorskip("backends.torch_common.weights")
+    from backends.torch_common import weights as torch_weights
     from backends.torch_common.models import build_model
     weights = initial_weights(TINY, 0)
     model = torch_weights.initialised_model("mlm", TINY, weights)

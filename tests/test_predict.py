@@ -30,7 +30,6 @@ from common.predict.hardware import Link
 from common.predict.layouts import at_devices, check_name
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import collectives, pipeline_s, predict, sync_factor
-from common.predict.validation import probed_links, references
 from common.results import load_records
 from common.spec import BERT_SIZES
 from tests.conftest import run_cli
@@ -266,7 +265,10 @@ def test_validate_predicts_each_run_of_a_real_sweep(sweep, capsys):
         assert len(r["references"]) >= 1
     summary = validation["summary"]["all"]
     assert summary["step_s"]["runs"] == 2 and summary["state_bytes_exact"] == 2
-    assert summary["step_s"]["max_abs_error"] >= summary["step_s"]["median_abs_error"]
+    # The summary is of the rows (its error bound is held on a known answer: test_validation_of_runs_whose_step_...)
+    errors = sorted(abs(r["step_s"]["error"]) for r in runs.values())
+    assert (summary["step_s"]["max_abs_error"], summary["step_s"]["median_abs_error"]) == \
+        (errors[-1], pytest.approx(sum(errors) / 2))
     assert "step time median |error|" in printed
     # The sweep's 1-device run had no --breakdown-steps probe: every row says its basis guessed the split.
     assert all(r["basis_guesses"] for r in runs.values()) and summary["resting_on_a_guess"] == 2
@@ -300,29 +302,6 @@ def test_a_rank_beyond_the_device_memory_does_not_fit_and_fsdp_shrinks_it():
     # BERT-base's 110M float32 parameters with gradients and AdamW moments: 16 bytes each, 1.6 GiB per replica.
     assert max(s.total for s in dp.state_per_rank) > 1.6 * 2**30 and not dp.fits(hw.memory_bytes)
     assert max(s.total for s in fsdp.state_per_rank) < 0.25 * 2**30 and fsdp.fits(hw.memory_bytes)
-
-
-def _record(run_id, devices, batch, accumulation=1, backend="torch_3d", started="2026-01-01T00:00:00", link=None):
-    metrics = {"grad_comm": {"bytes_per_step": 1, "time_s": 1.0, "busbw_GBps": None, "link_GBps": link,
-                             "ring_bound_s": None, "ranks": devices}} if link else {}
-    return {"run_id": run_id, "status": "ok", "devices": devices, "global_batch": batch, "backend": backend,
-            "workload": "mlm", "device_kind": "cpu", "threads_per_device": 1, "host": {"name": "h"},
-            "config": {"model_size": "tiny", "precision": "fp32", "grad_accum": accumulation},
-            "layout": {"dp": devices}, "step_time_s": {"p50": 1.0}, "started_at": started,
-            "backend_metrics": metrics}
-
-
-def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batches():
-    one, four = _record("one", 1, 32), _record("four", 1, 32, accumulation=4)
-    other_backend, other_batch = _record("ddp", 1, 32, backend="torch_ddp"), _record("b64", 1, 64)
-    pipeline = {**_record("pp", 2, 32), "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}
-    records = [one, four, other_backend, other_batch, pipeline]
-    # The same accumulation first; the other micro-batch count of that batch gives the per-micro-batch cost.
-    assert [r["run_id"] for r in references(pipeline, records)] == ["four", "one"]
-    assert [r["run_id"] for r in references(_record("dp2", 2, 32), records)] == ["one", "four"]
-    assert references(_record("dp2", 2, 32, backend="keras_jax"), records) == []
-    probes = [_record("a", 2, 32, link=1.0), _record("b", 2, 32, link=3.0), _record("c", 4, 32, link=0.5)]
-    assert probed_links(probes) == {2: 2.0, 4: 0.5}
 
 
 def test_memory_figures_come_from_the_memory_section_one_per_process():

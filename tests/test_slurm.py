@@ -31,7 +31,7 @@ from common.scheduler import (
     srun_command,
 )
 from tests.conftest import REPO, run_cli
-from tests.netns import or_skip
+from tests.netns import or_unavailable
 from tests.slurm_cluster import NODES, slurm_cluster, why_unavailable
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
@@ -44,7 +44,7 @@ TINY = ["--workloads", "mlm", "--gpus", "1", "--steps", "4", "--warmup-steps", "
 
 @pytest.fixture(scope="session")
 def cluster():
-    with or_skip(why_unavailable, slurm_cluster, "cannot start a SLURM cluster in two network namespaces") as c:
+    with or_unavailable(why_unavailable, slurm_cluster, "cannot start a SLURM cluster in two network namespaces") as c:
         yield c
 
 

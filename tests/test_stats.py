@@ -37,11 +37,21 @@ def test_the_same_seed_gives_the_same_interval():
 
 
 def test_efficiency_carries_the_noise_of_both_rows():
-    one, two = _runs([100, 101, 99], seed=1), _runs([150, 160, 140], seed=2)
-    eff = ratio_interval((two, 32 * 2), (one, 32), scale=1 / 2)
-    assert eff.value == pytest.approx(point_throughput(two, 64) / (2 * point_throughput(one, 32)))
-    assert eff.low < eff.value < eff.high
-    assert eff.low == pytest.approx(1.5, abs=0.2) and eff.high == pytest.approx(1.6, abs=0.2)
+    """Two rows as noisy as each other (3 runs, 8% apart): the efficiency's interval spans the rows' own
+    intervals at their extremes (fast N over slow 1, slow N over fast 1), which the noise of either row alone
+    (the other made steady) does not, by far."""
+    one, two = _runs([92, 100, 108], seed=1), _runs([184, 200, 216], seed=2)
+    eff = ratio_interval((two, 32), (one, 32), scale=1 / 2)
+    assert eff.value == pytest.approx(point_throughput(two, 32) / (2 * point_throughput(one, 32)))
+    at_one, at_two = throughput_interval(one, 32), throughput_interval(two, 32)
+    assert eff.low == pytest.approx(at_two.low / at_one.high / 2, abs=0.02)    # 0.85 here
+    assert eff.high == pytest.approx(at_two.high / at_one.low / 2, abs=0.02)   # 1.17 here
+
+    def steady(runs):  # the same row without noise: every step at the row's point figure
+        return [[32 / point_throughput(runs, 32)] * len(r) for r in runs]
+    for alone in (ratio_interval((two, 32), (steady(one), 32), 1 / 2),
+                  ratio_interval((steady(two), 32), (one, 32), 1 / 2)):
+        assert eff.high - eff.low > 1.5 * (alone.high - alone.low)
 
 
 def test_only_a_difference_beyond_the_noise_is_ranked():

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-tf = pytest.importorskip("tensorflow")
+import tensorflow as tf
 
 from backends.tf_mirrored.devices import configure_devices  # noqa: E402
 from backends.tf_mirrored.matmul import time_matmul  # noqa: E402

@@ -14,6 +14,7 @@ from backends.torch_common.launch import Torchrun, plan_over, process_group_back
 from backends.torch_common.models import build_model
 from backends.torch_common.torchrun import failure_report
 from backends.torch_common.trainer import CHECKPOINT_EXT, TorchTrainer
+from common import loop
 from common.checkpoints import valid_checkpoints
 from common.config import RunConfig
 from common.data.batches import TrainBatches
@@ -21,7 +22,7 @@ from common.data.datasets import SplitData, load_split
 from common.errors import Unsupported
 from common.loop import FAULT_AFTER_STEP_ENV, FAULT_MARKER_ENV, FAULT_RANK_ENV, run_loop
 from common.results import validate_record
-from common.spec import CNN
+from common.spec import BERT_SIZES, CNN
 from tests import faults
 from tests.conftest import assert_tensorboard_log_is_the_record, run_cli
 
@@ -145,9 +146,10 @@ def _in_process_config(tmp_path, **overrides) -> RunConfig:
     return RunConfig(**{**base, **overrides})
 
 
-def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
-    """The common loop with the real torch trainer in one process, on a small slice of real MNIST."""
-    cfg = _in_process_config(tmp_path, eval_every=2, patience=2)
+def test_loop_warmup_exclusion(tmp_path, data_dir):
+    """The common loop with the real torch trainer in one process, on a small slice of real MNIST, evaluated every
+    2 steps without early stopping (--patience 0): every step runs."""
+    cfg = _in_process_config(tmp_path, eval_every=2, total_steps=20)
     train = load_split("cnn", "train", "real", data_dir, CNN, 0)
     test = load_split("cnn", "test", "real", data_dir, CNN, 0)
     small_eval = SplitData("cnn", "test", False, {k: v[:200] for k, v in test.arrays.items()})
@@ -155,13 +157,8 @@ def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
     model = build_model("cnn", CNN)
     outcome = run_loop(TorchTrainer(model, model, cfg, torch.device("cpu")), cfg,
                        TrainBatches(train, CNN, 0, 32, 1, 0), small_eval)
-    history = [h["value"] for h in outcome["eval_history"]]
-    if outcome["stopped_early"]:
-        best_before = max(history[:-3])
-        assert all(v <= best_before for v in history[-3:-1]), history
-        assert outcome["steps_done"] < cfg.total_steps
-    else:
-        assert outcome["steps_done"] == cfg.total_steps
+    assert not outcome["stopped_early"] and outcome["steps_done"] == cfg.total_steps
+    assert [h["step"] for h in outcome["eval_history"]] == [*range(2, cfg.total_steps, 2), cfg.total_steps]
     assert outcome["measured_steps"] == outcome["steps_done"] - cfg.warmup_steps
     assert outcome["eval"]["count"] == 200
     assert len(outcome["loss"]["curve"]) == outcome["steps_done"]
@@ -169,6 +166,27 @@ def test_loop_early_stopping_and_warmup_exclusion(tmp_path, data_dir):
     # the evaluations (--eval-every) are left out of the training's memory; the probe comes after the steps
     assert outcome["memory"]["training_per_rank"][0] > 0 and outcome["achievable_peak"]["per_rank"][0] > 0
 
+
+@pytest.mark.e2e  # trains the tiny BERT in this process, a few seconds a case
+@pytest.mark.parametrize("patience, steps_done", [(2, 3), (3, 4)])
+def test_early_stopping_waits_patience_evaluations_without_improvement(tmp_path, data_dir, monkeypatch, patience,
+                                                                        steps_done):
+    """A learning rate of 0 (the loop's schedule, patched) leaves the tiny BERT's weights where they are, so no
+    evaluation after the first improves on it. Evaluated after each of 4 steps: --patience 2 must stop after the
+    third (two evaluations without improvement), --patience 3 must not stop at all."""
+    monkeypatch.setattr(loop, "learning_rate", lambda step, total, optim: 0.0)
+    spec = BERT_SIZES["tiny"]
+    cfg = _in_process_config(tmp_path, workload="mlm", batch_size=4, per_device_batch=4, total_steps=4,
+                             warmup_steps=0, eval_every=1, eval_samples=8, patience=patience, skip_eval=True)
+    torch.manual_seed(0)
+    model = build_model("mlm", spec)
+    valid = load_split("mlm", "valid", "real", data_dir, spec, 0)  # trained on too: the weights never move
+    outcome = run_loop(TorchTrainer(model, model, cfg, torch.device("cpu")), cfg, TrainBatches(valid, spec, 0, 4, 1, 0),
+                       valid)
+    history = [h["value"] for h in outcome["eval_history"]]
+    assert len(set(history)) == 1, history  # nothing improved
+    assert outcome["stopped_early"] is (steps_done < cfg.total_steps)
+    assert outcome["steps_done"] == steps_done and len(history) == min(steps_done, cfg.total_steps - 1)
 
 
 def test_a_step_that_compiles_after_the_warmup_leaves_the_measured_window(tmp_path, data_dir):

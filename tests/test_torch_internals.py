@@ -3,10 +3,13 @@ when one is gone the probe says "not measured" instead of failing the run."""
 from __future__ import annotations
 
 import importlib
+import time
 
 import pytest
 
 from backends.torch_common import internals
+
+WAIT_S = 0.05
 
 
 def test_this_torch_still_has_the_pipeline_wait_the_bubble_probe_times():
@@ -20,13 +23,20 @@ def test_the_pipeline_wait_timer_times_the_wait_and_puts_the_original_back():
     module = importlib.import_module(internals.PIPELINE_WAIT[0])
     original = getattr(module, internals.PIPELINE_WAIT[1])
     calls = []
+
+    def wait(work):  # a wait that takes WAIT_S, as a stage waiting for its neighbour's activations
+        time.sleep(WAIT_S)
+        calls.append(work)
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(module, internals.PIPELINE_WAIT[1], lambda work: calls.append(work))
-        replaced = getattr(module, internals.PIPELINE_WAIT[1])
+        patch.setattr(module, internals.PIPELINE_WAIT[1], wait)
         with internals.pipeline_wait_timer() as waited:
             getattr(module, internals.PIPELINE_WAIT[1])("work")
-        assert calls == ["work"] and waited.seconds >= 0
-        assert getattr(module, internals.PIPELINE_WAIT[1]) is replaced
+            time.sleep(4 * WAIT_S)  # in the block but no wait (the stage computing): not counted
+            getattr(module, internals.PIPELINE_WAIT[1])("work")
+        assert calls == ["work", "work"]
+        assert 2 * WAIT_S <= waited.seconds < 5 * WAIT_S  # both waits, summed, and nothing else
+        assert getattr(module, internals.PIPELINE_WAIT[1]) is wait
     assert getattr(module, internals.PIPELINE_WAIT[1]) is original
 
 

@@ -1,0 +1,141 @@
+"""common.layout.Layout as an object: each combination it refuses, by the message a user reads; the ranks' grid,
+what each rank holds, the record it writes, and the flags it gives back (bench.run's, and a data-parallel-only
+backend's refusal)."""
+from __future__ import annotations
+
+import pytest
+
+from common.errors import BadInput, Unsupported
+from common.layout import OPTION, Layout, cnn_layers, refuse_layout
+from common.spec import BERT_SIZES, CNN
+
+TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]  # tiny: 2 layers, 2 heads, hidden 128; mini: 4 layers
+
+
+@pytest.mark.parametrize("layout, spec, batch, accum, message", [
+    (Layout(dp=0), TINY, 8, 1, "parallel sizes must be >= 1: data 0, model 1, pipeline 1, micro-batches 1"),
+    (Layout(micro_batches=0), TINY, 8, 1, "parallel sizes must be >= 1: data 1, model 1, pipeline 1, micro-batches 0"),
+    (Layout(pp=2, schedule="zb", micro_batches=2), TINY, 8, 1, "--pipeline-schedule zb: choose from gpipe, 1f1b"),
+    (Layout(micro_batches=2), TINY, 8, 1, "--micro-batches 2 with 1 pipeline stage: micro-batches feed a pipeline; "
+                                          "use --grad-accum to accumulate without one"),
+    (Layout(schedule="1f1b"), TINY, 8, 1, "--pipeline-schedule 1f1b with 1 pipeline stage: there is no pipeline"),
+    (Layout(pp=2, micro_batches=1), TINY, 8, 1, "--micro-batches 1 is fewer than the 2 pipeline stages"),
+    (Layout(stage_split="auto"), TINY, 8, 1, "--stage-split auto with 1 pipeline stage: there is nothing to split"),
+    (Layout(pp=2, micro_batches=2), TINY, 8, 2, "--grad-accum 2 with 2 pipeline stages: the pipeline's "
+                                               "--micro-batches already accumulate"),
+    (Layout(dp=2, pp=2, micro_batches=2), TINY, 6, 1, "global batch 6 is not divisible by data parallel 2 x "
+                                                      "micro-batches 2"),
+    (Layout(tp=3), TINY, 8, 1, "attention heads 2 is not divisible by model parallel 3"),
+    (Layout(tp=4, vocab_emb_dp=False), MINI, 8, 1, "vocabulary 33282 is not divisible by model parallel 4"),
+    (Layout(pp=4, micro_batches=4), TINY, 8, 1, "2 layers cannot fill 4 pipeline stages"),
+    (Layout(pp=2, micro_batches=2, stage_split="3,2"), MINI, 8, 1, "--stage-split 3,2: 2 stages of mini BERT's 4 "
+                                                                   "layers need 2 counts that add up to 4"),
+    (Layout(pp=2, micro_batches=2, stage_split="1,1,2"), MINI, 8, 1, "--stage-split 1,1,2: 2 stages"),
+    (Layout(tp=3), CNN, 9, 1, "fc size 1024 is not divisible by model parallel 3"),
+    (Layout(pp=8, micro_batches=8), CNN, 8, 1, "the CNN's 7 layers cannot fill 8 pipeline stages"),
+    (Layout(vocab_emb_dp=False), CNN, 8, 1, "--no-vocab-emb-dp: the CNN has no embedding table"),
+    (Layout(pp=2, micro_batches=2, stage_split="auto"), CNN, 8, 1, "--stage-split auto: the CNN's pipeline is cut "
+                                                                   "evenly; a split by cost places the MLM's"),
+])
+def test_a_combination_that_cannot_be_laid_out_is_named(layout, spec, batch, accum, message):
+    with pytest.raises(BadInput) as err:
+        layout.validate(spec, batch, accum)
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize("layout, spec, batch", [
+    (Layout(), TINY, 1), (Layout(pp=2, micro_batches=2), TINY, 2), (Layout(dp=2, pp=2, micro_batches=2), TINY, 4),
+    (Layout(tp=2, vocab_emb_dp=False), TINY, 8), (Layout(pp=2, micro_batches=2, schedule="1f1b"), TINY, 8),
+    (Layout(pp=2, micro_batches=2, stage_split="3,1"), MINI, 8), (Layout(pp=2, micro_batches=2, stage_split="auto"),
+                                                                    MINI, 8),
+    (Layout(tp=2, pp=7, micro_batches=7), CNN, 7), (Layout(pp=4, micro_batches=4), MINI, 4),
+])
+def test_a_layout_at_the_edge_of_each_rule_passes(layout, spec, batch):
+    layout.validate(spec, batch)
+
+
+def test_ranks_lie_on_the_grid_tensor_parallel_innermost():
+    layout = Layout(dp=2, tp=2, pp=2, micro_batches=2)
+    assert [tuple(layout.coordinates(r).values()) for r in range(8)] == [
+        (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert layout.devices == 8 and layout.splits_model and not Layout(dp=8).splits_model
+    assert Layout(tp=2).splits_model and Layout(pp=2, micro_batches=2).splits_model
+    assert Layout(pp=4, micro_batches=12).bubble() == pytest.approx(3 / 15) and Layout().bubble() == 0.0
+    assert [Layout(pp=2).stage_of_layer(i, 5) for i in range(5)] == [0, 0, 0, 1, 1]
+    assert [Layout(pp=3).stage_of_layer(i, 4) for i in range(4)] == [0, 1, 2, 2]  # (4 + 1) // 3 = 1 a stage
+    assert Layout(pp=2, stage_split="3,1").stage_layers(1, MINI, 8) == [3]
+    assert Layout(pp=2).stage_layers(0, MINI, 8) == [0, 1]
+    assert Layout(dp=2).accumulation(3) == 3 and Layout(pp=2, micro_batches=4).accumulation(2) == 8
+
+
+def test_what_each_rank_holds_in_words():
+    layout = Layout(dp=2, tp=2, pp=2, micro_batches=2, optimizer_shard=True, vocab_emb_dp=False)
+    assert layout.holds(0, MINI, 4) == "embeddings + layers 0-1, heads, FFN and vocabulary shard 1/2, parameters " \
+                                       "and optimizer state shard 1/2"
+    assert layout.holds(7, MINI, 4) == "layers 2-3 + MLM head, heads, FFN and vocabulary shard 2/2, parameters " \
+                                       "and optimizer state shard 2/2"
+    assert Layout().holds(0, TINY, 4) == "embeddings + layers 0-1 + MLM head"
+    assert Layout(tp=2).holds(1, TINY, 4) == "embeddings + layers 0-1 + MLM head, heads, FFN shard 2/2"
+    assert Layout(dp=2, tp=2).holds(3, CNN, 4) == "the whole CNN, fc0/fc1 shard 2/2"
+
+
+def test_the_record_of_a_layout_and_back():
+    layout = Layout(dp=2, pp=2, micro_batches=4, stage_split="3,1")
+    record = layout.as_record(MINI, 16)
+    assert record["layers_per_stage"] == [3, 1] and record["dp"] == 2 and record["stage_split"] == "3,1"
+    assert record["per_rank"][3] == {"rank": 3, "dp": 1, "tp": 0, "pp": 1, "holds": "layers 3-3 + MLM head"}
+    assert len(record["per_rank"]) == 4 and Layout.from_record(record) == layout
+    assert "layers_per_stage" not in Layout(dp=2).as_record(CNN, 8)
+    assert Layout.from_record({"dp": 3, "unknown": 1}) == Layout(dp=3)
+    assert Layout.for_devices(8, tp=2, pp=2, micro_batches=2) == Layout(dp=2, tp=2, pp=2, micro_batches=2)
+    with pytest.raises(BadInput, match="^6 devices are not divisible by model parallel 2 x pipeline stages 2$"):
+        Layout.for_devices(6, tp=2, pp=2)
+
+
+def test_flags_as_the_user_types_them():
+    layout = Layout(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", optimizer_shard=True, recompute=True,
+                    vocab_emb_dp=False, stage_split="3,1")
+    assert layout.non_default_flags() == ["--model-parallel 2", "--pipeline-stages 2", "--micro-batches 4",
+                                          "--pipeline-schedule 1f1b", "--optimizer-shard", "--recompute",
+                                          "--no-vocab-emb-dp", "--stage-split 3,1"]
+    assert layout.run_flags()[:4] == ["--model-parallel", "2", "--pipeline-stages", "2"]
+    assert Layout(dp=8).non_default_flags() == [] and OPTION["recompute"].flag_for(False) == ""
+    assert OPTION["vocab_emb_dp"].flag_for(True) == "" and OPTION["stage_split"].name_part("3,1") == "split3+1"
+    assert OPTION["tp"].is_count and not OPTION["recompute"].is_count and not OPTION["schedule"].is_count
+    refuse_layout(Layout(dp=4), "torch_ddp", ["torch_3d"])
+    with pytest.raises(Unsupported, match="^--model-parallel 2: torch_ddp is data parallel only; torch_3d, keras_jax "
+                                          "run layouts$"):
+        refuse_layout(Layout(tp=2), "torch_ddp", ["torch_3d", "keras_jax"])
+    assert cnn_layers(CNN) == 4 + 2 + 1
+
+
+@pytest.mark.parametrize("layout, name", [
+    (Layout(), "1 device"), (Layout(dp=4), "dp4"), (Layout(dp=1, optimizer_shard=True), "fsdp1"),
+    (Layout(dp=2, optimizer_shard=True, tp=2), "fsdp2xtp2"), (Layout(tp=2, vocab_emb_dp=False), "tp2-vocab"),
+    (Layout(pp=2, micro_batches=4), "pp2-mb4"), (Layout(pp=2, micro_batches=2, schedule="1f1b", recompute=True,
+                                                        stage_split="auto"), "pp2-mb2-1f1b-rc-splitauto"),
+    (Layout(micro_batches=3), "1 device"), (Layout(vocab_emb_dp=False), "1 device"),
+])
+def test_the_canonical_name_and_back(layout, name):
+    assert layout.name == name
+    if name not in ("1 device", "fsdp1"):  # names a sweep cannot ask for (sizes of 2 and more)
+        assert Layout.parse(name) == layout
+
+
+@pytest.mark.parametrize("entry, reason", [
+    ("dp2xdp2", "'dp2xdp2': the dp dimension is given twice"),
+    ("fsdp2xdp2", "'fsdp2xdp2': the dp dimension is given twice"),
+    ("dp02", "'dp02': dp size must be an integer >= 2 without leading zeros, got 02"),
+    ("tp1", "'tp1': tp size must be an integer >= 2 without leading zeros, got 1"),
+    ("pp2-mb0", "'pp2-mb0': mb must be an integer >= 1 without leading zeros, got 0"),
+    ("pp2-mb2-mb4", "'pp2-mb2-mb4': 'mb4' repeats an option already given"),
+    ("dp2-vocab", "'dp2-vocab': 'vocab' splits the vocabulary over tensor parallel: it needs tp<N>"),
+    ("dp2-1f1b", "'dp2-1f1b': '1f1b' needs a pipeline (pp<N>)"),
+    ("pp2-split9", "'pp2-split9': 'split9': "),
+    ("ep2", "'ep2': 'ep2' is not dp<N>, fsdp<N>, tp<N> or pp<N>"),
+    ("dp2-fast", "'dp2-fast': unknown option 'fast'; choose from mb<K>, gpipe, 1f1b, rc, vocab, split<VALUE>"),
+])
+def test_a_bad_name_says_why(entry, reason):
+    with pytest.raises(ValueError) as err:
+        Layout.parse(entry)
+    assert str(err.value).startswith(reason)

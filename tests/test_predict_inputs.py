@@ -1,0 +1,175 @@
+"""What a prediction rests on, by hand: a hardware file read field by field, and the basis a 1-device record
+gives (common.predict.hardware, common.predict.basis)."""
+from __future__ import annotations
+
+import pytest
+
+from common.layout import Layout
+from common.predict import hardware as hardware_files
+from common.predict.basis import (
+    accumulation,
+    background_load,
+    evaluated,
+    from_mfu,
+    from_records,
+    interruption_share,
+    stage_split,
+)
+from common.predict.hardware import HARDWARE_DIR, Link
+from common.predict.work import parts
+from common.spec import BERT_SIZES
+
+TINY = BERT_SIZES["tiny"]
+MINE = """
+name = "mine"
+description = "two boxes"
+device_kind = "cuda"
+device_name = "NVIDIA H100 80GB HBM3"
+devices_per_node = 4
+memory_GiB = 1.5
+memory_GBps = 2000
+comm_overlaps_compute = true
+sources = ["a datasheet"]
+achievable_TFLOPS = { bf16 = 600 }
+[[link]]
+level = "node"
+busbw_GBps = 100
+latency_us = 3
+source = "measured"
+[[link]]
+level = "network"
+busbw_GBps = 10
+latency_us = 20
+"""
+
+
+def test_a_hardware_file_read_field_by_field(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(MINE)
+    hw = hardware_files.load(str(path))
+    assert (hw.name, hw.description, hw.device_kind, hw.device_name) == ("mine", "two boxes", "cuda",
+                                                                           "NVIDIA H100 80GB HBM3")
+    assert (hw.devices_per_node, hw.memory_bytes, hw.memory_GBps) == (4, 3 * 2**29, 2000.0)
+    assert hw.comm_overlaps_compute is True and hw.sources == ("a datasheet",) and hw.path == str(path)
+    assert hw.achievable_tflops == {"bf16": 600.0}
+    assert hw.link(False) == Link("node", 100.0, pytest.approx(3e-6), "measured")
+    assert hw.link(True) == Link("network", 10.0, pytest.approx(2e-5), "")
+    bare = tmp_path / "bare.toml"
+    bare.write_text("\n".join(line for line in MINE.splitlines() if not line.startswith(
+        ("description", "device_name", "memory_GBps", "comm_overlaps", "sources", "achievable", "source"))))
+    hw = hardware_files.load(str(bare))
+    assert (hw.description, hw.device_name, hw.memory_GBps, hw.comm_overlaps_compute, hw.sources) == \
+        ("", "", None, False, ())
+    assert hw.achievable_tflops == {} and hw.link(False).source == ""
+
+
+def test_a_hardware_file_that_lacks_a_level_or_a_field_says_so_in_one_line(tmp_path):
+    path = tmp_path / "one.toml"
+    path.write_text(MINE.split("[[link]]\nlevel = \"network\"")[0])
+    with pytest.raises(ValueError, match="hardware mine: no \\[\\[link\\]\\] of level 'network'"):
+        hardware_files.load(str(path)).link(True)
+    for broken, what in ((MINE.replace('devices_per_node = 4', ''), "KeyError: 'devices_per_node'"),
+                         (MINE.replace("memory_GiB = 1.5", 'memory_GiB = "lots"'), "ValueError"),
+                         (MINE + "[oops", "TOMLDecodeError")):
+        path.write_text(broken)
+        with pytest.raises(ValueError) as err:
+            hardware_files.load(str(path))
+        assert str(err.value).startswith(f"--hardware {path}: {what}") and "\n" not in str(err.value)
+        assert f"(format: {HARDWARE_DIR}/README.md)" in str(err.value)
+    with pytest.raises(ValueError, match=r"--hardware nowhere: no such file or bundled description \(bundled: "
+                                         r"a100-sxm-8, .*h100-sxm-8"):
+        hardware_files.load("nowhere")
+    assert hardware_files.available() == sorted(p.stem for p in HARDWARE_DIR.glob("*.toml"))
+    assert hardware_files.load("h100-sxm-8").path == str(HARDWARE_DIR / "h100-sxm-8.toml")
+
+
+def _one(run_id="one", batch=32, accumulation_=1, step=1.0, breakdown=None, **extra) -> dict:
+    metrics = {"breakdown": breakdown} if breakdown else {}
+    return {"run_id": run_id, "status": "ok", "devices": 1, "global_batch": batch, "backend": "torch_3d",
+            "workload": "mlm", "device_kind": "cpu", "threads_per_device": 2, "host": {"name": "h", "cores": 8},
+            "config": {"model_size": "tiny", "precision": "fp32", "grad_accum": accumulation_},
+            "layout": {"dp": 1}, "step_time_s": {"p50": step}, "backend_metrics": metrics, **extra}
+
+
+def _breakdown(fb, grad_comm, optimizer, data, other) -> dict:
+    return {"forward_backward_s": fb, "grad_comm_s": grad_comm, "optimizer_s": optimizer, "data_s": data,
+            "other_s": other, "probe_step_s": 9.0, "step_s": 9.0, "source": "test", "probe_steps": 2}
+
+
+def test_a_basis_from_one_record_by_hand():
+    """The measured step split by its probe's shares: 60% forward+backward, 30% optimizer, 10% the rest (data,
+    other and the gradients' communication); the probe's own durations (9 s) are never used."""
+    record = _one(step=2.0, breakdown=_breakdown(1.2, 0.05, 0.6, 0.1, 0.05),
+                  load={"other_busy_cores": 0.5}, step_times_s=[1.0, 1.0, 1.0, 1.0, 2.0])
+    basis = from_records(TINY, [record])
+    assert basis.s_per_mac_sample == pytest.approx(0.6 * 2.0 / (32 * parts(TINY).total))
+    assert basis.s_per_micro_batch == 0.0
+    assert basis.s_per_param == pytest.approx(0.3 * 2.0 / TINY.param_count())
+    assert basis.s_per_step == pytest.approx(0.1 * 2.0)
+    assert (basis.threads_per_device, basis.cores, basis.background) == (2, 8, 0.5)
+    assert basis.interruption_share == pytest.approx(0.2 / 1.2) and basis.precision == "fp32"
+    assert basis.record_ids == ("one",) and not basis.assumed
+    assert basis.label == "compute measured: torch_3d 1-device run one (cpu)"
+    assert basis.memory_overhead is None and basis.training_overhead is None  # no memory figure in the record
+    # the optimizer's time per element it updates: the record's own count of them where it has one
+    counted = _one(step=2.0, breakdown=_breakdown(1.2, 0.05, 0.6, 0.1, 0.05),
+                   backend_metrics={"breakdown": _breakdown(1.2, 0.05, 0.6, 0.1, 0.05),
+                                    "state_bytes_per_rank": [{"params": 400, "grads": 400, "optimizer": 800}]})
+    assert from_records(TINY, [counted]).s_per_param == pytest.approx(0.3 * 2.0 / 100)
+    # no probe: all forward+backward; a probe with nothing timed likewise
+    assert from_records(TINY, [_one(step=2.0)]).s_per_step == 0.0
+    assert from_records(TINY, [_one(step=2.0, breakdown=_breakdown(0, 0, 0, 0, 0))]).s_per_mac_sample == \
+        pytest.approx(2.0 / (32 * parts(TINY).total))
+
+
+def test_a_fixed_cost_per_micro_batch_from_two_accumulations_of_one_batch():
+    """fb(K) = K c + B macs t: 1.0 s at K = 1 and 1.6 s at K = 4 give c = 0.2 s and 0.8 s of multiply-adds."""
+    one, four = _one("k1", step=1.0), _one("k4", accumulation_=4, step=1.6)
+    basis = from_records(TINY, [one, four])
+    assert basis.s_per_micro_batch == pytest.approx(0.2)
+    assert basis.s_per_mac_sample == pytest.approx(0.8 / (32 * parts(TINY).total))
+    assert basis.label.endswith(", per-micro-batch cost from k4") and basis.record_ids == ("k1", "k4")
+    main_four = from_records(TINY, [four, one])  # the main run at K = 4: 1.6 - 4 x 0.2 of multiply-adds
+    assert main_four.s_per_mac_sample == pytest.approx(0.8 / (32 * parts(TINY).total))
+    assert from_records(TINY, [_one("a", step=1.6), _one("b", step=1.0)]).s_per_micro_batch == 0.0  # one K only
+    assert from_records(TINY, [_one("k1", step=1.6), _one("k4", accumulation_=4, step=1.0)]).s_per_micro_batch == 0
+
+
+def test_what_a_record_says_of_its_run():
+    assert accumulation(_one(accumulation_=3)) == 3
+    assert accumulation({**_one(accumulation_=2), "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}) == \
+        Layout(pp=2, micro_batches=4).accumulation(2)
+    assert stage_split({"layout": {"layers_per_stage": [3, 1], "stage_split": "2,2"}}) == [3, 1]
+    assert stage_split({"layout": {"stage_split": [2, "2"]}}) == [2, 2]
+    assert stage_split({"layout": {"stage_split": "3,1"}}) == [3, 1]
+    assert stage_split({"layout": {"stage_split": "auto"}}) is None and stage_split({}) is None
+    assert evaluated(_one()) and not evaluated({"config": {"skip_eval": True}})
+    assert background_load({"device_kind": "cuda", "load": {"other_busy_cores": 3.0}}) == 0.0
+    assert background_load({"device_kind": "cpu", "devices": 2, "threads_per_device": 2,
+                            "load": {"loadavg_1m_after": 3.0}}) == 0.0  # below the run's own 4 threads
+    assert background_load({"device_kind": "cpu", "load": {"loadavg_1m_after": 3.0}}) == 2.0  # 1 x 1 own
+    assert background_load({"device_kind": "cpu"}) == 0.0
+    # mean 1.4 of the five timed steps over the fastest 1: 0.4 of 1.4 lost; fewer than five steps say nothing
+    assert interruption_share({"step_times_s": [1, 1, None, 1, 1, 3]}) == pytest.approx(2 / 7)
+    assert interruption_share({"step_times_s": [1, 1, 1, 3]}) == 0.0
+
+
+def test_an_assumed_mfu_on_each_peak_it_can_rest_on(tmp_path):
+    h100 = hardware_files.load("h100-sxm-8")
+    datasheet = from_mfu(0.5, h100, "fp32")
+    assert datasheet.s_per_mac_sample == pytest.approx(6 / (0.5 * 66.9e12)) and "fp32 datasheet peak" in \
+        datasheet.label
+    assert datasheet.s_per_param == pytest.approx(28 / (h100.memory_GBps * 1e9))
+    assert (datasheet.s_per_micro_batch, datasheet.s_per_step, datasheet.memory_overhead) == (0.0, 0.0, 0.0)
+    assert datasheet.precision == "fp32" and datasheet.assumed and datasheet.training_overhead is None
+    path = tmp_path / "mine.toml"
+    path.write_text(MINE)
+    mine = hardware_files.load(str(path))
+    filed = from_mfu(0.5, mine, "amp")
+    assert filed.s_per_mac_sample == pytest.approx(6 / (0.5 * 600e12)) and "achievable peak (hardware file)" in \
+        filed.label and "600 TFLOP/s" in filed.label
+    assert from_mfu(0.5, mine, "fp32").s_per_param == pytest.approx(28 / 2000e9)
+    cpu = hardware_files.load("cpu-loopback-2core")
+    with pytest.raises(ValueError, match="--assume-mfu: no fp32 peak is known for"):
+        from_mfu(0.5, cpu, "fp32")
+    assert from_mfu(0.5, cpu, "fp32", achievable=1e11).s_per_mac_sample == pytest.approx(6 / 0.5e11)

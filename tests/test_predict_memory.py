@@ -1,0 +1,115 @@
+"""common.predict.memory on a toy BERT counted by hand (h 2, intermediate 4, 2 positions, vocabulary 10, 3
+layers: tests/test_stage_split.py's): what each rank holds, its activations and an evaluation's live values."""
+from __future__ import annotations
+
+import pytest
+
+from common.initial_weights import layout as tensor_layout
+from common.layout import Layout
+from common.predict.memory import (
+    activation_bytes,
+    evaluation_bytes,
+    framework_of,
+    fsdp_numel,
+    in_flight,
+    layer_elements,
+    stage_params,
+    stage_tensors,
+    state_bytes,
+    tp_shape,
+    transient_bytes,
+    value_bytes,
+)
+from common.spec import CNN, BertSpec
+
+TOY = BertSpec("toy", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=10)
+EMBEDDINGS, LAYER, HEAD, TOKEN = 32, 54, 20, 20   # elements: (10 + 2 + 2) x 2 + 4; a layer; the head; 10 x 2
+PP2 = Layout(pp=2, micro_batches=4)               # the even split: layers 0-1, then layer 2 and the head
+
+
+def _shape(name: str, layout: Layout) -> tuple[int, ...]:
+    return tp_shape(next(t for t in tensor_layout(TOY) if t.name == name), layout)
+
+
+def test_a_tensor_parallel_shard_by_module():
+    tp2, split = Layout(tp=2), Layout(tp=2, vocab_emb_dp=False)
+    assert _shape("layers.0.attention.query.weight", tp2) == (1, 2) and _shape("layers.0.ffn.in.bias", tp2) == (2,)
+    assert _shape("layers.1.attention.output.weight", tp2) == (2, 1) and _shape("layers.1.ffn.out.weight", tp2) == \
+        (2, 2)
+    assert _shape("layers.1.attention.output.bias", tp2) == (2,) and _shape("layers.2.ffn_norm.gamma", tp2) == (2,)
+    assert _shape("embeddings.token", tp2) == (10, 2) and _shape("head.bias", tp2) == (10,)
+    assert _shape("embeddings.token", split) == (5, 2) and _shape("head.bias", split) == (5,)
+    assert _shape("head.dense.weight", split) == (2, 2) and _shape("layers.0.attention.query.weight", Layout()) == \
+        (2, 2)
+    # Q, K, V and FFN-in by rows (3 x 3 + 6), output and FFN-out by columns (2 + 2, 4 + 2), norms 8: 33 of 54
+    assert layer_elements(TOY, Layout()) == LAYER and layer_elements(TOY, tp2) == 33
+
+
+def test_what_each_pipeline_stage_holds():
+    first, last = (sorted({t.name.split(".")[0] + ("" if not t.name.startswith("layers") else t.name.split(".")[1])
+                           for t in stage_tensors(TOY, PP2, s)}) for s in (0, 1))
+    assert first == ["embeddings", "layers0", "layers1"] and last == ["embeddings", "head", "layers2"]
+    assert [t.name for t in stage_tensors(TOY, PP2, 1) if t.name.startswith("embeddings")] == ["embeddings.token"]
+    assert stage_params(TOY, PP2, 0) == EMBEDDINGS + 2 * LAYER and stage_params(TOY, PP2, 1) == LAYER + HEAD + TOKEN
+    assert stage_params(TOY, PP2, 0, [1, 2]) == EMBEDDINGS + LAYER
+    assert stage_params(TOY, Layout(), 0) == EMBEDDINGS + 3 * LAYER + HEAD == TOY.param_count()
+    assert len(stage_tensors(CNN, Layout(pp=2, micro_batches=2), 1)) == len(stage_tensors(CNN, Layout(), 0))
+
+
+def test_state_bytes_by_hand():
+    def adamw(elements, counters):
+        return {"params": 4 * elements, "grads": 4 * elements, "optimizer": 8 * elements + counters}
+    assert vars(state_bytes(TOY, PP2, 0)) == adamw(EMBEDDINGS + 2 * LAYER, 4 * (5 + 2 * 16))
+    assert vars(state_bytes(TOY, PP2, 1)) == adamw(LAYER + HEAD + TOKEN, 4 * (16 + 5 + 1))
+    assert vars(state_bytes(TOY, PP2, 1, backend="keras_jax")) == adamw(LAYER + HEAD + TOKEN, 8)
+    assert framework_of("tf_mirrored") == framework_of("keras_jax") == "keras" and framework_of("torch_ddp") == "torch"
+    # FSDP over 3: every tensor cut by torch.chunk along its first dimension
+    fsdp = Layout(dp=3, optimizer_shard=True)
+    per_rank = [state_bytes(TOY, fsdp, r).params // 4 for r in range(3)]
+    assert sum(per_rank) == TOY.param_count() and per_rank == [sum(fsdp_numel(t.shape, 3, r) for t in
+                                                                   tensor_layout(TOY)) for r in range(3)]
+    assert [fsdp_numel((4, 3), 2, i) for i in range(2)] == [6, 6] and [fsdp_numel((1,), 2, i) for i in (0, 1)] == \
+        [1, 0]
+    assert fsdp_numel((7, 2), 3, 2) == 2 and fsdp_numel((9,), 1, 0) == 9
+
+
+def test_activations_by_hand():
+    """Per sample and layer s(4h + (4h + 2i)/tp) = 2 x (8 + 16) = 48 values; the embeddings 2sh = 8; the head
+    4ph + 2pV = 8 + 20; float32; micro-batches of 3."""
+    assert value_bytes("amp") == value_bytes("fp16") == 2 and value_bytes("fp32") == value_bytes(None) == 4
+    assert activation_bytes(TOY, Layout(), 0, 3) == 4 * 3 * (3 * 48 + 8 + 28)
+    assert activation_bytes(TOY, Layout(), 0, 3, value_bytes=2) == 2 * 3 * (3 * 48 + 8 + 28)
+    # --recompute: each layer's input (s x h = 4) kept, one layer's values rebuilt at a time
+    assert activation_bytes(TOY, Layout(recompute=True), 0, 3) == 4 * 3 * (3 * 4 + 48 + 8 + 28)
+    # tp 2 with the vocabulary split: 2 x (8 + 8) = 32 a layer, the logits halved
+    assert activation_bytes(TOY, Layout(tp=2, vocab_emb_dp=False), 0, 3) == 4 * 3 * (3 * 32 + 8 + 8 + 10)
+    assert activation_bytes(TOY, Layout(tp=2), 0, 3) == 4 * 3 * (3 * 32 + 8 + 8 + 20)
+    # a pipeline: GPipe keeps all 4 micro-batches, 1F1B pp - stage of them
+    assert in_flight(Layout(), 0) == 1 and in_flight(PP2, 1) == 4
+    one_f = Layout(pp=2, micro_batches=4, schedule="1f1b")
+    assert (in_flight(one_f, 0), in_flight(one_f, 1)) == (2, 1)
+    assert activation_bytes(TOY, PP2, 0, 3) == 4 * 3 * 4 * (2 * 48 + 8)
+    assert activation_bytes(TOY, PP2, 1, 3) == 4 * 3 * 4 * (48 + 28)
+    assert activation_bytes(TOY, one_f, 0, 3) == 4 * 3 * 2 * (2 * 48 + 8)
+    assert activation_bytes(TOY, Layout(pp=3, micro_batches=3, recompute=True), 1, 1, [2, 0, 1]) == 0
+    # the CNN: each conv's output and its BatchNorm and ReLU copies, then the fully connected inputs
+    maps = sum(3 * size * size * c for size, c in zip((26, 24, 10, 8), (16, 32, 64, 128)))
+    assert activation_bytes(CNN, Layout(), 0, 2) == 4 * 2 * (maps + 2048 + 1024 + 128)
+
+
+def test_an_evaluation_keeps_one_layer_or_the_logits():
+    assert evaluation_bytes(TOY, Layout(), 0, 5) == 4 * 5 * 2 * (8 + 12)          # one layer's 40 values
+    wide = BertSpec("wide", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=100)
+    assert evaluation_bytes(wide, Layout(), 0, 5) == 4 * 5 * 200                    # the logits: 2pV
+    assert evaluation_bytes(wide, Layout(tp=2, vocab_emb_dp=False), 0, 5) == 4 * 5 * 100
+    assert evaluation_bytes(wide, Layout(tp=2), 0, 5) == 4 * 5 * 200
+    assert evaluation_bytes(wide, PP2, 0, 5) == 4 * 5 * 40 and evaluation_bytes(wide, PP2, 1, 5) == 4 * 5 * 200
+    assert evaluation_bytes(CNN, Layout(), 0, 6) == pytest.approx(activation_bytes(CNN, Layout(), 0, 6) / 3)
+
+
+def test_the_buffers_a_step_adds():
+    assert transient_bytes(TOY, Layout(), 0) == 0 and transient_bytes(TOY, Layout(dp=2), 0) == 4 * TOY.param_count()
+    assert transient_bytes(TOY, Layout(dp=2, optimizer_shard=True), 0) == 4 * 2 * LAYER
+    assert transient_bytes(TOY, Layout(dp=1, optimizer_shard=True), 0) == 0
+    assert transient_bytes(CNN, Layout(dp=2, optimizer_shard=True), 0) == 0
+    assert transient_bytes(TOY, Layout(dp=2, pp=2, micro_batches=2), 1) == 4 * (LAYER + HEAD + TOKEN)

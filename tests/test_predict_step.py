@@ -1,0 +1,144 @@
+"""common.predict.step on a toy BERT and a toy machine, by hand: 1 GB/s links without latency (a collective of B
+bytes takes its bus factor x B ns), 1 ns per multiply-add of a sample, 1 ns per parameter updated, 10 ms a step.
+The toy BERT (tests/test_stage_split.py's): 214 parameters; per sample 80 multiply-adds a layer, 24 the head."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from common.layout import Layout
+from common.predict.basis import Basis
+from common.predict.collectives import bus_factor, cost_s, message_steps
+from common.predict.hardware import Hardware, Link
+from common.predict.step import collectives, predict, sync_factor
+from common.spec import BertSpec
+
+TOY = BertSpec("toy", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=10)
+PARAMS, MACS = 32 + 3 * 54 + 20, 3 * 80 + 24
+GPU = Hardware(name="toy", description="", device_kind="cuda", device_name="", devices_per_node=2,
+               memory_bytes=10**6, links=(Link("node", 1.0, 0.0), Link("network", 0.5, 0.0)))
+BASIS = Basis(s_per_mac_sample=1e-9, s_per_micro_batch=0.0, s_per_param=1e-9, s_per_step=0.01, memory_overhead=100.0,
+              training_overhead=10.0, threads_per_device=None, cores=None, label="toy")
+
+
+def test_ring_costs_by_kind():
+    assert [bus_factor(k, 4) for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv",
+                                       "broadcast")] == [1.5, 0.75, 0.75, 0.75, 1.0, 1.0]
+    assert [message_steps(k, 4) for k in ("all_reduce", "all_gather", "broadcast", "send_recv")] == [6, 3, 3, 1]
+    with pytest.raises(ValueError, match="unknown collective kind 'gossip'"):
+        bus_factor("gossip", 2)
+    assert cost_s("all_gather", 0, 4, Link("node", 1.0, 1.0)) == 0.0
+    assert cost_s("all_gather", 4e9, 4, Link("node", 2.0, 1e-3)) == pytest.approx(3e-3 + 1.5)
+
+
+def test_data_parallel_by_hand():
+    """dp2, 4 samples a rank: 1056 ns of compute, the 856 gradient bytes all-reduced over 2 (factor 1), 214 ns of
+    AdamW, the 10 ms step."""
+    p = predict(TOY, Layout(dp=2), 8, BASIS, GPU)
+    assert p.compute_s == pytest.approx(4 * MACS * 1e-9) and p.comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)
+    assert p.optimizer_s == pytest.approx(PARAMS * 1e-9) and p.overhead_s == 0.01 and p.bubble_s == 0.0
+    assert p.step_s == pytest.approx(0.01 + (4 * MACS + 4 * PARAMS + PARAMS) * 1e-9, rel=1e-12)
+    assert p.samples_per_s == pytest.approx(8 / p.step_s) and p.sync_wait_s == 0.0 and p.idle_per_stage is None
+    assert p.parts_s == {"compute": p.compute_s, "comm_exposed": p.comm_exposed_s, "bubble": 0.0,
+                         "optimizer": p.optimizer_s, "overhead": 0.01, "sync_wait": 0.0}
+    assert (p.devices, p.global_batch, p.contention, p.notes) == (2, 8, 1.0, [])
+    # across nodes (4 devices on nodes of 2): the network's 0.5 GB/s, factor 2 x 3/4
+    p4 = predict(TOY, Layout(dp=4), 16, BASIS, GPU)
+    assert p4.comm_exposed_s == pytest.approx(1.5 * 4 * PARAMS / 0.5e9)
+    # memory: the model's count plus the basis' overheads, per rank
+    assert p.memory_per_rank == pytest.approx([m + 100 for m in p.model_per_rank])
+    assert p.training_per_rank == pytest.approx([g + 10 for g in p.training_model_per_rank])
+    assert p.fits(max(p.memory_per_rank)) and not p.fits(max(p.memory_per_rank) - 1)
+    bare = predict(TOY, Layout(dp=2), 8, replace(BASIS, memory_overhead=None, training_overhead=None), GPU)
+    assert bare.memory_per_rank is None and bare.training_per_rank is None and bare.fits(max(bare.model_per_rank))
+
+
+def test_a_pipeline_by_hand():
+    """pp2 of 4 micro-batches of 2: stage 0 computes two layers (2 x 160 ns), stage 1 a layer and the head
+    (2 x 104 ns); each sends 8 activations and gradients of 32 bytes (256 ns, 64 ns a micro-batch); the step
+    is sum + 3 x max of the stages, then the tied embedding's 80-byte all-reduce and the busier optimizer."""
+    p = predict(TOY, Layout(pp=2, micro_batches=4), 8, BASIS, GPU)
+    e0, e1 = 320e-9 + 64e-9, 208e-9 + 64e-9
+    pipe = e0 + e1 + 3 * e0
+    tail = 80e-9 + 140e-9  # the tie's all-reduce, then stage 0's 140 parameters (stage 1: 94)
+    assert p.step_s == pytest.approx(0.01 + pipe + tail, rel=1e-12)
+    assert p.compute_s == pytest.approx(4 * 320e-9) and p.bubble_s == pytest.approx(pipe - 4 * e0)
+    assert p.comm_exposed_s == pytest.approx(4 * 64e-9 + 80e-9) and p.optimizer_s == pytest.approx(140e-9)
+    assert p.idle_per_stage == pytest.approx([(pipe - 4 * e0) / (pipe + 80e-9), (pipe - 4 * e1) / (pipe + 80e-9)])
+    kinds = [(c.kind, c.dim, c.calls, c.nbytes) for c in p.collectives_of_rank0]
+    assert kinds == [("send_recv", "pp", 8, 32), ("all_reduce", "tie", 1, 80)]
+    assert len(p.collectives) == 4 and len(p.state_per_rank) == 2
+
+
+def test_tensor_parallel_and_fsdp_by_hand():
+    # tp2: per layer and micro-batch 6 all-reduces of the 4 x 2 x 2 activations (32 bytes), inside the step
+    p = predict(TOY, Layout(tp=2), 4, BASIS, GPU)
+    assert [(c.kind, c.calls, c.nbytes) for c in p.collectives] == [("all_reduce", 18, 64)]
+    assert p.comm_exposed_s == pytest.approx(18 * 64e-9)
+    assert p.compute_s == pytest.approx(4 * (3 * 40 + 24) * 1e-9)
+    split = collectives(TOY, Layout(tp=2, vocab_emb_dp=False), 4, 0, "torch_3d")
+    assert split[0].calls == 19  # and the embedding's partial sums once per micro-batch
+    # FSDP over 2: gathers of each layer twice and the root once, one scatter per unit, exposed on this GPU
+    fsdp = predict(TOY, Layout(dp=2, optimizer_shard=True), 8, BASIS, GPU)
+    gathers, scatters = fsdp.collectives
+    assert (gathers.kind, gathers.calls, scatters.kind, scatters.calls) == ("all_gather", 7, "reduce_scatter", 4)
+    assert gathers.total_bytes == pytest.approx(4 * (2 * 3 * 54 + 52)) and scatters.total_bytes == \
+        pytest.approx(4 * PARAMS)
+    exposed = 0.5 * (gathers.total_bytes + scatters.total_bytes) * 1e-9
+    assert fsdp.comm_exposed_s == pytest.approx(exposed)
+    # where collectives run beside the compute, only what exceeds it, or one call of each, is exposed
+    overlapping = replace(GPU, comm_overlaps_compute=True)
+    hidden = predict(TOY, Layout(dp=2, optimizer_shard=True), 8, BASIS, overlapping)
+    fb = 4 * MACS * 1e-9
+    assert hidden.comm_exposed_s == pytest.approx(max(0.5 * gathers.total_bytes * 1e-9 / 7,
+                                                      0.5 * gathers.total_bytes * 1e-9 - fb)
+                                                  + max(0.5 * scatters.total_bytes * 1e-9 / 4,
+                                                        0.5 * scatters.total_bytes * 1e-9 - fb))
+    ddp = predict(TOY, Layout(dp=2), 8, BASIS, overlapping, backend="torch_ddp")
+    assert ddp.comm_exposed_s == pytest.approx(max(4 * PARAMS * 1e-9, 4 * PARAMS * 1e-9 - 2 / 3 * fb))
+    assert predict(TOY, Layout(dp=2), 8, BASIS, overlapping).comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)
+
+
+def test_a_cpu_host_s_contention_and_interruptions():
+    cpu = replace(GPU, device_kind="cpu", devices_per_node=8)
+    basis = replace(BASIS, threads_per_device=1, cores=2, background=0.5, interruption_share=0.1)
+    alone = predict(TOY, Layout(dp=2), 8, basis, cpu)                # 2 ranks on 2 cores: no contention
+    assert alone.contention == 1.0 and alone.notes == []
+    busy = predict(TOY, Layout(dp=4), 16, basis, cpu, background=1.0)  # (4 + 1) / 2 over max(1, 1.5 / 2)
+    assert busy.contention == pytest.approx(2.5)
+    assert busy.compute_s == pytest.approx(2.5 * 4 * MACS * 1e-9) and busy.overhead_s == pytest.approx(0.025)
+    assert busy.notes == ["contention: 4 ranks x 1 threads + 1.0 other runnable on 2 cores: compute x2.50"]
+    quiet = predict(TOY, Layout(dp=4), 16, basis, cpu)                 # no background given: none either side
+    assert quiet.contention == 2.0 and quiet.notes == ["contention: 4 ranks x 1 threads on 2 cores: compute x2.00"]
+    # interruptions: dp2 waits for the longer of two (H_2 = 1.5): half its own share more
+    without = alone.step_s - alone.sync_wait_s
+    assert alone.sync_wait_s == pytest.approx(0.1 * without * 0.5)
+    assert predict(TOY, Layout(dp=2), 8, basis, GPU).sync_wait_s == 0.0
+    assert sync_factor(Layout(dp=3)) == pytest.approx(1 + 1 / 2 + 1 / 3)
+    assert sync_factor(Layout(dp=3, optimizer_shard=True, tp=2)) == 6
+
+
+def test_names_at_a_device_count_and_where_their_groups_lie():
+    from common.predict.collectives import crosses_nodes, group_stride
+    from common.predict.layouts import at_devices, check_name
+
+    assert at_devices("dp", 8) == Layout(dp=8) and at_devices("fsdp", 8) == Layout(dp=8, optimizer_shard=True)
+    assert at_devices("dp-rc", 4) == Layout(dp=4, recompute=True) and at_devices("fsdp", 1) == Layout(
+        dp=1, optimizer_shard=True)
+    assert at_devices("fsdpxtp2", 8) == Layout(dp=4, tp=2, optimizer_shard=True)
+    assert at_devices("tp2", 8) == Layout(dp=4, tp=2) and at_devices("dp2xtp2", 4) == Layout(dp=2, tp=2)
+    assert at_devices("pp2-1f1b", 2) == Layout(pp=2, micro_batches=4, schedule="1f1b")
+    for entry, devices, message in (("tp3", 8, "'tp3' at 8 devices: tp x pp = 3 does not divide them"),
+                                    ("tp3xdp", 8, "tp x pp = 3 does not divide them"),
+                                    ("dp2xtp2", 8, "'dp2xtp2' uses 4 devices, not 8"),
+                                    ("dp-fast", 8, "unknown option 'fast'")):
+        with pytest.raises(ValueError, match=message):
+            at_devices(entry, devices)
+    check_name("fsdpxtp8xpp4-1f1b")
+    with pytest.raises(ValueError, match="'dp2xep2': 'ep2' is not"):  # the bare dp checked as dp2
+        check_name("dpxep2")
+    grid = Layout(dp=2, tp=4, pp=2, micro_batches=2)
+    assert [group_stride(grid, d) for d in ("tp", "dp", "pp")] == [1, 4, 8]
+    assert not crosses_nodes(grid, "tp", 4) and crosses_nodes(grid, "tp", 3) and crosses_nodes(grid, "dp", 4)
+    assert not crosses_nodes(grid, "dp", 8) and not crosses_nodes(Layout(tp=4), "dp", 1)

@@ -1,0 +1,208 @@
+"""common.predict.validation: which records a run is predicted from, and predicted against measured on runs whose
+answer is known by hand (a 1-device run that is all forward+backward, on an H100 node where nothing else is
+modelled), so that every figure of validation.json is held to a number, not only to being finite."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from common.layout import Layout
+from common.predict import hardware as hardware_files
+from common.predict.basis import from_records
+from common.predict.memory import state_bytes
+from common.predict.validation import (
+    compiled_collectives,
+    execution,
+    hardware_for,
+    probed_links,
+    references,
+    relative,
+    validate,
+)
+from common.spec import BERT_SIZES
+
+TINY = BERT_SIZES["tiny"]
+TINY_PARAMS = 4_723_586   # common.spec's count of the tiny MLM
+H100 = hardware_files.load("h100-sxm-8")
+LINK_GBPS = 2.0           # the folder's link probe (busbw)
+PEAK, TRAINING = 3e9, 1e9  # the 1-device run's process peak and training growth (bytes)
+FLAT = 4 * TINY_PARAMS     # torch_3d's flat float32 copy of the gradients for its dp all-reduce (dp > 1 only)
+
+
+def _record(run_id, devices, batch, accumulation=1, backend="torch_3d", started="2026-01-01T00:00:00", link=None):
+    metrics = {"grad_comm": {"bytes_per_step": 1, "time_s": 1.0, "busbw_GBps": None, "link_GBps": link,
+                             "ring_bound_s": None, "ranks": devices}} if link else {}
+    return {"run_id": run_id, "status": "ok", "devices": devices, "global_batch": batch, "backend": backend,
+            "workload": "mlm", "device_kind": "cpu", "threads_per_device": 1, "host": {"name": "h"},
+            "config": {"model_size": "tiny", "precision": "fp32", "grad_accum": accumulation},
+            "layout": {"dp": devices}, "step_time_s": {"p50": 1.0}, "started_at": started,
+            "backend_metrics": metrics}
+
+
+def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batches():
+    one, four = _record("one", 1, 32), _record("four", 1, 32, accumulation=4)
+    other_backend, other_batch = _record("ddp", 1, 32, backend="torch_ddp"), _record("b64", 1, 64)
+    pipeline = {**_record("pp", 2, 32), "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}
+    records = [one, four, other_backend, other_batch, pipeline]
+    # The same accumulation first; the other micro-batch count of that batch gives the per-micro-batch cost.
+    assert [r["run_id"] for r in references(pipeline, records)] == ["four", "one"]
+    assert [r["run_id"] for r in references(_record("dp2", 2, 32), records)] == ["one", "four"]
+    assert references(_record("dp2", 2, 32, backend="keras_jax"), records) == []
+    probes = [_record("a", 2, 32, link=1.0), _record("b", 2, 32, link=3.0), _record("c", 4, 32, link=0.5)]
+    assert probed_links(probes) == {2: 2.0, 4: 0.5}
+    assert probed_links([{**probes[0], "status": "failed"}, _record("one", 1, 32, link=9.0)]) == {}
+
+
+def test_references_are_alike_in_everything_that_changes_the_compute():
+    run = _record("run", 2, 64)
+    newer = _record("newer", 1, 64, started="2026-01-02T00:00:00")
+    older = _record("older", 1, 64)
+    other_batch = _record("b32", 1, 32, started="2026-01-03T00:00:00")
+    assert [r["run_id"] for r in references(run, [older, other_batch, newer])] == ["newer"]  # same batch, latest
+    assert [r["run_id"] for r in references(run, [other_batch])] == ["b32"]                  # else any batch
+    same_sweep = {**older, "sweep_id": "s"}
+    assert [r["run_id"] for r in references({**run, "sweep_id": "s"}, [newer, same_sweep])] == ["older"]
+    recompute = {**_record("rc", 1, 64, started="2026-01-04T00:00:00"), "layout": {"dp": 1, "recompute": True}}
+    assert references(run, [recompute, older])[0]["run_id"] == "older"      # executed alike first
+    assert references({**run, "layout": {"dp": 2, "recompute": True}}, [older, recompute])[0]["run_id"] == "rc"
+    assert execution(recompute) == (True, "") and execution({**older, "config": {"compile": "default"}}) == \
+        (False, "default")
+    unlike = [{**older, "status": "failed"}, {**older, "step_time_s": {}}, {**older, "host": {"name": "other"}},
+              {**older, "threads_per_device": 2}, {**older, "config": {**older["config"], "precision": "amp"}},
+              {**older, "config": {**older["config"], "model_size": "mini"}}, {**older, "workload": "cnn"}]
+    assert all(references(run, [r]) == [] for r in unlike)
+    assert references({**run, "config": {}}, [{**older, "config": {}}]) != []  # no size said: tiny for both
+
+
+def test_the_link_is_the_probe_at_the_nearest_rank_count():
+    assert hardware_for(_record("r", 4, 64), H100, {}) == (H100, "link: h100-sxm-8's description (no link probe "
+                                                                "in the folder)")
+    for devices, probe in ((2, 2), (3, 2), (4, 4), (8, 4)):
+        hw, note = hardware_for(_record("r", devices, 64), H100, {2: 1.5, 4: 3.0})
+        node = hw.link(False)
+        assert node.busbw_GBps == {2: 1.5, 4: 3.0}[probe] and node.latency_s == H100.link(False).latency_s
+        assert note == f"link: probe at {probe} ranks, {node.busbw_GBps:.3g} GB/s busbw"
+        assert hw.link(True) == H100.link(True)  # across nodes: the description's
+
+
+def test_relative_error_and_what_is_not_measured():
+    assert relative(1.2, 1.0) == pytest.approx(0.2) and relative(0.5, 1.0) == -0.5
+    assert relative(None, 1.0) is None and relative(1.0, None) is None and relative(1.0, 0.0) is None
+
+
+def test_a_compiler_placed_run_is_costed_with_the_collectives_it_compiled():
+    comm = [{"all_reduce": {"bytes": 800, "calls": 4, "time_s": None}, "all_gather": {"bytes": 0, "calls": 0,
+                                                                                     "time_s": None}}, None]
+    run = {**_record("r", 2, 64, backend="keras_jax"), "backend_metrics": {"comm_per_step": comm}}
+    [c] = compiled_collectives(run, Layout(dp=2))
+    assert (c.kind, c.dim, c.nbytes, c.calls, c.ranks) == ("all_reduce", "all", 200, 4, 2)
+    assert compiled_collectives({**run, "backend": "torch_3d"}, Layout(dp=2)) is None
+    assert compiled_collectives(_record("r", 2, 64, backend="keras_jax"), Layout(dp=2)) is None
+    assert compiled_collectives({**run, "backend_metrics": {"comm_per_step": [None]}}, Layout(dp=2)) is None
+
+
+def _by_hand(ranks: int) -> float:
+    """The step of a data-parallel run on the H100 node: the 1-device run's 1 s of forward+backward (32 per rank),
+    then the float32 gradients' ring all-reduce: 2(n-1)/n of the bytes through each link, 2(n-1) latency steps."""
+    return 1.0 + 2 * (ranks - 1) / ranks * 4 * TINY_PARAMS / (LINK_GBPS * 1e9) + 2 * (ranks - 1) * \
+        H100.link(False).latency_s
+
+
+def _known_folder() -> list[dict]:
+    """A 1-device run (no breakdown probe: all forward+backward) and dp2, dp4 runs of 32 per rank on cuda."""
+    one = {**_record("one", 1, 32), "device_kind": "cuda",
+           "memory": {"process_peak_per_rank": [PEAK], "training_per_rank": [TRAINING]}}
+    dp2 = {**_record("dp2", 2, 64, link=LINK_GBPS), "device_kind": "cuda"}
+    dp4 = {**_record("dp4", 4, 128), "device_kind": "cuda", "layout": {"dp": 4}}
+    # dp2 took 25% longer than by hand, dp4 exactly that; each rank of dp2 holds the whole model as one device
+    dp2["step_time_s"], dp4["step_time_s"] = {"p50": 1.25 * _by_hand(2)}, {"p50": _by_hand(4)}
+    dp2["memory"] = {"process_peak_per_rank": [PEAK, 1.25 * PEAK], "training_per_rank": [TRAINING + FLAT] * 2}
+    whole = asdict(state_bytes(TINY, Layout(), 0))
+    dp2["backend_metrics"]["state_bytes_per_rank"] = [whole, whole]
+    dp2["backend_metrics"]["comm_per_step"] = [{"all_reduce": {"bytes": FLAT, "calls": 1, "time_s": 0.1},
+                                                "send_recv": {"bytes": 8, "calls": 2, "time_s": 0.0}}, None]
+    dp4["backend_metrics"] = {"state_bytes_per_rank": [whole] * 3 + [{**whole, "grads": 0}]}
+    return [dp4, one, dp2]
+
+
+def test_validation_of_runs_whose_answer_is_known_by_hand():
+    """dp2 took 25% longer than by hand, dp4 exactly that: step errors -0.2 and 0, whatever else the model holds.
+    Each rank of a dp run at 32 per rank holds what the 1-device run held: its process peak is the predicted one
+    (errors 0 and -0.2 on dp2's two ranks: the worst is kept), its training growth too, plus the flat gradient
+    copy the dp all-reduce takes."""
+    result = validate(_known_folder(), H100)
+    runs = {r["run_id"]: r for r in result["runs"]}
+    assert list(runs) == ["dp2", "dp4"] and result["skipped"] == []
+    for run_id, ranks, error in (("dp2", 2, -0.2), ("dp4", 4, 0.0)):
+        row = runs[run_id]
+        assert row["step_s"] == {"predicted": pytest.approx(_by_hand(ranks), rel=1e-12),
+                                 "measured": row["step_s"]["measured"], "error": pytest.approx(error, abs=1e-12),
+                                 "error_ignoring_load": pytest.approx(error, abs=1e-12)}
+        assert (row["layout"], row["devices"], row["global_batch"]) == (run_id, ranks, 32 * ranks)
+        assert row["references"] == ["one"] and row["backend"] == "torch_3d" and row["oversubscribed"] is False
+        assert row["step_parts_s"]["compute"] == pytest.approx(1.0, rel=1e-12)
+        assert row["load"] == {"background_run": 0.0, "background_reference": 0.0, "accounted": True}
+        assert row["idle_per_stage"] is None
+    # rank 0's counted collectives against the formulas' (one all-reduce of the gradients; no sends predicted)
+    assert runs["dp2"]["comm_per_step"] == {"all_reduce": {"predicted": {"bytes": FLAT, "calls": 1},
+                                                           "measured": {"bytes": FLAT, "calls": 1}},
+                                            "send_recv": {"predicted": None, "measured": {"bytes": 8, "calls": 2}}}
+    assert runs["dp4"]["comm_per_step"] is None
+    assert "probe at 2 ranks" in runs["dp2"]["link"] and "probe at 2 ranks" in runs["dp4"]["link"]
+    memory = runs["dp2"]["memory_per_rank"]
+    assert memory["predicted"] == pytest.approx([PEAK, PEAK]) and memory["measured"] == [PEAK, 1.25 * PEAK]
+    assert memory["error"] == pytest.approx(-0.2) and memory["what"] == "process peak (RSS on CPU)"
+    training = runs["dp2"]["training_memory_per_rank"]
+    assert training["predicted"] == pytest.approx([TRAINING + FLAT] * 2) and training["error"] == pytest.approx(0.0)
+    assert runs["dp4"]["memory_per_rank"]["error"] is None and runs["dp4"]["training_memory_per_rank"] is None
+    assert runs["dp2"]["state_bytes_per_rank"]["exact"] is True and runs["dp4"]["state_bytes_per_rank"]["exact"] \
+        is False
+    assert result["links_probed_GBps"] == {"2": LINK_GBPS} and result["hardware"] == "h100-sxm-8"
+    summary = result["summary"]
+    assert summary["all"]["step_s"] == {"runs": 2, "median_abs_error": pytest.approx(0.1),
+                                        "max_abs_error": pytest.approx(0.2)}
+    assert summary["all"]["memory_per_rank"] == {"runs": 1, "median_abs_error": pytest.approx(0.2),
+                                                 "max_abs_error": pytest.approx(0.2)}
+    assert summary["all"]["training_memory_per_rank"]["runs"] == 1
+    assert (summary["all"]["state_bytes_exact"], summary["all"]["state_bytes_compared"]) == (1, 2)
+    assert summary["not_oversubscribed"] == summary["all"]
+    assert (summary["oversubscribed_runs"], summary["skipped_runs"]) == (0, 0)
+
+
+def test_one_process_driving_several_devices_is_predicted_as_one():
+    """tf_mirrored and keras_jax in one process: one peak for both devices, the framework's overhead once."""
+    one, dp2 = _known_folder()[1:]
+    dp2 = {**dp2, "memory": {"process_peak_per_rank": [2 * PEAK], "training_per_rank": [2 * (TRAINING + FLAT)]}}
+    basis = from_records(TINY, [one])
+    counted, counted_training = PEAK - basis.memory_overhead, TRAINING - basis.training_overhead
+    [row] = validate([one, dp2], H100)["runs"]
+    assert row["memory_per_rank"]["predicted"] == pytest.approx([basis.memory_overhead + 2 * counted])
+    assert row["training_memory_per_rank"]["predicted"] == \
+        pytest.approx([basis.training_overhead + 2 * (counted_training + FLAT)])
+
+
+def test_runs_that_cannot_be_predicted_are_skipped_with_the_reason():
+    one, dp2 = _known_folder()[1:]
+    oversubscribed = {**dp2, "run_id": "over", "oversubscribed": True}
+    result = validate([one, dp2, oversubscribed, {**dp2, "run_id": "failed", "status": "failed"},
+                       {**dp2, "run_id": "lone", "backend": "torch_ddp"},
+                       {**dp2, "run_id": "bad", "layout": {"dp": 1, "pp": 2, "stage_split": [2, 2]}}], H100)
+    assert [r["run_id"] for r in result["runs"]] == ["dp2", "over"]
+    assert result["runs"][0]["notes"] == [] and result["runs"][0]["oversubscribed"] is False
+    skipped = {s["run_id"]: s["why"] for s in result["skipped"]}
+    assert skipped["lone"].startswith("no ok 1-device run of its backend") and "does not cut" in skipped["bad"]
+    summary = result["summary"]
+    assert summary["all"]["step_s"]["runs"] == 2 and summary["not_oversubscribed"]["step_s"]["runs"] == 1
+    assert (summary["oversubscribed_runs"], summary["skipped_runs"]) == (1, 2)
+
+
+def test_a_pipeline_s_idle_share_beside_the_measured_bubble():
+    one, dp2 = _known_folder()[1:]
+    pp2 = {**dp2, "run_id": "pp2", "global_batch": 32, "layout": {"dp": 1, "pp": 2, "micro_batches": 4},
+           "backend_metrics": {"bubble": {"analytic": 0.2, "measured_per_stage": [0.25, 0.1]}}}
+    [row] = validate([one, pp2], H100)["runs"]
+    idle = row["idle_per_stage"]
+    assert (idle["measured"], idle["analytic"]) == ([0.25, 0.1], 0.2) and row["layout"] == "pp2-mb4"
+    # stage 0 holds a layer, stage 1 a layer and the MLM head: the lighter first stage idles longer
+    assert len(idle["predicted"]) == 2 and idle["predicted"][0] > idle["predicted"][1] > 0
