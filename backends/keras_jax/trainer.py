@@ -20,6 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from backends.keras_jax.hlo import collectives
+from backends.keras_jax.profile import JaxProfiler
 from common.achievable import timed_repeats
 from common.config import RunConfig
 from common.data.batches import StepBatch
@@ -42,6 +43,7 @@ def model_inputs(batch: dict) -> dict:
             "mask_positions": batch["mask_positions"]}
 
 
+@jax.named_scope("loss")  # names the loss's ops in the compiled program, for --profile's attribution
 def loss_and_correct(logits, batch: dict):
     """(sum of per-sample or per-token losses, number correct), unreduced, as tf_mirrored's."""
     logits = logits.astype(jnp.float32)
@@ -195,6 +197,9 @@ class JaxTrainer:
         reduce = jax.jit(lambda x: x.sum(0), out_shardings=self.replicated)
         times = [self._timed(reduce, buffer)[1] for _ in range(4)][1:]
         return self.dp, size * 4, times
+
+    def profiler(self, directory) -> JaxProfiler:
+        return JaxProfiler(directory, lambda: self._step_exec.as_text())
 
     # ------------------------------------------------------------------ feeding
     def _global(self, arrays: dict[str, np.ndarray], local_rows: bool) -> dict:

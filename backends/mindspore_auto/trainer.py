@@ -22,6 +22,7 @@ from mindspore.experimental.optim import AdamW
 from backends.mindspore_auto.matmul import time_matmul
 from backends.mindspore_auto.models import INPUT_COLUMNS
 from backends.mindspore_auto.parallel_config import ParallelConfig
+from backends.mindspore_auto.profile import MindSporeProfiler
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
 from common.memory import resident_peak_bytes
@@ -286,6 +287,9 @@ class MindSporeTrainer:
             if i:
                 times.append(time.perf_counter() - t0)
         return self.processes, int(buffer.shape[0]) * 4, times
+
+    def profiler(self, directory: Path) -> MindSporeProfiler:
+        return MindSporeProfiler(directory, self.cfg.device_kind)
 
     def sync(self) -> None:
         # On CPU the step's asnumpy() has already waited for the graph; MindSpore has no CPU stream.

@@ -19,6 +19,7 @@ import tensorflow as tf
 from backends.keras_common.optimizer import TorchAdamW
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
 from backends.tf_mirrored.matmul import time_matmul
+from backends.tf_mirrored.profile import TfProfiler
 from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import StepBatch
@@ -162,6 +163,9 @@ class KerasTrainer:
         reduce = tf.function(lambda x: self.strategy.run(self._replica_sum, args=(x,)))
         times = [self._timed(reduce, buffer)[1] for _ in range(4)][1:]
         return self.strategy.num_replicas_in_sync, size * 4, times
+
+    def profiler(self, directory: Path) -> TfProfiler:
+        return TfProfiler(directory)
 
     def _distributed_step(self, micro: tuple, denominator: tf.Tensor):
         return self.strategy.run(self._replica_step, args=(micro, denominator))
