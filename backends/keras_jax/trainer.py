@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from backends.keras_jax.fast_path import fast_path
 from backends.keras_jax.hlo import collectives
 from backends.keras_jax.profile import JaxProfiler
 from common.achievable import timed_repeats
@@ -340,5 +341,6 @@ class JaxTrainer:
                        "compile_detection": "the step is lowered and compiled explicitly before its first call"}
         trainable = sum(a.size for a in self.trainable)
         fp32 = Fp32Math("tf32" if self._math_mode() == "tf32" else "fp32")
-        return merged(TrainableParams(trainable), fp32, self._state_bytes(), self._comm(), **compile_log,
+        return merged(TrainableParams(trainable), fp32, self._state_bytes(), self._comm(), fast_path(self.cfg),
+                      **compile_log,
                       xla_step_memory_per_device=self._memory_analysis(), **{FINAL_PARAMS: self._final_params()})

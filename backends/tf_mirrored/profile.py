@@ -35,7 +35,7 @@ RULES = (
     # keras' MultiHeadAttention: the query/key/value/output projections are its EinsumDense sublayers (matmuls);
     # the rest inside it is the attention proper (scores, mask, softmax, dropout, weighted sum).
     ("matmul", r"self_attention\w*/(query|key|value|attention_output)(_\d+)?/"),
-    ("attention", r"self_attention"),
+    ("attention", r"self_attention_layer(_\d+)?/"),
     ("dropout_rng", r"dropout|StatelessRandom|RandomUniform|RandomStandardNormal|RngReadAndSkip"),
     ("normalization", r"layer_norm|layernorm|batch_norm|batchnorm|FusedBatchNorm|/bn\d"),
     ("activation", r"gelu|Gelu|relu|Relu|Erf|Tanh|MaxPool|max_pooling"),

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from backends.keras_common.optimizer import TorchAdamW
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from backends.tf_mirrored.fast_path import fast_path
 from backends.tf_mirrored.matmul import time_matmul
 from backends.tf_mirrored.profile import TfProfiler
 from common.compile_log import CompileLog
@@ -288,7 +289,7 @@ class KerasTrainer:
         # TensorFlow runs float32 matmuls and convolutions as TF32 on GPUs that have it, unless told not to.
         tf32 = self.device_kind == "cuda" and tf.config.experimental.tensor_float_32_execution_enabled()
         return {**(self.compile_log.metrics() if self.cfg.compile else {}), **scaling,
-                **Fp32Math("tf32" if tf32 else "fp32").to_metrics()}
+                **Fp32Math("tf32" if tf32 else "fp32").to_metrics(), **fast_path(self.cfg).to_metrics()}
 
     allocator_source = "tf.config.experimental.get_memory_info current and peak, summed over the logical GPUs"
 
