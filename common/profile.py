@@ -63,6 +63,7 @@ def profile_steps(trainer, cfg: RunConfig, train, first: int, clock: Callable[[]
     """cfg.profile_steps steps from step `first` under trainer.profiler; backend_metrics' attribution."""
     directory = trace_dir(cfg, trainer.rank)
     directory.mkdir(parents=True, exist_ok=True)
+    started = clock()
     profiler: StepProfiler = trainer.profiler(directory)
     walls = []
     profiler.start()
@@ -84,4 +85,7 @@ def profile_steps(trainer, cfg: RunConfig, train, first: int, clock: Callable[[]
                           wall_step_s=statistics.mean(walls), measured_step_s=measured_step_s,
                           profiler=profiler.name, trace_dir=str(directory.parent), model_flops_per_step=flops,
                           bytes_per_step=_comm_bytes(metrics, trainer.rank))
+    if trainer.rank == 0:
+        print(f"--profile: {cfg.profile_steps} steps profiled by {profiler.name.split(' ')[0]}, trace written and "
+              f"read back in {clock() - started:.1f} s: {directory}", flush=True)
     return section.to_metrics()

@@ -155,3 +155,21 @@ def test_the_report_stacks_each_backend_and_names_the_largest_gap_between_framew
     assert any(isinstance(b, Image) and b.png for b in blocks)
     assert any(isinstance(b, Text) and "Largest difference" in b.text and "other compute" in b.text for b in blocks)
     assert group_seconds(Attribution.from_metrics(tf["backend_metrics"]))["host/idle"] == pytest.approx(0.6)
+
+
+def test_profile_takes_a_default_number_of_steps_and_a_sweep_passes_it_on(tmp_path):
+    from bench.cli import forwarded
+    from bench.run import build_parser, build_config
+    from common.profile import DEFAULT_STEPS, PROFILES
+
+    parse = build_parser().parse_args
+    base = ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "1", "--out", str(tmp_path)]
+    assert parse([*base, "--profile"]).profile == DEFAULT_STEPS and parse(base).profile == 0
+    args = parse([*base, "--profile", "2", "--data", "synthetic"])
+    assert forwarded(args, ())[forwarded(args, ()).index("--profile") + 1] == "2"
+
+    class Plan:
+        kind, virtual, threads_per_device = "cpu", True, 1
+    cfg = build_config(args, "run-1", Plan())
+    assert (cfg.profile_steps, cfg.profile_dir) == (2, str((tmp_path / PROFILES).resolve()))
+    assert cfg.feed_steps == cfg.total_steps + 2  # the data feed serves the profiled steps too

@@ -51,7 +51,7 @@ RULES = (
                   r"|flatten|split|chunk|unbind|narrow|_unsafe_view|lift_fresh|result_type|set_|is_nonzero|resize_|numpy_T)"
                   r"|autograd::engine::evaluate_function: \w+|\w+Backward\d*|torch::autograd::AccumulateGrad"
                   r"|detach|DistributedDataParallel\.\w+|DataParallel\.\w+|cudaStreamSynchronize|cudaDeviceSynchronize"
-                  r"|cudaLaunchKernel|cudaMemcpyAsync|c10d::wait|Future::wait)" + LEAF),
+                  r"|cudaLaunchKernel|cudaMemcpyAsync|c10d::wait|Future::wait|FSDP::\w+.*)" + LEAF),
 )
 
 
