@@ -159,7 +159,7 @@ def test_the_report_stacks_each_backend_and_names_the_largest_gap_between_framew
 
 def test_profile_takes_a_default_number_of_steps_and_a_sweep_passes_it_on(tmp_path):
     from bench.cli import forwarded
-    from bench.run import build_parser, build_config
+    from bench.run import build_config, build_parser
     from common.profile import DEFAULT_STEPS, PROFILES
 
     parse = build_parser().parse_args
