@@ -104,8 +104,8 @@ def _clip(pieces: Iterable[tuple[float, float, str, str]], windows: list[tuple[f
 
 
 def split_time(events: list[OpEvent], windows: list[tuple[float, float]], classify: Classifier):
-    """(seconds per category, seconds per unclassified name, FLOPs per category where counted) over the windows,
-    all of the windows' time given out."""
+    """(seconds per category, seconds per unclassified name, FLOPs per category where counted, the mean number of
+    threads running an op while any does) over the windows, all of the windows' time given out."""
     by_thread: dict[str, list[OpEvent]] = defaultdict(list)
     for e in events:
         if e.end_s > e.start_s:
@@ -122,29 +122,32 @@ def split_time(events: list[OpEvent], windows: list[tuple[float, float]], classi
     unclassified: dict[str, float] = defaultdict(float)
     active: dict[tuple[str, str], int] = defaultdict(int)
     inside = [(w0, w1) for w0, w1 in windows]
-    last = None
+    last, busy_s, thread_s = None, 0.0, 0.0
     for t, delta, category, name in edges:
         if last is not None and t > last and any(w0 <= last < w1 for w0, w1 in inside):
-            _give(t - last, active, seconds, unclassified)
+            threads = _give(t - last, active, seconds, unclassified)
+            busy_s += (t - last) if threads else 0.0
+            thread_s += (t - last) * threads
         if delta:
             active[(category, name)] += delta
             if not active[(category, name)]:
                 del active[(category, name)]
         last = t
-    return dict(seconds), dict(unclassified), dict(flops)
+    return dict(seconds), dict(unclassified), dict(flops), thread_s / busy_s if busy_s else None
 
 
-def _give(dt: float, active: dict[tuple[str, str], int], seconds: dict, unclassified: dict) -> None:
-    """dt seconds to what runs in them: split evenly among the threads that work, else host_idle."""
+def _give(dt: float, active: dict[tuple[str, str], int], seconds: dict, unclassified: dict) -> int:
+    """dt seconds to what runs in them: split evenly among the threads that work, else host_idle; how many work."""
     working = {k: n for k, n in active.items() if k[0] != IDLE}
     if not working:
         seconds[IDLE] += dt
-        return
+        return 0
     total = sum(working.values())
     for (category, name), n in working.items():
         seconds[category] += dt * n / total
         if category == OTHER:
             unclassified[name] += dt * n / total
+    return total
 
 
 def attribution(events: list[OpEvent], windows: list[tuple[float, float]], classify: Classifier, *,
@@ -155,7 +158,7 @@ def attribution(events: list[OpEvent], windows: list[tuple[float, float]], class
     step where counted elsewhere (e.g. the collectives of comm_per_step). model_flops_per_step: the spec's
     FLOPs of one step on this rank (matmuls and convolutions), held against the matmul and attention time."""
     steps = len(windows)
-    seconds, unclassified, counted = split_time(events, windows, classify)
+    seconds, unclassified, counted, concurrency = split_time(events, windows, classify)
     step_s = sum(w1 - w0 for w0, w1 in windows) / steps
     categories = {}
     for c in ATTRIBUTION_CATEGORIES:
@@ -171,7 +174,7 @@ def attribution(events: list[OpEvent], windows: list[tuple[float, float]], class
                        categories=categories, profiler=profiler, trace_dir=trace_dir,
                        model_flops_per_s_in_matmul=model_flops_per_step / compute
                        if model_flops_per_step and compute else None,
-                       unclassified=[[name, s / steps] for name, s in top])
+                       unclassified=[[name, s / steps] for name, s in top], op_concurrency=concurrency)
 
 
 def group_seconds(section: Attribution) -> dict[str, float]:

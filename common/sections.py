@@ -202,6 +202,7 @@ class Attribution(Section):
     trace_dir: str
     model_flops_per_s_in_matmul: float | None = None
     unclassified: list[list] | None = None
+    op_concurrency: float | None = None  # threads running an op at once, on average while any does
 
     def _value(self):
         return {**asdict(self), "categories": {k: asdict(c) for k, c in self.categories.items()}}

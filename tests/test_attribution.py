@@ -20,16 +20,18 @@ def ev(name, start, end, thread="main"):
 def test_the_innermost_event_owns_its_time_and_the_rest_of_the_window_is_host_idle():
     events = [ev("wrapper", 0.0, 8.0), ev("mm", 1.0, 4.0), ev("add", 2.0, 3.0), ev("Optimizer", 5.0, 7.0),
               ev("mm", 5.5, 6.0)]  # an mm inside the optimizer is the optimizer's
-    seconds, unclassified, _ = split_time(events, [(0.0, 10.0)], Classifier(RULES))
+    seconds, unclassified, _, concurrency = split_time(events, [(0.0, 10.0)], Classifier(RULES))
     assert seconds == pytest.approx({"matmul": 2.0, "elementwise": 1.0, "optimizer": 2.0, "host_idle": 5.0})
+    assert concurrency == pytest.approx(1.0)
     assert unclassified == {}
 
 
 def test_threads_that_work_at_once_split_the_time_and_a_waiting_thread_takes_none():
     events = [ev("mm", 0.0, 4.0, "a"), ev("add", 2.0, 6.0, "b"), ev("wait", 0.0, 10.0, "main"),
               ev("unknown op", 8.0, 9.0, "b")]
-    seconds, unclassified, _ = split_time(events, [(0.0, 10.0)], Classifier(RULES))
+    seconds, unclassified, _, concurrency = split_time(events, [(0.0, 10.0)], Classifier(RULES))
     assert seconds == pytest.approx({"matmul": 3.0, "elementwise": 3.0, "other": 1.0, "host_idle": 3.0})
+    assert concurrency == pytest.approx(9.0 / 7.0)  # 2 threads for 2 s, 1 for 5 s
     assert unclassified == pytest.approx({"unknown op": 1.0})
     assert sum(seconds.values()) == pytest.approx(10.0)
 

@@ -104,17 +104,20 @@ def attribution_blocks(records: list[dict]) -> list[Block]:
             a = _section(r)
             seconds = group_seconds(a)
             measured = "" if a.measured_step_s is None else f"{a.measured_step_s * 1e3:.0f}"
+            concurrency = "" if a.op_concurrency is None else f"{a.op_concurrency:.2f}"
             table.append([row_label(key), backend, *(f"{seconds[g] * 1e3:.0f} ({seconds[g] / a.step_s:.0%})"
-                                                     for g in GROUPS), f"{a.step_s * 1e3:.0f}", measured])
+                                                     for g in GROUPS), f"{a.step_s * 1e3:.0f}", measured, concurrency])
     words = [f"{row_label(key)}: {text}." for key, runs in rows.items() if (text := largest_difference(runs))]
     plot = attribution_plot(rows)
     blocks: list[Block] = [
         Heading("Where the step goes, by op category", 2),
         Text("From --profile: ms per step (share of the profiled step) by category group, from each framework's own "
              "profiler over a few steps after the measured window; 'measured step' is the timed window's median, "
-             "without the profiler. The categories and how each framework's op names map to them: "
-             "docs/profiling.md."),
-        Table(["row", "backend", *(f"{g} ms" for g in GROUPS), "profiled step ms", "measured step ms"], table),
+             "without the profiler; 'ops at once': how many threads ran an op at a time, on average while any did "
+             "(a framework that runs independent ops side by side uses more cores than its threads per device). The "
+             "categories and how each framework's op names map to them: docs/profiling.md."),
+        Table(["row", "backend", *(f"{g} ms" for g in GROUPS), "profiled step ms", "measured step ms",
+               "ops at once"], table),
         Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png())]
     if words:
         blocks.append(Text("Largest difference between two frameworks on a row: " + " ".join(words)))
