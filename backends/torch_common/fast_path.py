@@ -4,6 +4,7 @@ bench.calibrate's bare loops build their optimizer here too, so that both halves
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from backends.torch_common.internals import sdpa_backend
 from common.config import RunConfig
@@ -24,9 +25,14 @@ WHY = {
 
 
 def adamw(params, optim: OptimSpec) -> torch.optim.AdamW:
-    """The suite's AdamW, fused (WHY)."""
-    return torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-                             weight_decay=optim.weight_decay, fused=True)
+    """The suite's AdamW, fused (WHY). The fused kernel takes one parameter group at a time, and a group cannot mix
+    DTensors with plain tensors (tensor parallelism leaves the norms whole): each kind gets a group of its own,
+    with the same hyperparameters."""
+    params = list(params)
+    kinds = [[p for p in params if isinstance(p, DTensor) is sharded] for sharded in (False, True)]
+    return torch.optim.AdamW([{"params": kind} for kind in kinds if kind], lr=optim.lr,
+                             betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
+                             fused=True)
 
 
 def attention_kernel(spec, device: torch.device, precision: str) -> str:
