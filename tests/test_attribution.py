@@ -175,3 +175,32 @@ def test_profile_takes_a_default_number_of_steps_and_a_sweep_passes_it_on(tmp_pa
     cfg = build_config(args, "run-1", Plan())
     assert (cfg.profile_steps, cfg.profile_dir) == (2, str((tmp_path / PROFILES).resolve()))
     assert cfg.feed_steps == cfg.total_steps + 2  # the data feed serves the profiled steps too
+
+
+HLO = """HloModule jit__step, entry_computation_layout={(f32[8,4]{1,0})->f32[8,4]{1,0}}
+
+%fused_computation (param_0: f32[8,4], param_1: f32[4,4]) -> f32[8,4] {
+  %param_0 = f32[8,4]{1,0} parameter(0)
+  %param_1 = f32[4,4]{1,0} parameter(1)
+  %dot.1 = f32[8,4]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %add.2 = f32[8,4]{1,0} add(%dot.1, %dot.1)
+}
+
+ENTRY %main.9 (x: f32[8,4]) -> f32[8,4] {
+  %x = f32[8,4]{1,0} parameter(0)
+  %w = f32[4,4]{1,0} constant({...})
+  %fusion.12 = f32[8,4]{1,0} fusion(%x, %w), kind=kOutput, calls=%fused_computation, """ \
+    """metadata={op_name="jit(_step)/jvp(mlm_head)/dense/dot_general" source_file="x.py"}
+  ROOT %copy.3 = f32[8,4]{0,1} copy(%fusion.12), metadata={op_name="jit(_step)/transpose(jvp())/add_any"}
+}
+"""
+
+
+def test_an_xla_event_is_described_by_what_its_fusion_runs_and_its_scope():
+    from backends.keras_jax.hlo import describe
+
+    described = describe(HLO)
+    assert described["fusion.12"] == "fusion.12 [add,dot] @jit(_step)/jvp(mlm_head)/dense/dot_general"
+    assert described["copy.3"] == "copy.3 [copy] @jit(_step)/transpose(jvp())/add_any"
+    classify = Classifier(__import__("backends.keras_jax.profile", fromlist=["RULES"]).RULES)
+    assert (classify(described["fusion.12"]), classify(described["copy.3"])) == ("matmul", "data_movement")
