@@ -205,3 +205,15 @@ def test_an_xla_event_is_described_by_what_its_fusion_runs_and_its_scope():
     assert described["copy.3"] == "copy.3 [copy] @jit(_step)/transpose(jvp())/add_any"
     classify = Classifier(__import__("backends.keras_jax.profile", fromlist=["RULES"]).RULES)
     assert (classify(described["fusion.12"]), classify(described["copy.3"])) == ("matmul", "data_movement")
+
+
+def test_a_sweep_speaks_of_threads_per_virtual_cpu_only_where_its_devices_are_cpus(monkeypatch):
+    """Issue #30: a GPU sweep printed "16 thread(s) per virtual CPU device"."""
+    from common import devices
+
+    assert devices.threads_phrase(16, "cuda") == ""
+    assert devices.threads_phrase(2, "cpu") == ", 2 thread(s) per virtual CPU device"
+    monkeypatch.setattr(devices, "accelerator_driver_present", lambda: True)
+    assert devices.threads_phrase(16, "auto") == ""
+    monkeypatch.setattr(devices, "accelerator_driver_present", lambda: False)
+    assert devices.threads_phrase(1, "auto") == ", 1 thread(s) per virtual CPU device"
