@@ -55,8 +55,9 @@ class MindSporeProfiler:
         self.directory = directory
         device = {"ascend": [ProfilerActivity.NPU], "cuda": [ProfilerActivity.GPU]}.get(device_kind, [])
         activities = [ProfilerActivity.CPU, *device]
-        self._profile = ms.profiler.profile(
-            activities=activities, on_trace_ready=ms.profiler.tensorboard_trace_handler(str(directory)))
+        self._profile = ms.profiler.profile(  # started by start(), not here (its default)
+            activities=activities, start_profile=False,
+            on_trace_ready=ms.profiler.tensorboard_trace_handler(str(directory)))
         self._windows: list[tuple[float, float]] = []
         self.name = ("mindspore.profiler.profile (CPU activity), events from the Chrome trace it writes "
                      "(ASCEND_PROFILER_OUTPUT/trace_view.json); step windows by the wall clock")
