@@ -22,7 +22,7 @@ from rich.table import Table
 
 from bench import compare
 from common.calibration import BARE_RESULTS, HARNESS_BOUND_BELOW, calibration_entry
-from common.devices import default_threads_per_device
+from common.devices import default_threads_per_device, threads_phrase
 from common.results import RUN_RECORDS, new_run_id, write_record, write_summary
 from common.sections import Breakdown, GradComm
 
@@ -116,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     plan = [(w, b, n) for w in args.workloads for b in args.backends for n in args.devices]
     console = Console(stderr=True)
-    console.print(f"{sweep_id}: {len(plan)} configurations x {args.repeats} repeats x (suite + bare), "
-                  f"{args.threads_per_device} thread(s) per virtual CPU device")
+    console.print(f"{sweep_id}: {len(plan)} configurations x {args.repeats} repeats x (suite + bare)"
+                  f"{threads_phrase(args.threads_per_device, args.device_kind)}")
     started, records = time.monotonic(), []
     try:
         for workload, backend, devices in plan:

@@ -11,6 +11,7 @@ from backends.tf_mirrored.modes import MODES as TF_MODES
 from common.config import COMPILE_MODES, PRECISIONS, SCALING_MODES
 from common.layout import OPTIONS as LAYOUT_OPTIONS
 from common.layout import LayoutOption
+from common.profile import DEFAULT_STEPS as PROFILE_STEPS
 from common.spec import BERT_SIZES, WORKLOADS
 
 
@@ -188,6 +189,12 @@ RUN_OPTIONS = (
     _option("--breakdown-steps", type=non_negative_int, default=0,
             help="after training and evaluation, K probe steps timing forward+backward, gradient communication, "
                  "optimizer and data apart (backend_metrics.breakdown); default 0: none"),
+    _option("--profile", nargs="?", const=PROFILE_STEPS, type=non_negative_int, default=0, metavar="STEPS",
+            help=f"after everything measured, STEPS (default {PROFILE_STEPS}) more steps under the framework's own "
+                 "profiler: a trace for TensorBoard's profile plugin or Perfetto in --profile-dir, and where the step "
+                 "goes per op category in backend_metrics.attribution; default: none"),
+    _option("--profile-dir", metavar="DIR",
+            help="where --profile writes its traces, DIR/<run id>/rank<R>/ (default OUT/profiles)"),
     _option("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)"),
     _option("--collective-timeout", type=positive_float, default=300.0,
             help="limit for any rendezvous or collective (s)"),

@@ -49,7 +49,7 @@ from bench.cli import (
 from bench.layouts import layout_list, one_device_references
 from bench.reporting.intervals import interval_frame, ranked
 from bench.reporting.layouts import LAYOUT_SWEEP_PREFIX, layout_frame
-from common.devices import default_threads_per_device
+from common.devices import default_threads_per_device, threads_phrase
 from common.errors import BadInput, Cancelled
 from common.launch import TERM_GRACE_S, cancel_on_signals, child_env, log_tail
 from common.layout import Layout
@@ -351,8 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=True)
     order = repeat_order(len(plan), args.repeats)
     repeats = f" ({len(plan)} rows x {args.repeats} repeats)" if args.repeats > 1 else ""
-    console.print(f"{sweep_id}: {len(order)} runs{repeats}, {args.threads_per_device} thread(s) per virtual CPU "
-                  "device")
+    console.print(f"{sweep_id}: {len(order)} runs{repeats}{threads_phrase(args.threads_per_device, args.device_kind)}")
     run_ids = []
     started = time.monotonic()
     try:

@@ -45,6 +45,7 @@ from common.launch import RunFailed, cancel_on_signals
 from common.layout import OPTIONS as LAYOUT_OPTIONS
 from common.layout import Layout, refuse_layout
 from common.nodes import check_node_options, describe_nodes
+from common.profile import PROFILES
 from common.record import compile_notes, describe_config, measured_fields, skeleton, utilisation
 from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_json_atomic, write_record
 from common.scheduler import slurm_step
@@ -124,6 +125,8 @@ def check_options(args) -> None:
         raise BadInput("--skip-eval contradicts --eval-every")
     if args.skip_eval and args.eval_samples:
         raise BadInput("--skip-eval contradicts --eval-samples")
+    if args.profile_dir and not args.profile:
+        raise BadInput("--profile-dir needs --profile")
     if args.resume and not (args.checkpoint_dir or args.checkpoint_every):
         raise BadInput("--resume needs --checkpoint-dir or --checkpoint-every")
     check_backend_options(args)
@@ -232,6 +235,8 @@ def build_config(args, run_id: str, plan, checked: Checked | None = None) -> Run
         init_perturbation=args.init_perturbation, init_perturbation_seed=args.init_perturbation_seed,
         breakdown_steps=args.breakdown_steps,
         tensorboard_dir=str(Path(args.tensorboard).resolve()) if args.tensorboard else "",
+        profile_steps=args.profile,
+        profile_dir=str(Path(args.profile_dir or Path(args.out) / PROFILES).resolve()) if args.profile else "",
     )
 
 

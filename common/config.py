@@ -64,6 +64,10 @@ class RunConfig:
     init_perturbation_seed: int = 1
     # Steps after the measured ones (and the evaluation) whose phases are timed apart (common.breakdown).
     breakdown_steps: int = 0
+    # --profile: steps after everything else under the framework's profiler (common.profile), their traces
+    # under profile_dir/<run id>/ (an absolute path).
+    profile_steps: int = 0
+    profile_dir: str = ""
     # --tensorboard: where rank 0 writes the run's TensorBoard log ("" none), an absolute path.
     tensorboard_dir: str = ""
     # Several hosts: `devices` above is the world size, nnodes x devices per node. Node 0 hosts the
@@ -97,8 +101,9 @@ class RunConfig:
 
     @property
     def feed_steps(self) -> int:
-        """Steps a backend's data feed serves: the run's, then the breakdown probe's (one untimed first)."""
-        return self.total_steps + (self.breakdown_steps + 1 if self.breakdown_steps else 0)
+        """Steps a backend's data feed serves: the run's, then the breakdown probe's (one untimed first), then
+        the profiled ones."""
+        return self.total_steps + (self.breakdown_steps + 1 if self.breakdown_steps else 0) + self.profile_steps
 
     @property
     def global_batch(self) -> int:

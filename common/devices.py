@@ -52,6 +52,14 @@ def default_threads_per_device(max_devices: int) -> int:
     return max(1, cpu_cores() // max(1, max_devices))
 
 
+def threads_phrase(threads_per_device: int, device_kind: str) -> str:
+    """A sweep's header on its devices' threads: said only where the devices are virtual CPUs (a GPU run's threads
+    feed no device), so "auto" says it only on a machine without an accelerator's driver."""
+    if device_kind == "cuda" or (device_kind == "auto" and accelerator_driver_present()):
+        return ""
+    return f", {threads_per_device} thread(s) per virtual CPU device"
+
+
 def cpu_plan(count: int, threads_per_device: int) -> DevicePlan:
     cores = cpu_cores()
     over = count * threads_per_device > cores

@@ -20,6 +20,7 @@ from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches, ev
 from common.data.datasets import SplitData
 from common.memory import MemoryWindow, memory_section
 from common.nodes import hosts_table, rank_host
+from common.profile import profile_steps
 from common.sections import Breakdown, GradComm, merged
 from common.spec import DEFAULTS, learning_rate
 from common.tensorboard import write_run_log
@@ -83,6 +84,8 @@ class Trainer(Protocol):
     # time_matmul(n, repeats) -> (math mode, [seconds]): `repeats` timed n x n x n products at the run's precision on
     #   one of this rank's devices (each of them at once where it drives several), after one untimed, the device
     #   synchronised around each, on the threads one device has.
+    # Optional, for --profile (common.profile; a trainer without it gets no attribution):
+    # profiler(directory) -> common.profile.StepProfiler, the framework's own profiler writing its trace there.
 
 
 def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
@@ -244,6 +247,12 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
                        "method": memory.description(getattr(trainer, "allocator_source", "its counters"))},
             "backend_metrics": trainer.backend_metrics(), "achievable": achievable,
             "host": rank_host(cfg.nnodes, cfg.node_rank, cfg.master_addr)}
+    if cfg.profile_steps and hasattr(trainer, "profiler"):
+        # Last of all, after the backend's metrics were read: the profiled steps change no figure but their own.
+        first = done + (cfg.breakdown_steps + 1 if probing else 0)
+        mine["backend_metrics"] = {**(mine["backend_metrics"] or {}), **profile_steps(
+            trainer, cfg, train, first, clock, float(np.median(step_times)) if step_times else None,
+            mine["backend_metrics"])}
     # Every rank gets the aggregate: with several hosts, each node's first process writes it locally.
     ranks = trainer.all_gather(mine)
 

@@ -171,8 +171,66 @@ class GradComm(Section):
     source: str = ""
 
 
+# Where a profiled step goes (common.attribution): the same categories for every framework; the kinds of
+# collective are categories of their own, grouped as "communication" by the report.
+ATTRIBUTION_CATEGORIES = ("matmul", "attention", "normalization", "activation", "softmax", "dropout_rng",
+                          "elementwise", "optimizer", *COMM_KINDS, "data_movement", "host_idle", "other")
+
+
+@dataclass(frozen=True)
+class CategoryTime:
+    seconds: float                     # per step
+    share: float                       # of the profiled step
+    flops_per_s: float | None = None   # where the profiler counts the category's FLOPs
+    bytes_per_s: float | None = None   # where the bytes it moves are counted
+
+
+@dataclass(frozen=True)
+class Attribution(Section):
+    """Where a step's time goes, from the framework's own profiler over `steps` steps after the measured window
+    (--profile; common.attribution): per category (ATTRIBUTION_CATEGORIES, every one present) its seconds per
+    step and share of the profiled step. step_s: the profiled steps' mean by the profiler's clock; wall_step_s:
+    the same steps by the loop's; measured_step_s: the timed window's median (profiler off). unclassified: the
+    largest names in "other" [name, seconds per step], for the framework's pattern table."""
+    key: ClassVar[str] = "attribution"
+    step_s: float
+    wall_step_s: float
+    measured_step_s: float | None
+    steps: int
+    categories: dict[str, CategoryTime]
+    profiler: str
+    trace_dir: str
+    model_flops_per_s_in_matmul: float | None = None
+    unclassified: list[list] | None = None
+    op_concurrency: float | None = None  # threads running an op at once, on average while any does
+
+    def _value(self):
+        return {**asdict(self), "categories": {k: asdict(c) for k, c in self.categories.items()}}
+
+    @classmethod
+    def from_value(cls, raw):
+        known = super().from_value(raw)
+        categories = {k: CategoryTime(**c) for k, c in known.categories.items()}
+        missing = [c for c in ATTRIBUTION_CATEGORIES if c not in categories]
+        if missing:
+            raise ValueError(f"categories: {', '.join(missing)} missing")
+        return cls(**{**asdict(known), "categories": categories})
+
+    def seconds(self, *categories: str) -> float:
+        return sum(self.categories[c].seconds for c in categories)
+
+
+@dataclass(frozen=True)
+class FastPath(Section):
+    """The options of the framework's own fast path the run took (name -> what it was: a bool, a kernel's or a
+    mode's name), and why each is on or off in `why` (name -> words)."""
+    key: ClassVar[str] = "fast_path"
+    options: dict[str, object]
+    why: dict[str, str]
+
+
 SECTIONS: tuple[type[Section], ...] = (TrainableParams, Fp32Math, StateBytesPerRank, CommPerStep, Bubble,
-                                       Breakdown, GradComm)
+                                       Breakdown, GradComm, Attribution, FastPath)
 
 
 class RecordSection(Section):

@@ -94,8 +94,10 @@ def run_recorded(out: Path, *args: str, env: dict | None = None) -> tuple[subpro
     return proc, (json.loads(records[-1].read_text()) if records else None)
 
 
+# --profile 2: two more steps under torch.profiler after the measured ones (common.profile), checked by
+# assert_profiled in test_torch_dp and test_torch_ddp.
 TORCH_SWEEP = ("--gpus", "1,2", "--backends", "torch_dp,torch_ddp", "--workloads", "cnn", "--data", "real",
-               "--steps", "8", "--warmup-steps", "2")
+               "--steps", "8", "--warmup-steps", "2", "--profile", "2")
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +111,8 @@ def torch_sweep(tmp_path_factory, data_dir) -> tuple[subprocess.CompletedProcess
 # torch_3d's tiny BERT on real WikiText-2 at global batch 8, 3 steps: the 1-device run and the dp2 and tp2 layouts
 # are test_torch_3d's reference and two of its layouts as well.
 LAYOUT_SWEEP = ("--layouts", "dp2,tp2", "--workloads", "mlm", "--model-size", "tiny", "--data", "real", "--steps", "3",
-                "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--threads-per-device", "1")
+                "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--threads-per-device", "1",
+                "--profile", "2")
 
 
 @pytest.fixture(scope="session")
@@ -155,3 +158,32 @@ def assert_tensorboard_log_is_the_record(log_root: Path, record: dict) -> None:
     evals = [(p["step"], pytest.approx(p["value"], rel=1e-6)) for p in record.get("eval_history") or []]
     metric = [tag for tag in scalars if tag.startswith("eval/") and tag != "eval/loss"]
     assert [(s, v) for s, v in scalars[metric[0]]] == evals if evals else not metric
+
+
+def assert_profiled(record: dict, open_trace, steps: int = 2) -> None:
+    """--profile STEPS: rank 0's trace under the record's trace_dir opens with the framework's own reader
+    (`open_trace(rank folder)` returns how many step annotations, or for MindSpore op events, it read), and
+    backend_metrics.attribution has every category, shares adding up to the profiled step within 10%, its seconds
+    to the step the loop's clock measured."""
+    from common.sections import ATTRIBUTION_CATEGORIES, Attribution
+
+    section = Attribution.from_metrics(record["backend_metrics"])
+    assert section is not None and section.steps == steps
+    assert set(section.categories) == set(ATTRIBUTION_CATEGORIES)
+    assert sum(c.share for c in section.categories.values()) == pytest.approx(1.0, rel=0.10)
+    assert sum(c.seconds for c in section.categories.values()) == pytest.approx(section.wall_step_s, rel=0.10)
+    assert section.categories["matmul"].share > 0.05  # the profiler's ops were read and classified
+    assert section.categories["other"].share < 0.10, section.unclassified
+    assert section.measured_step_s == pytest.approx(record["step_time_s"]["p50"], rel=0.5)
+    assert Path(section.trace_dir).name == record["run_id"]
+    assert open_trace(Path(section.trace_dir) / "rank0") >= steps
+
+
+def chrome_trace_steps(folder: Path) -> int:
+    """The step annotations of the Chrome/Perfetto trace(s) torch writes in `folder`, read as that format is: JSON."""
+    from common.attribution import STEP_MARKER
+
+    traces = list(folder.glob("*.pt.trace.json"))
+    assert traces, f"no trace in {folder}"
+    return sum(e.get("name") == STEP_MARKER and e.get("ph") == "X" for t in traces
+               for e in json.loads(t.read_text())["traceEvents"])

@@ -51,6 +51,7 @@ BAD_INPUT = {
     "run: unknown precision": ("bench.run", [*BASE, "--precision", "fp8", "--out", OUT]),
     "run: negative max-restarts": ("bench.run", [*BASE, "--max-restarts", "-1", "--out", OUT]),
     "run: max-restarts without checkpoints": ("bench.run", [*BASE, "--max-restarts", "2", "--out", OUT]),
+    "run: profile-dir without profile": ("bench.run", [*BASE, "--profile-dir", OUT, "--out", OUT]),
     # An option of one backend (the registry declares whose) is bad input for the others.
     "run: a MindSpore mode for torch_ddp": ("bench.run", [*BASE, "--parallel-mode", "semi_auto", "--out", OUT]),
     "run: a TF mode for torch_3d": ("bench.run", [*MLM2, "--tf-mode", "multi_worker", "--out", OUT]),

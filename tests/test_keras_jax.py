@@ -20,7 +20,7 @@ from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
 from common.results import validate_record
 from common.spec import BERT_SIZES
 from tests import faults
-from tests.conftest import run_cli, run_recorded
+from tests.conftest import assert_profiled, run_cli, run_recorded
 
 TINY = BERT_SIZES["tiny"]
 RUN = ["--backend", "keras_jax", "--workload", "mlm", "--model-size", "tiny", "--data", "synthetic", "--steps", "3",
@@ -108,7 +108,7 @@ def _run(out: Path, *args: str, env: dict | None = None):
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory, data_dir):
-    proc, record = _run(tmp_path_factory.mktemp("one"), "--devices", "1", "--batch-size", "8")
+    proc, record = _run(tmp_path_factory.mktemp("one"), "--devices", "1", "--batch-size", "8", "--profile", "2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return record
 
@@ -164,6 +164,26 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, args):
     assert metrics["compile_s"] > 0 and metrics["recompiled_in_measured_window"] == []
     one_process = "multi_process" not in args
     assert record["memory"]["processes_share"] is one_process
+
+
+@pytest.mark.e2e
+def test_the_profile_of_one_device_opens_with_jax_and_attributes_the_step(one_device):
+    """--profile 2 on the reference run: the XSpace read back by JAX's own reader, the HLO its events name beside."""
+    assert_profiled(one_device, profile_steps)
+    fast = one_device["backend_metrics"]["fast_path"]["options"]
+    assert fast["flash_attention"] is False and fast["prng_impl"] == "threefry2x32"  # a CPU offers no flash kernel
+
+
+def profile_steps(folder: Path) -> int:
+    import jax
+
+    from backends.keras_jax.profile import HLO_FILE
+    from common.attribution import STEP_MARKER
+
+    [path] = folder.glob("plugins/profile/*/*.xplane.pb")
+    assert "HloModule" in (path.parent / HLO_FILE).read_text() and list(path.parent.glob("*perfetto_trace.json.gz"))
+    return sum(e.name == STEP_MARKER for plane in jax.profiler.ProfileData.from_file(str(path)).planes
+               for line in plane.lines for e in line.events)
 
 
 @pytest.mark.e2e

@@ -32,7 +32,7 @@ from common.initial_weights import initial_weights
 from common.layout import Layout
 from common.results import validate_record
 from common.spec import BERT_SIZES, CNN
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, assert_profiled, run_cli
 
 TINY, MINI, BASE = BERT_SIZES["tiny"], BERT_SIZES["mini"], BERT_SIZES["base"]
 
@@ -284,8 +284,10 @@ def mlm_runs(tmp_path_factory, data_dir):
     runs = {}
     for devices, batch in ((1, 16), (2, 8)):
         out = tmp_path_factory.mktemp(f"mlm-n{devices}")
+        # The 2-worker run is profiled (--profile 2, after its checkpoint): test_mlm_records_are_valid reads it.
+        profile = ("--profile", "2") if devices == 2 else ()
         proc = _bench(out, "mlm", devices, batch, "--checkpoint-every", "6", "--checkpoint-dir", str(out / "ckpt"),
-                      "--eval-samples", "256")
+                      "--eval-samples", "256", *profile)
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[devices] = out
     return runs
@@ -303,6 +305,17 @@ def test_mlm_records_are_valid(mlm_runs):
         assert record["eval"]["samples_evaluated"] == 256 < record["eval"]["split_size"]
         assert all(t > 0 for t in record["memory"]["training_per_rank"]) and record["mfu_achievable"] > 0
         assert len(record["achievable_peak"]["per_rank"]) == devices
+        assert record["backend_metrics"]["fast_path"]["options"]["jit_level"] == "O0"
+    two = _record(mlm_runs[2])
+    assert_profiled(two, mindspore_trace_ops)
+    assert two["backend_metrics"]["attribution"]["categories"]["all_reduce"]["seconds"] > 0
+
+
+def mindspore_trace_ops(folder: Path) -> int:
+    """The operator events of the Chrome trace MindSpore's profiler wrote in `folder` (its timeline's format)."""
+    [path] = folder.glob("*/ASCEND_PROFILER_OUTPUT/trace_view.json")
+    events = json.loads(path.read_text())
+    return sum(e.get("ph") == "X" for e in (events["traceEvents"] if isinstance(events, dict) else events))
 
 
 @pytest.mark.e2e

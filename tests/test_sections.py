@@ -5,13 +5,17 @@ import pytest
 
 from common.results import validate_record
 from common.sections import (
+    ATTRIBUTION_CATEGORIES,
     RECORD_SECTIONS,
     SECTIONS,
     AchievablePeak,
+    Attribution,
     Breakdown,
     Bubble,
+    CategoryTime,
     Collective,
     CommPerStep,
+    FastPath,
     Fp32Math,
     GradComm,
     Memory,
@@ -31,6 +35,10 @@ WRITTEN = [
     Bubble(0.2, [0.67, 0.06]),
     Breakdown(0.5, 0.1, 0.05, 0.001, 0.002, 0.653, 0.66, "torch", 3),
     GradComm(4096, 0.1, 1.2, 1.9, 0.05, 2, "hook"),
+    Attribution(0.5, 0.5, 0.45, 2, {c: CategoryTime(0.5 / len(ATTRIBUTION_CATEGORIES), 1 / len(ATTRIBUTION_CATEGORIES),
+                                                    2e9 if c == "matmul" else None) for c in ATTRIBUTION_CATEGORIES},
+                "torch.profiler", "/tmp/profiles/run", 3e9, [["aten::weird", 0.001]]),
+    FastPath({"fused_adamw": True, "sdpa_kernel": "FLASH_ATTENTION"}, {"fused_adamw": "fastest"}),
 ]
 
 
@@ -100,3 +108,9 @@ def test_a_top_level_section_reads_back_what_was_written(section):
 def test_a_record_with_a_malformed_top_level_section_is_refused(key, value, says):
     problems = validate_record({"status": "failed", "error": "x", key: value})
     assert any(p.startswith(key) and says in p for p in problems), problems
+
+
+def test_an_attribution_without_every_category_is_refused():
+    section = WRITTEN[7].to_metrics()
+    del section["attribution"]["categories"]["host_idle"]
+    assert any("host_idle missing" in p for p in section_problems(section))

@@ -28,7 +28,7 @@ from common.data.batches import TrainBatches  # noqa: E402
 from common.data.datasets import TRAIN_SPLIT, load_split  # noqa: E402
 from common.results import validate_record  # noqa: E402
 from common.spec import model_spec  # noqa: E402
-from tests.conftest import assert_tensorboard_log_is_the_record, run_cli  # noqa: E402
+from tests.conftest import assert_profiled, assert_tensorboard_log_is_the_record, run_cli  # noqa: E402
 
 
 def _config(workload: str, devices: int, per_device_batch: int, grad_accum: int) -> RunConfig:
@@ -197,7 +197,7 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
                    "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--data", "real",
                    "--data-dir", str(data_dir), "--tf-mode", mode, "--collective-timeout", "120",
                    "--timeout", "400", "--out", str(tmp_path), "--tensorboard", str(tmp_path / "tb"),
-                   *evaluated)
+                   "--profile", "2", *evaluated)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (path,) = (tmp_path / "runs").glob("*.json")
     record = json.loads(path.read_text())
@@ -219,3 +219,16 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     assert memory["processes_share"] is (mode == "mirrored") and len(memory["training_per_rank"]) == processes
     assert all(0 < t < p for t, p in zip(memory["training_per_rank"], memory["process_peak_per_rank"]))
     assert len(peak["per_rank"]) == processes and record["mfu_achievable"] > 0
+    assert_profiled(record, xspace_steps)
+    assert record["backend_metrics"]["attribution"]["categories"]["all_reduce"]["seconds"] > 0  # 2 replicas
+    assert record["backend_metrics"]["fast_path"]["options"]["xla_jit_compile"] is False
+
+
+def xspace_steps(folder: Path) -> int:
+    """The step annotations of the XSpace tf.profiler wrote in `folder`, parsed by TensorFlow's own schema."""
+    from backends.tf_mirrored.profile import read_xspace
+    from common.attribution import STEP_MARKER
+
+    [path] = folder.glob("plugins/profile/*/*.xplane.pb")
+    return sum(plane.event_metadata[e.metadata_id].name == STEP_MARKER
+               for plane in read_xspace(path).planes for line in plane.lines for e in line.events)

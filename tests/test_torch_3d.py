@@ -24,7 +24,7 @@ from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
 from common.results import load_records, validate_record
 from common.spec import BERT_SIZES, CNN
 from tests import faults
-from tests.conftest import run_recorded
+from tests.conftest import assert_profiled, chrome_trace_steps, run_recorded
 
 TINY = BERT_SIZES["tiny"]
 # Three steps of the tiny BERT, so the curve covers two updates after the first loss.
@@ -87,6 +87,7 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
     args, reference = LAYOUTS[name]
     if args is None:
         record = _swept(layout_sweep)[name]
+        assert_profiled(record, chrome_trace_steps)  # --profile 2 (conftest.LAYOUT_SWEEP)
     else:
         proc, record = _run(tmp_path / "out", *args)
         assert proc.returncode == 0, proc.stderr[-3000:]

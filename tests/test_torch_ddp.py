@@ -24,7 +24,7 @@ from common.loop import FAULT_AFTER_STEP_ENV, FAULT_MARKER_ENV, FAULT_RANK_ENV, 
 from common.results import validate_record
 from common.spec import BERT_SIZES, CNN
 from tests import faults
-from tests.conftest import assert_tensorboard_log_is_the_record, run_cli
+from tests.conftest import assert_profiled, assert_tensorboard_log_is_the_record, chrome_trace_steps, run_cli
 
 
 def _run(out: Path, *args: str, env: dict | None = None):
@@ -128,6 +128,10 @@ def test_compare_one_and_two_devices_on_real_mnist(torch_sweep):
         assert all(3 * 4 * 2_328_298 <= t < p for t, p in zip(memory["training_per_rank"],
                                                                memory["process_peak_per_rank"]))
         assert r["mfu"] is None and 0 < r["mfu_achievable"] < 1  # a CPU: the measured peak is the only one
+        assert_profiled(r, chrome_trace_steps)  # --profile 2 (conftest.TORCH_SWEEP)
+        assert r["backend_metrics"]["fast_path"]["options"]["fused_adamw"] is True
+    two = next(r for r in records if r["devices"] == 2)["backend_metrics"]["attribution"]["categories"]
+    assert two["all_reduce"]["seconds"] > 0  # DDP's gradient all-reduce, seen by the profiler on 2 ranks
     assert len({r["sweep_id"] for r in records}) == 1
     summary = pd.read_csv(out / "summary.csv")
     assert len(summary) == 4  # torch_dp's two rows too

@@ -17,7 +17,7 @@ from common.data.datasets import load_split
 from common.errors import Unsupported
 from common.results import validate_record
 from common.spec import BERT_SIZES, CNN
-from tests.conftest import run_cli
+from tests.conftest import assert_profiled, chrome_trace_steps, run_cli
 
 
 def _cfg(workload: str) -> RunConfig:
@@ -68,6 +68,7 @@ def test_record_at_one_device_on_real_mnist(torch_sweep):
     assert (r["strategy"], r["devices"], r["global_batch"], r["measured_steps"]) == ("DataParallel", 1, 64, 6)
     assert r["eval"]["count"] == 10000 and r["params"] == 2_328_298
     assert any("runs unwrapped" in n for n in r["notes"])
+    assert_profiled(r, chrome_trace_steps)  # --profile 2 (conftest.TORCH_SWEEP)
 
 
 @pytest.mark.e2e

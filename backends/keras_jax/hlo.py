@@ -47,3 +47,42 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
         kind["bytes"] += max(result, operands)
         kind["calls"] += 1
     return dict(found)
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s.*\{\s*$")
+_OP = re.compile(r"^\s+(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*.*?\s(?P<op>[a-z][a-z0-9\-_]*)\((?P<rest>.*)$")
+_CALLS = re.compile(r"calls=%?([\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_PLUMBING = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "reshape"}
+
+
+def describe(hlo_text: str) -> dict[str, str]:
+    """Every instruction of the program -> `name [opcodes it runs] @name scope`: a fusion's opcodes are those of
+    the computations it calls (plumbing left out), its scope the Keras/JAX name scope XLA kept in its metadata.
+    What a profile's events name (their `hlo_op`), described for backends.keras_jax.profile.RULES."""
+    computations: dict[str, list[tuple[str, str, list[str], str]]] = {}
+    current: list | None = None
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and not line.startswith(" "):
+            current = computations.setdefault(head["name"], [])
+            continue
+        op = _OP.match(line)
+        if op and current is not None:
+            scope = _OP_NAME.search(op["rest"])
+            current.append((op["name"], op["op"], _CALLS.findall(op["rest"]), scope[1] if scope else ""))
+
+    def opcodes(computation: str, seen: frozenset = frozenset()) -> set[str]:
+        out = set()
+        for _, opcode, calls, _ in computations.get(computation, []):
+            if opcode not in _PLUMBING:
+                out.add(opcode)
+            out |= set().union(*(opcodes(c, seen | {computation}) for c in calls if c not in seen))
+        return out
+
+    described = {}
+    for instructions in computations.values():
+        for name, opcode, calls, scope in instructions:
+            inner = set().union(*(opcodes(c) for c in calls)) if calls else {opcode}
+            described[name] = f"{name} [{','.join(sorted(inner))}] @{scope}"
+    return described

@@ -19,7 +19,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from backends.keras_jax.fast_path import fast_path
 from backends.keras_jax.hlo import collectives
+from backends.keras_jax.profile import JaxProfiler
 from common.achievable import timed_repeats
 from common.config import RunConfig
 from common.data.batches import StepBatch
@@ -42,6 +44,7 @@ def model_inputs(batch: dict) -> dict:
             "mask_positions": batch["mask_positions"]}
 
 
+@jax.named_scope("loss")  # names the loss's ops in the compiled program, for --profile's attribution
 def loss_and_correct(logits, batch: dict):
     """(sum of per-sample or per-token losses, number correct), unreduced, as tf_mirrored's."""
     logits = logits.astype(jnp.float32)
@@ -196,6 +199,9 @@ class JaxTrainer:
         times = [self._timed(reduce, buffer)[1] for _ in range(4)][1:]
         return self.dp, size * 4, times
 
+    def profiler(self, directory) -> JaxProfiler:
+        return JaxProfiler(directory, lambda: self._step_exec.as_text())
+
     # ------------------------------------------------------------------ feeding
     def _global(self, arrays: dict[str, np.ndarray], local_rows: bool) -> dict:
         """Global arrays sharded over "batch": from this process's rows (training: its replica's slice), or from
@@ -335,5 +341,6 @@ class JaxTrainer:
                        "compile_detection": "the step is lowered and compiled explicitly before its first call"}
         trainable = sum(a.size for a in self.trainable)
         fp32 = Fp32Math("tf32" if self._math_mode() == "tf32" else "fp32")
-        return merged(TrainableParams(trainable), fp32, self._state_bytes(), self._comm(), **compile_log,
+        return merged(TrainableParams(trainable), fp32, self._state_bytes(), self._comm(), fast_path(self.cfg),
+                      **compile_log,
                       xla_step_memory_per_device=self._memory_analysis(), **{FINAL_PARAMS: self._final_params()})

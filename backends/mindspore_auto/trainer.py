@@ -19,9 +19,11 @@ from mindspore import Tensor, amp, nn, ops
 from mindspore.communication import GlobalComm
 from mindspore.experimental.optim import AdamW
 
+from backends.mindspore_auto.fast_path import fast_path
 from backends.mindspore_auto.matmul import time_matmul
 from backends.mindspore_auto.models import INPUT_COLUMNS
 from backends.mindspore_auto.parallel_config import ParallelConfig
+from backends.mindspore_auto.profile import MindSporeProfiler
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch
 from common.memory import resident_peak_bytes
@@ -287,6 +289,9 @@ class MindSporeTrainer:
                 times.append(time.perf_counter() - t0)
         return self.processes, int(buffer.shape[0]) * 4, times
 
+    def profiler(self, directory: Path) -> MindSporeProfiler:
+        return MindSporeProfiler(directory, self.cfg.device_kind)
+
     def sync(self) -> None:
         # On CPU the step's asnumpy() has already waited for the graph; MindSpore has no CPU stream.
         if self.cfg.device_kind != "cpu":
@@ -357,10 +362,11 @@ class MindSporeTrainer:
         return float(self.loss_scaler.scale_value.asnumpy()) if self.loss_scaler is not None else None
 
     def backend_metrics(self) -> dict:
-        """The precision's facts; the worker adds the strategy's on rank 0, where they are at hand."""
+        """The precision's facts and the fast path; the worker adds the strategy's on rank 0, where they are at hand."""
+        fast = fast_path(self.cfg, self.step_cell.jit_config_dict.get("jit_level") or "O0").to_metrics()
         if self.loss_scaler is None:
-            return {}
-        return {"loss_scale_final": self._loss_scale(), "loss_scale_skipped_steps": self.skipped_steps}
+            return fast
+        return {**fast, "loss_scale_final": self._loss_scale(), "loss_scale_skipped_steps": self.skipped_steps}
 
     allocator_source = "mindspore.runtime.memory_allocated and max_memory_allocated"
 

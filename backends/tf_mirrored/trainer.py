@@ -18,7 +18,9 @@ import tensorflow as tf
 
 from backends.keras_common.optimizer import TorchAdamW
 from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from backends.tf_mirrored.fast_path import fast_path
 from backends.tf_mirrored.matmul import time_matmul
+from backends.tf_mirrored.profile import TfProfiler
 from common.compile_log import CompileLog
 from common.config import RunConfig
 from common.data.batches import StepBatch
@@ -163,6 +165,9 @@ class KerasTrainer:
         times = [self._timed(reduce, buffer)[1] for _ in range(4)][1:]
         return self.strategy.num_replicas_in_sync, size * 4, times
 
+    def profiler(self, directory: Path) -> TfProfiler:
+        return TfProfiler(directory)
+
     def _distributed_step(self, micro: tuple, denominator: tf.Tensor):
         return self.strategy.run(self._replica_step, args=(micro, denominator))
 
@@ -284,7 +289,7 @@ class KerasTrainer:
         # TensorFlow runs float32 matmuls and convolutions as TF32 on GPUs that have it, unless told not to.
         tf32 = self.device_kind == "cuda" and tf.config.experimental.tensor_float_32_execution_enabled()
         return {**(self.compile_log.metrics() if self.cfg.compile else {}), **scaling,
-                **Fp32Math("tf32" if tf32 else "fp32").to_metrics()}
+                **Fp32Math("tf32" if tf32 else "fp32").to_metrics(), **fast_path(self.cfg).to_metrics()}
 
     allocator_source = "tf.config.experimental.get_memory_info current and peak, summed over the logical GPUs"
 

@@ -17,6 +17,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.tensor import DTensor
 
 from backends.torch_common.comm import CommCounter
+from backends.torch_common.fast_path import fast_path
 from backends.torch_common.internals import pipeline_wait_timer
 from backends.torch_common.trainer import TorchTrainer, sample_count
 from backends.torch_common.weights import final_params
@@ -248,5 +249,6 @@ class LayoutTrainer(TorchTrainer):
             idle = [[r["idle"] for r in ranks if r["coords"]["pp"] == s] for s in range(self.layout.pp)]
             measured = self._probe and all(v is not None for stage in idle for v in stage)
             bubble = Bubble(self.layout.bubble(), [max(stage) for stage in idle] if measured else None)
+        fast = fast_path(self.cfg, self.device, bool(self.optimizer.defaults.get("fused")))
         return merged(TrainableParams(self._trainable), StateBytesPerRank.from_value([r["state"] for r in ranks]), comm,
-                      bubble, **{FINAL_PARAMS: dict(sorted(whole.items()))})
+                      bubble, fast, **{FINAL_PARAMS: dict(sorted(whole.items()))})

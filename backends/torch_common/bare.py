@@ -1,10 +1,10 @@
 """The plainest PyTorch training loop, the reference the torch backends are held against (bench.calibrate).
 
 No harness: the batches are tensors before the clock starts (as in Horovod's synthetic benchmarks), the
-loss is the mean cross-entropy, the optimizer torch's AdamW at the peak learning rate (fused on CUDA, as
-the suite's). torch_dp wraps the model in nn.DataParallel, torch_ddp in DistributedDataParallel; the loop
-is the same. --precision and --compile as a user writes them: autocast (with GradScaler for float16) and
-torch.compile of the wrapped model.
+loss is the mean cross-entropy, the optimizer torch's AdamW at the peak learning rate (fused, as the
+suite's: torch_common.fast_path). torch_dp wraps the model in nn.DataParallel, torch_ddp in
+DistributedDataParallel; the loop is the same. --precision and --compile as a user writes them: autocast
+(with GradScaler for float16) and torch.compile of the wrapped model.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backends.torch_common.fast_path import adamw
 from backends.torch_common.trainer import AUTOCAST_DTYPES, compile_options
 from common.calibration import BareClock
 from common.config import RunConfig
@@ -33,9 +34,7 @@ def loss_of(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def train(model: nn.Module, params, batches: list[dict[str, torch.Tensor]], cfg: RunConfig,
           device: torch.device) -> dict:
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay,
-                                  fused=device.type == "cuda" or None)
+    optimizer = adamw(params, cfg.optim)
     autocast = torch.autocast(device.type, dtype=AUTOCAST_DTYPES.get(cfg.precision, torch.float32),
                               enabled=cfg.precision in AUTOCAST_DTYPES)
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.precision == "fp16")

@@ -11,6 +11,8 @@ import importlib
 import time
 from collections.abc import Iterator
 
+import torch
+
 # torch.distributed.pipelining's schedules wait for each batch of a stage's sends and receives here:
 # the time a stage waits for its neighbours (its idle share of a step). No public hook exposes it.
 PIPELINE_WAIT = ("torch.distributed.pipelining.schedules", "_wait_batch_p2p")
@@ -43,3 +45,17 @@ def pipeline_wait_timer() -> Iterator[Stopwatch]:
         yield watch
     finally:
         setattr(module, PIPELINE_WAIT[1], original)
+
+
+def sdpa_backend(query, key, value, mask, dropout: float) -> str | None:
+    """The kernel F.scaled_dot_product_attention picks for these inputs (torch.nn.attention.SDPBackend's name, e.g.
+    FLASH_ATTENTION, MATH), by torch's own dispatcher (torch._fused_sdp_choice); None where that is gone."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:
+        return None
+    try:
+        chosen = int(choose(query, key, value, mask, dropout, False))
+    except (RuntimeError, TypeError):
+        return None
+    names = {int(v): k for k, v in torch.nn.attention.SDPBackend.__members__.items()}
+    return names.get(chosen)

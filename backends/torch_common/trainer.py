@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from backends.torch_common.comm import CommCounter, link_probe
+from backends.torch_common.fast_path import adamw, fast_path
 from backends.torch_common.matmul import time_matmul
+from backends.torch_common.profile import TorchProfiler
 from backends.torch_common.weights import final_params
 from common.checkpoints import commit, valid_checkpoints
 from common.compile_log import CompileLog
@@ -87,11 +89,7 @@ class TorchTrainer:
         self._counter, self._count_comm_in, self._counting_in_place = CommCounter(), count_comm_in, False
         self._metrics = metrics
         self.rank, self.world = rank, world
-        o = cfg.optim
-        # fused: one kernel for the whole update on CUDA, the same AdamW arithmetic (torch's default
-        # there is the multi-tensor foreach path); the CPU keeps torch's default.
-        self.optimizer = torch.optim.AdamW(core.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                           weight_decay=o.weight_decay, fused=device.type == "cuda" or None)
+        self.optimizer = adamw(core.parameters(), cfg.optim)  # fused (torch_common.fast_path)
         self.autocast = torch.autocast(device.type, dtype=AUTOCAST_DTYPES.get(cfg.precision, torch.float32),
                                        enabled=cfg.precision in AUTOCAST_DTYPES)
         # float16 gradients underflow: the loss is scaled up, the scale halved (and the step skipped)
@@ -178,6 +176,9 @@ class TorchTrainer:
     def link_probe(self, nbytes: float) -> tuple[int, int, list[float]]:
         return link_probe(nbytes, self.device) if self.world > 1 else (1, 0, [])
 
+    def profiler(self, directory: Path) -> TorchProfiler:
+        return TorchProfiler(directory, self.device, self.rank)
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -247,7 +248,8 @@ class TorchTrainer:
         counted = sum(p.numel() for p in self.core.parameters() if p.requires_grad)
         skipped = {"skipped_checkpoints": self.skipped_checkpoints} if self.skipped_checkpoints else {}
         extra = {**(self.compile_log.metrics() if self.cfg.compile else {}), **self._precision_metrics()}
-        return merged(TrainableParams(counted), **{FINAL_PARAMS: final_params(self.core)}, **skipped, **extra,
+        fast = fast_path(self.cfg, self.device, bool(self.optimizer.defaults.get("fused")))
+        return merged(TrainableParams(counted), fast, **{FINAL_PARAMS: final_params(self.core)}, **skipped, **extra,
                       **(self._metrics() if self._metrics else {}))
 
     def _precision_metrics(self) -> dict:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.reporting.attribution import attribution_blocks
 from bench.reporting.calibration import breakdown_blocks, calibration_blocks
 from bench.reporting.comparison import repeats_section
 from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
@@ -177,4 +178,5 @@ def build_report(records: list[dict], results: str, filters: str = "", skipped: 
     repeated, plots["repeats"] = repeats_section(records)
     blocks += repeated + calibration_blocks(records) + breakdown_blocks(records) + validation_blocks(Path(results)) \
         + published_blocks(Path(results))
+    blocks += attribution_blocks(records)
     return blocks, plots

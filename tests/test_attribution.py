@@ -1,0 +1,219 @@
+"""--profile's attribution on fixed events: time given out once (innermost event, threads split, idle only when
+nothing works), each framework's pattern table on op names taken from real traces, the section and the report."""
+from __future__ import annotations
+
+import pytest
+
+from bench.reporting.attribution import attribution_blocks, largest_difference, row_key
+from bench.reporting.document import Image, Table, Text
+from common.attribution import STEP_MARKER, Classifier, OpEvent, attribution, group_seconds, split_time
+from common.sections import ATTRIBUTION_CATEGORIES, Attribution
+
+# As the frameworks' tables: what encloses an op first (the optimizer), then the op's own name (anchored at the end).
+RULES = (("optimizer", r"Optimizer"), ("matmul", r"mm$"), ("host_idle", r"(wrapper|wait)$"), ("elementwise", r"add$"))
+
+
+def ev(name, start, end, thread="main"):
+    return OpEvent(name, start, end, thread)
+
+
+def test_the_innermost_event_owns_its_time_and_the_rest_of_the_window_is_host_idle():
+    events = [ev("wrapper", 0.0, 8.0), ev("mm", 1.0, 4.0), ev("add", 2.0, 3.0), ev("Optimizer", 5.0, 7.0),
+              ev("mm", 5.5, 6.0)]  # an mm inside the optimizer is the optimizer's
+    seconds, unclassified, _, concurrency = split_time(events, [(0.0, 10.0)], Classifier(RULES))
+    assert seconds == pytest.approx({"matmul": 2.0, "elementwise": 1.0, "optimizer": 2.0, "host_idle": 5.0})
+    assert concurrency == pytest.approx(1.0)
+    assert unclassified == {}
+
+
+def test_threads_that_work_at_once_split_the_time_and_a_waiting_thread_takes_none():
+    events = [ev("mm", 0.0, 4.0, "a"), ev("add", 2.0, 6.0, "b"), ev("wait", 0.0, 10.0, "main"),
+              ev("unknown op", 8.0, 9.0, "b")]
+    seconds, unclassified, _, concurrency = split_time(events, [(0.0, 10.0)], Classifier(RULES))
+    assert seconds == pytest.approx({"matmul": 3.0, "elementwise": 3.0, "other": 1.0, "host_idle": 3.0})
+    assert concurrency == pytest.approx(9.0 / 7.0)  # 2 threads for 2 s, 1 for 5 s
+    assert unclassified == pytest.approx({"unknown op": 1.0})
+    assert sum(seconds.values()) == pytest.approx(10.0)
+
+
+def test_only_the_step_windows_count_and_the_step_marker_is_host_time():
+    events = [ev("mm", 0.0, 3.0), ev(STEP_MARKER, 2.0, 4.0, "main2"), ev("mm", 5.0, 6.0)]
+    section = attribution(events, [(2.0, 4.0), (5.0, 7.0)], Classifier(RULES), wall_step_s=2.0,
+                          measured_step_s=1.5, profiler="test", trace_dir="/tmp", model_flops_per_step=4e9)
+    assert section.steps == 2 and section.step_s == pytest.approx(2.0)
+    assert section.categories["matmul"].seconds == pytest.approx(1.0)  # (1 + 1) s over 2 steps
+    assert section.categories["host_idle"].share == pytest.approx(0.5)
+    assert sum(c.share for c in section.categories.values()) == pytest.approx(1.0)
+    assert section.model_flops_per_s_in_matmul == pytest.approx(4e9)
+    assert set(section.categories) == set(ATTRIBUTION_CATEGORIES)
+    assert Attribution.from_metrics(section.to_metrics()) == section
+
+
+def test_counted_flops_go_to_the_events_category():
+    events = [OpEvent("mm", 0.0, 1.0, "t", flops=3e9), OpEvent("Optimizer", 1.0, 3.0, "t"),
+              OpEvent("mm", 1.5, 2.0, "t", flops=1e9)]
+    section = attribution(events, [(0.0, 4.0)], Classifier(RULES), wall_step_s=4.0, measured_step_s=None,
+                          profiler="test", trace_dir="/tmp")
+    assert section.categories["matmul"].flops_per_s == pytest.approx(3e9)
+    assert section.categories["optimizer"].flops_per_s == pytest.approx(1e9 / 2.0)
+
+
+def test_a_pattern_table_naming_an_unknown_category_is_refused():
+    with pytest.raises(ValueError, match="unknown attribution categories"):
+        Classifier((("matmuls", "mm"),))
+
+
+TORCH_NAMES = {
+    "aten::mm": "matmul",
+    "autograd::engine::evaluate_function: AddmmBackward0 > AddmmBackward0 > aten::mm": "matmul",
+    "autograd::engine::evaluate_function: AddmmBackward0": "host_idle",
+    "aten::scaled_dot_product_attention > aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
+    "Optimizer.step#AdamW.step > aten::_fused_adamw_": "optimizer",
+    "aten::cross_entropy_loss > aten::log_softmax > aten::_log_softmax": "softmax",
+    "aten::layer_norm > aten::native_layer_norm": "normalization",
+    "aten::gelu": "activation",
+    "aten::embedding > aten::index_select": "data_movement",
+    "c10d::allreduce_": "all_reduce",
+    "aten::add": "elementwise",
+    "aten::view": "host_idle",
+}
+TF_NAMES = {
+    "bert_mlm_1/mlm_head_1/token_embedding_1/Tensordot/MatMul:MatMul": "matmul",
+    "bert_mlm_1/transformer_layer_0_1/self_attention_layer_1/key_1/MatMul:BatchMatMulV2": "matmul",
+    "bert_mlm_1/transformer_layer_0_1/self_attention_layer_1/einsum/Einsum:Einsum": "attention",
+    "bert_mlm_1/transformer_layer_0_1/self_attention_layer_norm_1/moments/mean:Mean": "normalization",
+    "SparseSoftmaxCrossEntropyWithLogits/SparseSoftmaxCrossEntropyWithLogits:SparseSoftmaxCrossEntropyWithLogits":
+        "softmax",
+    "torch_adam_w/update_0_42/truediv:RealDiv": "optimizer",
+    "gradient_tape/bert_mlm_1/mlm_head_1/token_embedding_1/transpose/transpose:Transpose": "data_movement",
+    "bert_mlm_1/transformer_layer_0_1/feedforward_intermediate_dense_1/Gelu/mul_3:Mul": "activation",
+    "ExecutorState::Process": "host_idle",
+    "AddN_19:AddN": "elementwise",
+}
+JAX_NAMES = {
+    "ynn_fusion.68 [dot] @jit(_step)/jvp(mlm_head)/token_embedding/dot_general": "matmul",
+    "ynn_fusion.3 [reduce] @jit(_step)/transpose(jvp(mlm_head))/reduce_sum": "elementwise",
+    "ynn_fusion.96 [dot] @jit(_step)/jvp(transformer_layer_0)/self_attention_layer/vmap(BTNH,BSNH->BNTS)/dot_general":
+        "attention",
+    "wrapped_broadcast.10 [broadcast] @jit(_step)/jvp(transformer_layer_0)/self_attention_layer_norm/mul":
+        "normalization",
+    "copy_bitcast_fusion.31 [copy,transpose] @jit(_step)/transpose(jvp())/add_any": "data_movement",
+    "subtract_exponential_fusion [exponential,subtract] @jit(_step)/jvp(loss)/exp": "softmax",
+    "multiply_add_fusion.83 [add,multiply] @jit(_step)/torch_adam_w/add": "optimizer",
+    "multiply_tanh_fusion [add,multiply,tanh] @jit(_step)/jvp(transformer_layer_1)/feedforward_intermediate_dense/tanh":
+        "activation",
+    "PjitFunction(_step)": "host_idle",
+}
+MINDSPORE_NAMES = {
+    "Default/scaled_loss-ScaledLoss/loss_net-TrainLoss/loss_net-MlmLoss/model-BertMLM/head-MaskedLMHead/MatMul-op0":
+        "matmul",
+    "Gradients/Default/scaled_loss-ScaledLoss/loss_net-TrainLoss/loss_net-MlmLoss/model-BertMLM/layers-CellList/"
+    "0-EncoderLayer/Grad_BatchMatMul/BatchMatMul-op2": "attention",
+    "Expand/_SoftmaxBackward/ReduceSum-op0": "attention",
+    "Default/scaled_loss-ScaledLoss/loss_net-TrainLoss/loss_net-MlmLoss/loss-CrossEntropy/ReduceMax-op0": "softmax",
+    "Default/optimizer-AdamW/Addcmul-op0": "optimizer",
+    "Gradients/Default/scaled_loss-ScaledLoss/loss_net-TrainLoss/loss_net-MlmLoss/model-BertMLM/layers-CellList/"
+    "0-EncoderLayer/Grad_GeLU/GeLUGrad-op0": "activation",
+    "Default/TensorMove-op3": "data_movement",
+    "Gradients/Default/AddN-op0": "elementwise",
+}
+
+
+@pytest.mark.parametrize("module, names", [
+    ("backends.torch_common.profile", TORCH_NAMES), ("backends.tf_mirrored.profile", TF_NAMES),
+    ("backends.keras_jax.profile", JAX_NAMES), ("backends.mindspore_auto.profile", MINDSPORE_NAMES)],
+    ids=["torch", "tensorflow", "jax", "mindspore"])
+def test_each_frameworks_table_classifies_its_own_op_names(module, names):
+    import importlib
+
+    classify = Classifier(importlib.import_module(module).RULES)
+    assert {path: classify(path) for path in names} == names
+
+
+def _record(backend: str, framework: str, shares: dict[str, float], step_s: float) -> dict:
+    categories = {c: {"seconds": shares.get(c, 0.0) * step_s, "share": shares.get(c, 0.0)}
+                  for c in ATTRIBUTION_CATEGORIES}
+    section = {"step_s": step_s, "wall_step_s": step_s, "measured_step_s": step_s * 0.9, "steps": 2,
+               "categories": categories, "profiler": "test", "trace_dir": "/tmp"}
+    return {"status": "ok", "backend": backend, "framework": framework, "workload": "mlm", "devices": 1,
+            "global_batch": 32, "config": {"model_size": "tiny", "precision": "fp32"}, "started_at": "2026",
+            "layout": {"dp": 1, "tp": 1, "pp": 1}, "backend_metrics": {"attribution": section}}
+
+
+def test_the_report_stacks_each_backend_and_names_the_largest_gap_between_frameworks():
+    torch = _record("torch_ddp", "pytorch", {"matmul": 0.5, "softmax": 0.1, "host_idle": 0.4}, 1.0)
+    tf = _record("tf_mirrored", "tensorflow", {"matmul": 0.4, "softmax": 0.3, "host_idle": 0.3}, 2.0)
+    # torch_dp's matmul is 700 ms above torch_ddp's, but they are one framework: not compared.
+    dp = _record("torch_dp", "pytorch", {"matmul": 0.5, "softmax": 0.25, "host_idle": 0.25}, 2.4)
+    assert row_key(torch) == row_key(tf)
+    words = largest_difference({"torch_ddp": torch, "tf_mirrored": tf, "torch_dp": dp})
+    # other compute: 0.6 s against 0.1 s
+    assert words.startswith("other compute: 600 ms per step in tf_mirrored (tensorflow, 30% of its 2000 ms step)")
+    assert "against 100 ms in torch_ddp" in words and "a difference of 500 ms where the two steps differ by +1000 ms" \
+        in words
+    blocks = attribution_blocks([torch, tf, dp])
+    [table] = [b for b in blocks if isinstance(b, Table)]
+    rows = {row[1]: dict(zip(table.columns, row)) for row in table.rows}
+    assert rows["tf_mirrored"]["other compute ms"] == "600 (30%)" and rows["torch_ddp"]["matmul ms"] == "500 (50%)"
+    assert any(isinstance(b, Image) and b.png for b in blocks)
+    assert any(isinstance(b, Text) and "Largest difference" in b.text and "other compute" in b.text for b in blocks)
+    assert group_seconds(Attribution.from_metrics(tf["backend_metrics"]))["host/idle"] == pytest.approx(0.6)
+
+
+def test_profile_takes_a_default_number_of_steps_and_a_sweep_passes_it_on(tmp_path):
+    from bench.cli import forwarded
+    from bench.run import build_config, build_parser
+    from common.profile import DEFAULT_STEPS, PROFILES
+
+    parse = build_parser().parse_args
+    base = ["--backend", "torch_ddp", "--workload", "cnn", "--devices", "1", "--out", str(tmp_path)]
+    assert parse([*base, "--profile"]).profile == DEFAULT_STEPS and parse(base).profile == 0
+    args = parse([*base, "--profile", "2", "--data", "synthetic"])
+    assert forwarded(args, ())[forwarded(args, ()).index("--profile") + 1] == "2"
+
+    class Plan:
+        kind, virtual, threads_per_device = "cpu", True, 1
+    cfg = build_config(args, "run-1", Plan())
+    assert (cfg.profile_steps, cfg.profile_dir) == (2, str((tmp_path / PROFILES).resolve()))
+    assert cfg.feed_steps == cfg.total_steps + 2  # the data feed serves the profiled steps too
+
+
+HLO = """HloModule jit__step, entry_computation_layout={(f32[8,4]{1,0})->f32[8,4]{1,0}}
+
+%fused_computation (param_0: f32[8,4], param_1: f32[4,4]) -> f32[8,4] {
+  %param_0 = f32[8,4]{1,0} parameter(0)
+  %param_1 = f32[4,4]{1,0} parameter(1)
+  %dot.1 = f32[8,4]{1,0} dot(%param_0, %param_1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %add.2 = f32[8,4]{1,0} add(%dot.1, %dot.1)
+}
+
+ENTRY %main.9 (x: f32[8,4]) -> f32[8,4] {
+  %x = f32[8,4]{1,0} parameter(0)
+  %w = f32[4,4]{1,0} constant({...})
+  %fusion.12 = f32[8,4]{1,0} fusion(%x, %w), kind=kOutput, calls=%fused_computation, """ \
+    """metadata={op_name="jit(_step)/jvp(mlm_head)/dense/dot_general" source_file="x.py"}
+  ROOT %copy.3 = f32[8,4]{0,1} copy(%fusion.12), metadata={op_name="jit(_step)/transpose(jvp())/add_any"}
+}
+"""
+
+
+def test_an_xla_event_is_described_by_what_its_fusion_runs_and_its_scope():
+    from backends.keras_jax.hlo import describe
+
+    described = describe(HLO)
+    assert described["fusion.12"] == "fusion.12 [add,dot] @jit(_step)/jvp(mlm_head)/dense/dot_general"
+    assert described["copy.3"] == "copy.3 [copy] @jit(_step)/transpose(jvp())/add_any"
+    classify = Classifier(__import__("backends.keras_jax.profile", fromlist=["RULES"]).RULES)
+    assert (classify(described["fusion.12"]), classify(described["copy.3"])) == ("matmul", "data_movement")
+
+
+def test_a_sweep_speaks_of_threads_per_virtual_cpu_only_where_its_devices_are_cpus(monkeypatch):
+    """Issue #30: a GPU sweep printed "16 thread(s) per virtual CPU device"."""
+    from common import devices
+
+    assert devices.threads_phrase(16, "cuda") == ""
+    assert devices.threads_phrase(2, "cpu") == ", 2 thread(s) per virtual CPU device"
+    monkeypatch.setattr(devices, "accelerator_driver_present", lambda: True)
+    assert devices.threads_phrase(16, "auto") == ""
+    monkeypatch.setattr(devices, "accelerator_driver_present", lambda: False)
+    assert devices.threads_phrase(1, "auto") == ", 1 thread(s) per virtual CPU device"
