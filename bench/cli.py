@@ -188,6 +188,11 @@ RUN_OPTIONS = (
     _option("--breakdown-steps", type=non_negative_int, default=0,
             help="after training and evaluation, K probe steps timing forward+backward, gradient communication, "
                  "optimizer and data apart (backend_metrics.breakdown); default 0: none"),
+    _option("--memory-per-device", type=positive_float, metavar="GIB",
+            help="memory one device may use (GiB): a run predicted not to fit is refused before it starts, "
+                 "status invalid in a sweep (default: a GPU's own memory; none on CPU devices)"),
+    _option("--no-fit-check", action="store_true",
+            help="start a run even when it is predicted not to fit its devices (the prediction is still recorded)"),
     _option("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)"),
     _option("--collective-timeout", type=positive_float, default=300.0,
             help="limit for any rendezvous or collective (s)"),

@@ -48,6 +48,7 @@ class Basis:
     precision: str = "fp32"        # --precision: activations take 2 bytes a value under amp/fp16
     record_ids: tuple[str, ...] = ()
     interruption_share: float = 0.0  # share of a 1-device step lost to interruptions (interruption_share())
+    recompute: bool = False        # measured with --recompute: its time per multiply-add holds the recomputation
 
     @property
     def assumed(self) -> bool:
@@ -185,7 +186,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
                  training_overhead=training - counted_training if training else None,
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
-                 interruption_share=interruption_share(main),
+                 interruption_share=interruption_share(main), recompute=record_layout(main).recompute,
                  precision=(main.get("config") or {}).get("precision") or "fp32")
 
 
