@@ -116,6 +116,8 @@ def make_plan(args, validation: dict | None = None) -> dict:
         if validation is None:
             validation, how = _validation(source, records, hardware)
             where += f"; errors from {how}"
+        if validation:
+            where += f" ({len(validation.get('runs', []))} runs validated)"
     available = args.memory_per_device * GIB if args.memory_per_device else hardware.memory_bytes
     space = enumerate_layouts(spec, args.devices, batch, args.micro_batches,
                               backend_refusal(args.backend, args.workload, args.model_size, args.devices, batch,
@@ -130,7 +132,8 @@ def make_plan(args, validation: dict | None = None) -> dict:
         r.auto_split = r.layout in space.auto
     pick = rows[0] if rows and rows[0].rank == 1 else None
     return document(args, hardware, basis.label + f" ({where})", available, step_error, mem_error, space, rows,
-                    [explain(r, pick, step_error) if pick and r.rank else "" for r in rows], batch)
+                    [explain(r, pick, step_error, rows[i - 1] if i else None) if pick and r.rank else ""
+                     for i, r in enumerate(rows)], batch)
 
 
 def _validation(source: Path, records: list[dict], hardware) -> tuple[dict | None, str]:

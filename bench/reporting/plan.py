@@ -34,10 +34,11 @@ def document(args, hardware, basis: str, available: float, step_error: float | N
     tied = [r.layout.name for r in ranked[1:] if r.separable is False or abs(r.step_s / pick.step_s - 1) <= 1e-9]
     limit = (f"--memory-per-device {args.memory_per_device:g} GiB" if args.memory_per_device
              else f"{hardware.name}'s memory")
+    reasons = sorted(space.reasons().items(), key=lambda kv: -kv[1])
     summary = [f"space: {len(space.valid)} valid layouts of {args.devices} devices for {args.backend}; "
-               f"{len(space.refused)} candidates refused ("
-               + "; ".join(f"{n} x {why}" for why, n in sorted(space.reasons().items(), key=lambda kv: -kv[1])[:3])
-               + (", ..." if len(space.reasons()) > 3 else "") + ")"]
+               f"{len(space.refused)} candidates refused"
+               + (" (" + "; ".join(f"{n} x {why}" for why, n in reasons[:3]) + ("; ..." if len(reasons) > 3 else "")
+                  + ")" if reasons else "")]
     dropped = [r for r in rows if r.fit == "does not fit"]
     maybe = [r for r in ranked if r.fit == "may not fit"]
     allowance = f", allowing the model's measured memory error {mem_error:.0%}" if mem_error else \

@@ -101,8 +101,18 @@ def decides(pick: Ranked, other: Ranked) -> list[tuple[str, float]]:
     return sorted(((p, d) for p, d in more if d > 0), key=lambda pd: -pd[1])
 
 
-def explain(row: Ranked, pick: Ranked, error: float | None) -> str:
-    """One line: why this row stands where it does against the pick."""
+def explain(row: Ranked, pick: Ranked, error: float | None, previous: Ranked | None = None) -> str:
+    """One line: why this row stands where it does against the pick (and, where the model gives it the step of
+    the row above, what tells the two apart)."""
+    text = _against_pick(row, pick, error)
+    if previous is not None and previous is not pick and row is not pick \
+            and abs(row.step_s / previous.step_s - 1) <= SAME:
+        text += f"; the same predicted step as {previous.layout.name}" + (
+            f", {'more' if row.memory > previous.memory else 'less'} memory" if row.memory != previous.memory else "")
+    return text
+
+
+def _against_pick(row: Ranked, pick: Ranked, error: float | None) -> str:
     if row is pick:
         shares = ", ".join(f"{PARTS[p]} {s / row.step_s:.0%}" for p, s in row.parts.items()
                            if p != "overhead" and s / row.step_s >= 0.005)
