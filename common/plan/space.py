@@ -2,7 +2,7 @@
 
 Nothing here decides what is valid. The candidates are spanned by common.layout's OPTIONS: every mesh dp x tp x
 pp = N, every value of each option (its choices, on and off for a switch, the micro-batch counts asked for or
-every count up to the global batch; the stage splits even, auto and every contiguous placement of the encoder
+every count the global batch divides into; the stage splits even, auto and every contiguous placement of the encoder
 layers while there are at most MAX_PLACEMENTS), an option that needs a dimension only where the mesh has it.
 Kept are those
   - a layout name can say (Layout.parse(layout.name) == layout: bench.compare --layouts can run it; this leaves
@@ -49,6 +49,12 @@ def meshes(devices: int) -> list[tuple[int, int, int]]:
             for tp in range(1, devices // dp + 1) if (devices // dp) % tp == 0]
 
 
+def divisors(n: int) -> list[int]:
+    """The micro-batch counts tried by default: those the global batch divides into (Layout.validate keeps the
+    ones that also divide each replica's share and fill the stages)."""
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
 @lru_cache(maxsize=64)
 def placements(layers: int, stages: int) -> tuple[str, ...]:
     """Every contiguous placement of `layers` on `stages`, each stage >= 1 layer, as --stage-split counts."""
@@ -66,7 +72,7 @@ def _bases(mesh: tuple[int, int, int], global_batch: int, micro_batches: Sequenc
         if o.dim or o.field == "stage_split" or (o.needs and mesh_of[o.needs] == 1):
             continue
         if o.field == "micro_batches":
-            domain[o.field] = sorted(set(micro_batches or range(1, global_batch + 1)))
+            domain[o.field] = sorted(set(micro_batches or divisors(global_batch)))
         elif o.choices:
             domain[o.field] = o.choices
         elif isinstance(o.default, bool):
