@@ -177,6 +177,20 @@ def test_the_check_goals_by_hand():
     assert goals(plan)["fit"]["wrong"] == ["d"]
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--devices", "1", "--assume-mfu", "0.4"], "--devices 1"),
+    (["--devices", "2"], "--from RESULTS"),
+    (["--devices", "2", "--assume-mfu", "0.4", "--run"], "--run measures on this machine"),
+    (["--devices", "2", "--from", "{empty}"], "no 1-device mlm run on cpu"),
+], ids=["one device", "no basis", "run an assumption", "no 1-device run"])
+def test_bench_plan_bad_input_is_one_line(args, says, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        plan_cli.main([a.replace("{empty}", str(tmp_path)) for a in args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and says in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- the fit check before launch
 
 def test_bench_run_refuses_a_run_predicted_not_to_fit_with_its_figures(tmp_path, capsys):

@@ -123,7 +123,8 @@ def _against_pick(row: Ranked, pick: Ranked, error: float | None) -> str:
         if row.memory != pick.memory:
             what += f", {'more' if row.memory > pick.memory else 'less'} memory"
         return what
-    reasons = ", ".join(f"+{d * 1e3:,.0f} ms {PARTS[p]}" for p, d in row.decides[:3])
+    total = sum(d for _, d in row.decides)
+    reasons = ", ".join(f"+{d * 1e3:,.3g} ms {PARTS[p]}" for p, d in row.decides[:3] if d >= 0.05 * total)
     text = f"{gap:+.1%} against the pick: {reasons}" if reasons else f"{gap:+.1%} against the pick"
     if error is not None and not row.separable:
         text += f"; within the ranking error ({error:.1%}): not separable from the pick"
