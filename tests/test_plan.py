@@ -6,7 +6,6 @@ import json
 import math
 from dataclasses import replace
 from itertools import product
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,9 @@ from bench import run as bench_run
 from bench.fit import VALIDATION
 from bench.plan_run import attach_measured
 from bench.plan_space import backend_refusal
+from bench.reporting.compose import build_report
 from bench.reporting.document import to_markdown
-from bench.reporting.plan import PLANS_DIR, plan_blocks
+from bench.reporting.plan import PLANS_DIR
 from bench.reporting.validation import FILE as VALIDATION_FILE
 from common.errors import BadInput
 from common.layout import Layout
@@ -270,5 +270,5 @@ def test_a_plan_from_a_real_sweep_ranks_explains_and_meets_its_measurements(layo
     assert "Measured: fastest" in measured["measured"]["summary"]
     (tmp_path / PLANS_DIR).mkdir()
     (tmp_path / PLANS_DIR / "p.json").write_text(json.dumps(measured))
-    report = to_markdown(plan_blocks(Path(tmp_path)))
+    report = to_markdown(build_report(load_records(out), str(tmp_path))[0])
     assert "Plans: layouts chosen without trial runs" in report and "dp2" in report

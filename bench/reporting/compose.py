@@ -12,6 +12,7 @@ from bench.reporting.comparison import repeats_section
 from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
 from bench.reporting.layout_plot import layout_plot
 from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
+from bench.reporting.plan import plan_blocks
 from bench.reporting.plots import PLOTTERS, Plot, mark_absent
 from bench.reporting.series import DATA_NAMES, Series, build_series
 from bench.reporting.tables import workload_table
@@ -166,4 +167,5 @@ def build_report(records: list[dict], results: str, filters: str = "", skipped: 
         plots[workload] += layout_plots
     repeated, plots["repeats"] = repeats_section(records)
     blocks += repeated + calibration_blocks(records) + breakdown_blocks(records) + validation_blocks(Path(results))
+    blocks += plan_blocks(Path(results))
     return blocks, plots
