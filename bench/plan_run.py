@@ -97,7 +97,8 @@ def measure(console: Console, plan: dict, args) -> dict:
     names = [r["layout"] for r in plan["rows"] if r["rank"] and r["rank"] <= args.top]
     out = Path(args.out)
     before = {r["run_id"] for r in load_records(out)}
-    cmd = compare_command(plan, names, str(out), args.steps, args.warmup_steps, args.repeats, args.data)
+    limit = ("--memory-per-device", f"{args.memory_per_device:g}") if args.memory_per_device else ()
+    cmd = compare_command(plan, names, str(out), args.steps, args.warmup_steps, args.repeats, args.data, limit)
     console.print(f"running the top {len(names)}: {' '.join(cmd[1:])}")
     done = subprocess.run(cmd, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
