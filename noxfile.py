@@ -144,3 +144,12 @@ def _bench_session(backend: str) -> None:
 
 for _name in BACKENDS:
     _bench_session(_name)
+
+
+@nox.session(python="3.11", name="plan-check")
+def plan_check(session: nox.Session) -> None:
+    """bench.plan against exhaustive measurement (not in CI: tens of minutes): every layout of 2 devices for the tiny
+    and mini MLM measured, the planner's pick, ranking and fit calls held to their goals (docs/plan.md); arguments
+    after -- go to bench.plan_check."""
+    session.install("-e", ".[torch]")
+    session.run("python", "-m", "bench.plan_check", *session.posargs, env=_env())

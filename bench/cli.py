@@ -195,6 +195,11 @@ RUN_OPTIONS = (
                  "goes per op category in backend_metrics.attribution; default: none"),
     _option("--profile-dir", metavar="DIR",
             help="where --profile writes its traces, DIR/<run id>/rank<R>/ (default OUT/profiles)"),
+    _option("--memory-per-device", type=positive_float, metavar="GIB",
+            help="memory one device may use (GiB): a run predicted not to fit is refused before it starts, "
+                 "status invalid in a sweep (default: a GPU's own memory; none on CPU devices)"),
+    _option("--no-fit-check", action="store_true",
+            help="start a run even when it is predicted not to fit its devices (the prediction is still recorded)"),
     _option("--timeout", type=positive_float, default=3600.0, help="wall-clock limit per run (s)"),
     _option("--collective-timeout", type=positive_float, default=300.0,
             help="limit for any rendezvous or collective (s)"),

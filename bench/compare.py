@@ -53,6 +53,7 @@ from common.devices import default_threads_per_device, threads_phrase
 from common.errors import BadInput, Cancelled
 from common.launch import TERM_GRACE_S, cancel_on_signals, child_env, log_tail
 from common.layout import Layout
+from common.plan.fit import DoesNotFit
 from common.record import skeleton
 from common.results import (
     load_records,
@@ -64,6 +65,7 @@ from common.results import (
     write_summary,
 )
 from common.scheduler import job_node_count, srun_command
+from common.sections import FitCheck
 
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of --timeout
 # The run options a --layouts entry sets (and bench.compare then refuses on its own command line).
@@ -105,9 +107,9 @@ def run_command(args, backend: str, workload: str, devices: int, run_id: str, sw
     return cmd
 
 
-def bad_input(args, plan, sweep_id: str) -> dict[int, str]:
-    """bench.run's own checks (those that need no framework) for every planned run, in this process:
-    why each run that bench.run would refuse is bad input, by its index in the plan."""
+def bad_input(args, plan, sweep_id: str) -> dict[int, BadInput]:
+    """bench.run's own checks (those that need no framework, the fit check among them) for every planned run, in
+    this process: why each run that bench.run would refuse is bad input, by its index in the plan."""
     parser = bench_run.build_parser()
     # Under --srun every run spans the job's nodes: its world (and so its batch split) is nodes x devices.
     nodes = ["--nnodes", str(args.job_nodes)] if args.srun else []
@@ -117,18 +119,21 @@ def bad_input(args, plan, sweep_id: str) -> dict[int, str]:
         try:
             bench_run.check_run(parser.parse_args(cmd[3:] + nodes))
         except BadInput as exc:
-            bad[i] = str(exc)
+            bad[i] = exc
     return bad
 
 
 def record_harness_failure(args, backend, workload, devices, run_id, sweep_id, status, error, layout=None,
-                           grad_accum: int = 1) -> None:
-    """bench.run ended without a record (bad input for this N, or it died): the sweep writes one."""
+                           grad_accum: int = 1, fit: FitCheck | None = None) -> None:
+    """bench.run ended without a record (bad input for this N, or it died): the sweep writes one; a run refused
+    as predicted not to fit keeps the figures (`fit`)."""
     record = skeleton(run_id, backend, workload, devices, utc_now(), sweep_id=sweep_id,
                       sweep_command=getattr(args, "sweep_command", ""), scaling=args.scaling, seed=args.seed,
                       data=args.data)
     if layout:  # so that the report still names the layout that did not run
         record.update(layout=asdict(layout), config={"grad_accum": grad_accum})
+    if fit is not None:
+        record.update(fit.to_record())
     record.update(status=status, error=error, duration_s=0.0)
     write_record(record, Path(args.out))
 
@@ -153,14 +158,15 @@ class SweepCancelled(Exception):
 
 
 def run_one(args, backend, workload, devices, sweep_id, log_dir: Path, layout: Layout | None = None,
-            grad_accum: int = 1, invalid: str | None = None, srun_nodes: int = 0) -> str:
+            grad_accum: int = 1, invalid: BadInput | None = None, srun_nodes: int = 0) -> str:
     """One bench.run; with `srun_nodes`, as a SLURM job step over that many nodes (--srun), `devices` on each."""
     world = devices * max(srun_nodes, 1)  # the run's name and a harness record count the world, as bench.run does
     run_id = new_run_id(backend, workload, world)
     if invalid:  # bad input for this run only (the sweep refused input bad for every run)
         what = f"layout {layout.name}" if layout else f"{devices} device(s)"
         record_harness_failure(args, backend, workload, world, run_id, sweep_id, "invalid",
-                               f"invalid for {what}: {invalid}", layout, grad_accum)
+                               f"invalid for {what}: {invalid}", layout, grad_accum,
+                               invalid.check if isinstance(invalid, DoesNotFit) else None)
         return run_id
     log = log_dir / f"{run_id}.log"
     record = Path(args.out) / "runs" / f"{run_id}.json"
@@ -344,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep_id = datetime.now(timezone.utc).strftime(f"{prefix}%Y%m%dT%H%M%SZ-") + secrets.token_hex(3)
     invalid = bad_input(args, plan, sweep_id)
     if len(invalid) == len(plan):  # bad for every run: refused before anything is written
-        parser.error("; ".join(dict.fromkeys(invalid.values())))
+        parser.error("; ".join(dict.fromkeys(map(str, invalid.values()))))
     out = Path(args.out)
     log_dir = out / "logs" / sweep_id
     log_dir.mkdir(parents=True, exist_ok=True)

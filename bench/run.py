@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from backends import BACKEND_ONLY, BACKENDS, load_backend
@@ -34,6 +34,7 @@ from bench.cli import (
     relative_size,
     workload_names,
 )
+from bench.fit import fit_before_launch
 from common.calibration import BARE_RESULTS, check_bare
 from common.config import RunConfig, per_device_batch_for
 from common.data.batches import TrainBatches
@@ -49,6 +50,7 @@ from common.profile import PROFILES
 from common.record import compile_notes, describe_config, measured_fields, skeleton, utilisation
 from common.results import NODE_RECORDS, RUN_RECORDS, new_run_id, utc_now, write_json_atomic, write_record
 from common.scheduler import slurm_step
+from common.sections import FitCheck
 from common.spec import DEFAULTS, model_spec
 from common.tensorboard import check_available as check_tensorboard
 
@@ -171,23 +173,29 @@ class Checked:
     per_device_batch: int
     data_dir: Path
     data: str
+    fit: FitCheck | None   # memory per device predicted before launch (bench.fit); None: not asked
 
 
-def check_run(args) -> Checked:
+def check_run(args, fit: bool = True) -> Checked:
     """Every check of a run that needs no framework and no data loaded: bench.compare calls it for each
-    run it plans, before the sweep starts. The parallel layout is validated here, once, for every backend."""
+    run it plans, before the sweep starts. The parallel layout is validated here, once, for every backend.
+    `fit`: also predict its memory per device and refuse it where it does not fit (bench.plan asks without:
+    it holds every layout against a limit of its own)."""
     check_options(args)
     defaults = DEFAULTS[args.workload]
     layout = Layout.for_devices(world_size(args), **{o.field: getattr(args, o.field) for o in LAYOUT_OPTIONS})
     per_device = per_device_batch_for(scaling_of(args), args.batch_size or defaults.per_device_batch,
                                       layout.dp, layout.accumulation(args.grad_accum))
-    layout.validate(model_spec(args.workload, args.model_size),
-                    per_device * layout.dp * layout.accumulation(args.grad_accum), args.grad_accum)
+    global_batch = per_device * layout.dp * layout.accumulation(args.grad_accum)
+    layout.validate(model_spec(args.workload, args.model_size), global_batch, args.grad_accum)
     data_dir = resolve_data_dir(args.data_dir)
     data = resolve_data_mode(args.data, args.workload, data_dir)
     if not args.epochs:
         check_warmup(args, args.steps or defaults.default_steps)
-    return Checked(layout, per_device, data_dir, data)
+    # Accumulated micro-batches hold one micro-batch's activations at a time, as a pipeline's stage does.
+    check = fit_before_launch(args, replace(layout, micro_batches=layout.accumulation(args.grad_accum)),
+                              global_batch, args.devices) if fit else None
+    return Checked(layout, per_device, data_dir, data, check)
 
 
 def check_warmup(args, total: int) -> int:
@@ -315,6 +323,8 @@ def run(args, run_id: str, workdir: Path) -> int:
         plan = backend.plan_devices(args.devices, args.device_kind, args.threads_per_device or 1)
         cfg = build_config(args, run_id, plan, checked)
         record.update(describe_config(cfg, plan, backend))
+        if checked.fit:
+            record.update(checked.fit.to_record())
         if cfg.multi_node and not backend.spans_hosts(cfg):
             raise BadInput(f"--nnodes {cfg.nnodes}: {backend.strategy_name(cfg)} runs on one host; several hosts "
                            "need torch_ddp, torch_3d, tf_mirrored --tf-mode multi_worker, keras_jax --jax-mode "

@@ -1,7 +1,10 @@
 """Which devices a run uses, and how CPU cores are shared when the devices are virtual."""
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -80,3 +83,23 @@ def shared_cuda_plan(count: int, names: list[str], how: str) -> DevicePlan:
     used = names[:count]
     return DevicePlan("cuda", count, True, 0, False,
                       f"{count} virtual devices on {len(used)} x {used[0]} ({how})", tuple(used))
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_memory_bytes() -> tuple[int, ...]:
+    """The total memory of each NVIDIA GPU this process may use, from nvidia-smi (no framework imported: a fit
+    check runs before any); () without an NVIDIA driver or nvidia-smi. CUDA_VISIBLE_DEVICES (indices or UUIDs,
+    as nvidia-smi --id takes them) selects the GPUs as CUDA would."""
+    if not accelerator_driver_present() or shutil.which("nvidia-smi") is None:
+        return ()
+    cmd = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        if not visible.strip():
+            return ()
+        cmd.append(f"--id={visible}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+        return tuple(int(float(v)) * 2**20 for v in out.split())  # MiB
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return ()

@@ -307,7 +307,36 @@ class AchievablePeak(RecordSection):
         return known
 
 
-RECORD_SECTIONS: tuple[type[RecordSection], ...] = (Memory, AchievablePeak)
+FIT_VERDICTS = ("fits", "may not fit", "does not fit", "not checked")
+
+
+@dataclass(frozen=True)
+class FitCheck(RecordSection):
+    """Memory per device predicted before the run started (common.plan.fit), held against the device's limit:
+    per rank (process) the bytes predicted, which bear on the measured peak beside them (peak_memory_per_rank);
+    `available_bytes` and where that limit came from (None: none known, nothing checked); `error`: the model's
+    measured memory error the verdict allows for; `counts`: what the prediction holds."""
+    key: ClassVar[str] = "fit_check"
+    predicted_per_rank: list[int] | None
+    available_bytes: int | None
+    limit: str
+    verdict: str
+    counts: str
+    error: float | None = None
+
+    @classmethod
+    def from_value(cls, raw):
+        known = super().from_value(raw)
+        if known.predicted_per_rank is not None:
+            _numbers(known.predicted_per_rank, "predicted_per_rank", nullable=False)
+        if known.available_bytes is not None:
+            _numbers([known.available_bytes], "available_bytes", nullable=False)
+        if known.verdict not in FIT_VERDICTS:
+            raise ValueError(f"verdict: expected one of {FIT_VERDICTS}, got {known.verdict!r}")
+        return known
+
+
+RECORD_SECTIONS: tuple[type[RecordSection], ...] = (Memory, AchievablePeak, FitCheck)
 
 
 def record_section_problems(record: dict) -> list[str]:

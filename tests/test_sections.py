@@ -16,6 +16,7 @@ from common.sections import (
     Collective,
     CommPerStep,
     FastPath,
+    FitCheck,
     Fp32Math,
     GradComm,
     Memory,
@@ -80,6 +81,7 @@ def test_a_record_with_a_malformed_section_is_refused():
 TOP_LEVEL = [
     Memory([2_300_000_000, 2_200_000_000], [150_000_000, None], "growth of VmHWM", False, [2_000_000_000, None]),
     AchievablePeak(6.1e10, "fp32", "best of 5", [512, 512, 512], [6.1e10, None]),
+    FitCheck([600_000_000, 580_000_000], 1_073_741_824, "--memory-per-device 1 GiB", "fits", "state", 0.12),
 ]
 
 
@@ -104,6 +106,8 @@ def test_a_top_level_section_reads_back_what_was_written(section):
     ("achievable_peak", {"flops_per_s": "fast", "precision": "fp32", "method": "m", "shape": [4, 4, 4],
                          "per_rank": [1.0]}, "flops_per_s"),
     ("mfu_achievable", -0.5, "mfu_achievable"),
+    ("fit_check", {"predicted_per_rank": [1], "available_bytes": 2, "limit": "x", "verdict": "squeezes",
+                   "counts": "y"}, "verdict"),
 ])
 def test_a_record_with_a_malformed_top_level_section_is_refused(key, value, says):
     problems = validate_record({"status": "failed", "error": "x", key: value})

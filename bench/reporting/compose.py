@@ -14,6 +14,7 @@ from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Te
 from bench.reporting.keys import describe_sweep
 from bench.reporting.layout_plot import layout_plot
 from bench.reporting.layouts import in_layout_table, layout_frame, layout_table
+from bench.reporting.plan import plan_blocks
 from bench.reporting.plots import PLOTTERS, Plot, mark_absent
 from bench.reporting.published_plot import published_blocks
 from bench.reporting.series import DATA_NAMES, Series, build_series, describe_lines
@@ -179,4 +180,5 @@ def build_report(records: list[dict], results: str, filters: str = "", skipped: 
     blocks += repeated + calibration_blocks(records) + breakdown_blocks(records) + validation_blocks(Path(results)) \
         + published_blocks(Path(results))
     blocks += attribution_blocks(records)
+    blocks += plan_blocks(Path(results))
     return blocks, plots

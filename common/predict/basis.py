@@ -49,6 +49,7 @@ class Basis:
     record_ids: tuple[str, ...] = ()
     interruption_share: float = 0.0  # share of a 1-device step lost to interruptions (interruption_share())
     guesses: tuple[str, ...] = ()  # what the model needed and the records lacked, taken as a guess instead
+    recompute: bool = False        # measured with --recompute: its time per multiply-add holds the recomputation
 
     @property
     def assumed(self) -> bool:
@@ -203,7 +204,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
                  training_overhead=training - counted_training if training else None,
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
-                 interruption_share=interruption_share(main),
+                 interruption_share=interruption_share(main), recompute=record_layout(main).recompute,
                  precision=(main.get("config") or {}).get("precision") or "fp32", guesses=guesses)
 
 

@@ -22,6 +22,7 @@ of the tiny MLM 1.4 GB, more than training's peak, so a process's peak is its st
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from common.initial_weights import Tensor
@@ -51,13 +52,25 @@ def _layer_of(name: str) -> int | None:
     return int(name.split(".")[1]) if name.startswith("layers.") else None
 
 
+@functools.lru_cache(maxsize=16)
+def _trainable(spec: BertSpec | CnnSpec) -> tuple[Tensor, ...]:
+    """The model's trainable tensors, built once per model (a plan predicts thousands of layouts of one model)."""
+    return tuple(t for t in tensor_layout(spec) if t.trainable)
+
+
 def stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int,
                   stage_split: list[int] | None = None) -> list[Tensor]:
     """The trainable tensors one pipeline stage holds, whole."""
-    tensors = [t for t in tensor_layout(spec) if t.trainable]
+    return list(_stage_tensors(spec, layout, stage, tuple(stage_split) if stage_split else None))
+
+
+@functools.lru_cache(maxsize=1024)  # every rank of a stage asks: 64 ranks, thousands of layouts in a plan
+def _stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int,
+                   stage_split: tuple[int, ...] | None) -> tuple[Tensor, ...]:
+    tensors = _trainable(spec)
     if isinstance(spec, CnnSpec) or layout.pp == 1:
         return tensors
-    counts = stage_layer_counts(layout, spec.layers, stage_split)
+    counts = stage_layer_counts(layout, spec.layers, list(stage_split) if stage_split else None)
     first_layer = sum(counts[:stage])
     mine = range(first_layer, first_layer + counts[stage])
     first, last = stage == 0, stage == layout.pp - 1
@@ -72,7 +85,7 @@ def stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int,
             keep = last
         if keep:
             out.append(t)
-    return out
+    return tuple(out)
 
 
 def tp_shape(t: Tensor, layout: Layout) -> tuple[int, ...]:

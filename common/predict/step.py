@@ -54,7 +54,7 @@ from common.predict.memory import (
     transient_bytes,
     value_bytes,
 )
-from common.predict.work import stage_layer_counts, stage_macs
+from common.predict.work import parts, recomputed_macs, stage_layer_counts, stage_macs
 from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
 
@@ -88,6 +88,7 @@ class Prediction:
     training_overhead: float | None = None
     contention: float = 1.0
     notes: list[str] = field(default_factory=list)
+    recompute_s: float = 0.0    # of compute_s: --recompute's second forward of the encoder layers
 
     @property
     def parts_s(self) -> dict[str, float]:
@@ -193,7 +194,7 @@ def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
     return c.calls * cost_s(c.kind, c.nbytes, c.ranks, link)
 
 
-def _memory(spec: BertSpec | CnnSpec, layout: Layout, micro: float, basis: Basis, stage_split: list[int] | None,
+def _memory(spec: BertSpec | CnnSpec, layout: Layout, micro: float, precision: str, stage_split: list[int] | None,
             eval_batch: int | None, backend: str) -> tuple[list[StateBytes], list[float], list[float]]:
     """Per rank: its state, what the model counts of its process peak (state + the larger of training's and
     evaluation's live values) and of its training's growth over the start (gradients, optimizer state and
@@ -203,7 +204,7 @@ def _memory(spec: BertSpec | CnnSpec, layout: Layout, micro: float, basis: Basis
         stage = layout.coordinates(rank)["pp"]
         state = state_bytes(spec, layout, rank, stage_split, backend)
         training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
-                                         value_bytes(basis.precision)) + \
+                                         value_bytes(precision)) + \
             transient_bytes(spec, layout, stage, stage_split)
         evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
         states.append(state)
@@ -230,8 +231,15 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
     # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
     whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_emb_dp=layout.vocab_emb_dp)))
-    per_micro = [contention * (basis.s_per_micro_batch * w / whole + basis.s_per_mac_sample * w * micro)
-                 for w in macs]
+    per_mac = basis.s_per_mac_sample * plain_share(spec, basis)
+
+    def stage_s(w: float) -> float:
+        return contention * (basis.s_per_micro_batch * w / whole + per_mac * w * micro)
+    # --recompute runs each encoder layer's forward again in the backward: its forward share of forward+backward
+    # (1 - BACKWARD_SHARE) more, costed as that many more multiply-adds.
+    again = [(1 - BACKWARD_SHARE) * r for r in recomputed_macs(spec, layout, stage_split)]
+    per_micro = [stage_s(w + r) for w, r in zip(macs, again)]
+    recompute = [stage_s(w + r) - stage_s(w) for w, r in zip(macs, again)]
     stage_comm = [counted] if counted is not None and layout.pp == 1 else \
         [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
          for s in range(layout.pp)]
@@ -261,7 +269,7 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     comm_inside = m * inside[busiest]
     bubble = pipe - m * e[busiest] if layout.pp > 1 else 0.0
     idle = [(pipe - m * e[s]) / (pipe + max(after)) for s in range(layout.pp)] if layout.pp > 1 else None
-    states, model, growth = _memory(spec, layout, micro, basis, stage_split, eval_batch, backend)
+    states, model, growth = _memory(spec, layout, micro, basis.precision, stage_split, eval_batch, backend)
     memory = [m + basis.memory_overhead for m in model] if basis.memory_overhead is not None else []
     training = [g + basis.training_overhead for g in growth] if basis.training_overhead is not None else []
     notes = [f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
@@ -274,4 +282,22 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
                       memory_per_rank=memory or None, training_per_rank=training or None, model_per_rank=model,
                       collectives=all_comms, collectives_of_rank0=stage_comm[0], training_model_per_rank=growth,
                       memory_overhead=basis.memory_overhead, training_overhead=basis.training_overhead,
-                      contention=contention, notes=notes)
+                      contention=contention, notes=notes, recompute_s=m * recompute[busiest])
+
+
+def plain_share(spec: BertSpec | CnnSpec, basis: Basis) -> float:
+    """The share of a basis's time per multiply-add that is the plain forward+backward: all of it, except for a
+    basis measured with --recompute, whose 1-device run also recomputed its encoder layers' forward."""
+    if not basis.recompute or isinstance(spec, CnnSpec):
+        return 1.0
+    whole = parts(spec)
+    return whole.total / (whole.total + (1 - BACKWARD_SHARE) * whole.layers * whole.layer)
+
+
+def memory_per_rank(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, precision: str | None,
+                    backend: str = "torch_3d", stage_split: list[int] | None = None, eval_batch: int | None = None
+                    ) -> tuple[list[StateBytes], list[float], list[float]]:
+    """Per rank, before any run: its state, what the model counts of its process peak (no framework overhead)
+    and of its training's growth; predict()'s memory without a time basis (a fit check before launch)."""
+    micro = global_batch / (layout.dp * layout.micro_batches)
+    return _memory(spec, layout, micro, precision or "fp32", stage_split, eval_batch, backend)

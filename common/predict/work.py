@@ -70,3 +70,13 @@ def stage_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[int] 
     out = [n * whole.layer / layout.tp for n in counts]
     out[-1] += whole.head_dense + vocab
     return out
+
+
+def recomputed_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[int] | None = None) -> list[float]:
+    """Forward multiply-adds per sample that --recompute runs a second time in the backward on one rank of each
+    stage: its encoder layers' (torch_3d and keras_jax checkpoint each encoder layer; the head is kept). Zero
+    without --recompute, and for the CNN (no backend recomputes it)."""
+    if not layout.recompute or isinstance(spec, CnnSpec):
+        return [0.0] * layout.pp
+    whole = parts(spec)
+    return [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers, stage_split)]

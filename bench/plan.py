@@ -1,0 +1,170 @@
+"""python -m bench.plan --devices N [--hardware NAME|FILE] (--from RESULTS | --assume-mfu MFU) [--workload W]
+                       [--model-size S] [--global-batch B] [--memory-per-device GIB] [--top K]
+                       [--backend torch_3d|keras_jax] [--json FILE] [--run [--steps S] [--repeats R] [--out DIR]]
+
+Which layout to run on N devices, chosen without trial runs: every layout the backend can execute on N devices
+(common.plan.space) predicted by bench.predict's model (common.predict), those predicted not to fit the device
+memory dropped, the rest ranked by predicted step time with what decides between them (exposed communication,
+bubble, recompute cost). Layouts the model cannot separate within its measured error are said to be so. --run
+measures the top K with bench.compare and prints predicted against measured. docs/plan.md.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
+from bench.plan_space import backend_refusal
+from bench.predict import measured_basis, measured_peak
+from bench.reporting import validation as validation_report
+from bench.reporting.plan import document
+from common.config import PRECISIONS
+from common.errors import BadInput, Unsupported
+from common.loop import EVAL_BATCH
+from common.plan.fit import GIB
+from common.plan.rank import explain, memory_error, predicted, rank, ranking_error
+from common.plan.space import enumerate_layouts
+from common.predict import hardware as hardware_files
+from common.predict.basis import from_mfu
+from common.predict.validation import hardware_for, probed_links, validate
+from common.results import load_records, write_json_atomic
+from common.spec import BERT_SIZES, DEFAULTS, model_spec
+
+DEFAULT_HARDWARE = "cpu-loopback-2core"
+PLAN_BACKENDS = ("torch_3d", "keras_jax")   # the backends that execute layouts on CPU and CUDA
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="bench.plan", description=__doc__.split("\n\n")[0])
+    p.add_argument("--devices", type=positive_int, required=True, help="devices to lay the model out on (>= 2)")
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="NAME|FILE",
+                   help=f"a bundled description ({', '.join(hardware_files.available())}) or a TOML file "
+                        f"(default {DEFAULT_HARDWARE}, this development VM)")
+    p.add_argument("--from", dest="source", metavar="RESULTS",
+                   help="results folder whose 1-device run on the hardware's kind of device gives the compute")
+    p.add_argument("--assume-mfu", type=positive_float, metavar="MFU",
+                   help="compute at this fraction of the datasheet peak instead (labelled as an assumption)")
+    p.add_argument("--workload", choices=workload_names(), default="mlm")
+    p.add_argument("--model-size", choices=sorted(BERT_SIZES), default="tiny")
+    p.add_argument("--global-batch", type=positive_int,
+                   help="the global batch every layout trains (default: the workload's batch, 32 for the MLM)")
+    p.add_argument("--micro-batches", type=int_list, metavar="K,K",
+                   help="pipeline micro-batch counts to consider (default: every count the batch divides into)")
+    p.add_argument("--memory-per-device", type=positive_float, metavar="GIB",
+                   help="memory one device may use (default: the hardware description's)")
+    p.add_argument("--top", type=positive_int, default=5, help="layouts to show (and to run with --run)")
+    p.add_argument("--backend", choices=PLAN_BACKENDS, default="torch_3d")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as bench.run's (default fp32)")
+    p.add_argument("--skip-eval", action="store_true",
+                   help="the runs do not evaluate: memory without the evaluation's logits (passed on with --run)")
+    p.add_argument("--json", metavar="FILE", help="write the ranked list, with the measured points after --run")
+    r = p.add_argument_group("--run: measure the top K with bench.compare (one global batch, strong scaling)")
+    r.add_argument("--run", action="store_true", help="run the top K and print predicted against measured")
+    r.add_argument("--steps", type=positive_int, help="bench.run's --steps")
+    r.add_argument("--warmup-steps", type=positive_int, help="bench.run's --warmup-steps")
+    r.add_argument("--repeats", type=positive_int, default=1, help="bench.compare's --repeats (intervals)")
+    r.add_argument("--data", choices=("auto", "real", "synthetic"), default="auto", help="bench.run's --data")
+    r.add_argument("--out", default="results", help="the sweep's results folder; the plan goes to OUT/plans/")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = Console(width=200)
+    if args.devices < 2:
+        parser.error("--devices 1: a plan lays a model out over 2 or more devices")
+    if not args.source and args.assume_mfu is None:
+        parser.error("give --from RESULTS (a measured 1-device run) or --assume-mfu MFU")
+    if args.run and args.assume_mfu is not None:
+        parser.error("--run measures on this machine: plan from its records (--from RESULTS), not --assume-mfu")
+    try:
+        plan = make_plan(args)
+    except (ValueError, BadInput, Unsupported) as exc:
+        parser.error(str(exc))
+    show(console, plan, args.top)
+    if args.run:
+        from bench.plan_run import measure  # starts bench.compare: only when asked
+        plan = measure(console, plan, args)
+    if args.json:
+        write_json_atomic(Path(args.json), plan)
+        console.print(f"plan: {args.json}")
+    return 0
+
+
+def make_plan(args, validation: dict | None = None) -> dict:
+    """The plan document (bench.reporting.plan.document): every candidate predicted and ranked. `validation`
+    (a bench.predict --validate result) gives the errors; None: --from's validation.json, else one computed now
+    from --from's multi-device runs, else none."""
+    hardware = hardware_files.load(args.hardware)
+    spec = model_spec(args.workload, args.model_size)
+    batch = args.global_batch or DEFAULTS[args.workload].per_device_batch
+    source = Path(args.source) if args.source else None
+    if args.assume_mfu is not None:
+        achievable = measured_peak(source, hardware, args.precision) if source else None
+        basis, where = from_mfu(args.assume_mfu, hardware, args.precision, achievable), "assumed"
+    else:
+        basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision, batch)
+        where = f"{main['backend']} 1-device run at global batch {main['global_batch']}"
+        records = [r for r in load_records(source) if r.get("device_kind") == hardware.device_kind]
+        hardware, link = hardware_for({"devices": args.devices}, hardware, probed_links(records))
+        where += f"; {link}"
+        if validation is None:
+            validation, how = _validation(source, records, hardware)
+            where += f"; errors from {how}"
+        if validation:
+            where += f" ({len(validation.get('runs', []))} runs validated)"
+    available = args.memory_per_device * GIB if args.memory_per_device else hardware.memory_bytes
+    space = enumerate_layouts(spec, args.devices, batch, args.micro_batches,
+                              backend_refusal(args.backend, args.workload, args.model_size, args.devices, batch,
+                                              args.precision, hardware))
+    if not space.valid:
+        raise ValueError(f"no layout of {args.devices} devices is valid for {args.workload} {args.model_size} at "
+                         f"global batch {batch}: " + "; ".join(list(space.reasons())[:3]))
+    step_error, mem_error = ranking_error(validation), memory_error(validation)
+    rows = rank(predicted(spec, space.valid, batch, basis, hardware, args.backend,
+                          None if args.skip_eval else EVAL_BATCH, available, mem_error), step_error)
+    for r in rows:
+        r.auto_split = r.layout in space.auto
+    pick = rows[0] if rows and rows[0].rank == 1 else None
+    return document(args, hardware, basis.label + f" ({where})", available, step_error, mem_error, space, rows,
+                    [explain(r, pick, step_error, rows[i - 1] if i else None) if pick and r.rank else ""
+                     for i, r in enumerate(rows)], batch)
+
+
+def _validation(source: Path, records: list[dict], hardware) -> tuple[dict | None, str]:
+    saved = validation_report.load(source)
+    if saved:
+        return saved, f"{source / validation_report.FILE}"
+    if any(r.get("status") == "ok" and (r.get("devices") or 1) > 1 for r in records):
+        return validate(records, hardware), f"a validation of {source}'s multi-device runs, computed now"
+    return None, "nowhere: no multi-device run in the folder to validate the model on (error unknown)"
+
+
+def _gib(value: float | None) -> str:
+    return "" if value is None else f"{value / GIB:,.2f}"
+
+
+def show(console: Console, plan: dict, top: int) -> None:
+    table = Table(title=f"{plan['title']}\n{plan['basis']}", title_justify="left")
+    for col in ("#", "layout", "step (ms)", "samples/s", "memory/rank (GiB)", "fits", "exposed comm", "bubble",
+                "recompute", "what decides"):
+        table.add_column(col, overflow="fold")
+    shown = [r for r in plan["rows"] if r["rank"] and r["rank"] <= top]
+    for r in shown:
+        parts = r["parts_s"]
+        table.add_row(str(r["rank"]), r["layout"], f"{r['step_s'] * 1e3:,.0f}", f"{r['samples_per_s']:,.1f}",
+                      _gib(r["memory_per_rank_max"]), r["fit"], f"{parts['comm_exposed'] / r['step_s']:.0%}",
+                      f"{parts['bubble'] / r['step_s']:.0%}", f"{parts['recompute'] / r['step_s']:.0%}",
+                      escape(r["explanation"]))
+    console.print(table)
+    for line in plan["summary"]:
+        console.print(escape(line))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

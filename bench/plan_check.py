@@ -1,0 +1,146 @@
+"""python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 12] [--warmup-steps 4] [--reuse]
+
+bench.plan proven by exhaustion (nox -s plan-check; not in CI, it takes tens of minutes): every layout the planner
+enumerates for torch_3d on 2 devices (micro-batches 2, 4, 8; global batch 32; evaluation skipped) measured with
+bench.compare for each size, then the plan made from each folder's 1-device runs held to the goals of
+common.plan.check. The errors a plan allows for (its ranking error, its memory error) come from validating the
+OTHER size's runs, never the runs it is checked against; the memory limit is set, before anything measured is
+looked at, to the median of the plan's own predicted peaks. Exits 1 when a goal fails; the figures come last.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.cli import OneLineParser, name_list, positive_int
+from bench.plan import DEFAULT_HARDWARE, make_plan
+from bench.plan_run import attach_measured, compare_command
+from bench.plan_space import backend_refusal
+from bench.reporting.plan import PLANS_DIR
+from common.plan.check import MIN_SPEARMAN, PICK_WITHIN, goals
+from common.plan.fit import GIB
+from common.plan.space import enumerate_layouts
+from common.predict import hardware as hardware_files
+from common.predict.validation import validate
+from common.results import load_records, write_json_atomic
+from common.spec import BERT_SIZES
+
+DEVICES, BATCH, MICRO_BATCHES, BACKEND = 2, 32, (2, 4, 8), "torch_3d"
+
+
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="bench.plan_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="results/plan-check", help="one folder per size under it")
+    p.add_argument("--sizes", type=name_list(tuple(BERT_SIZES)), default=["tiny", "mini"])
+    p.add_argument("--steps", type=positive_int, default=12)
+    p.add_argument("--warmup-steps", type=positive_int, default=4)
+    p.add_argument("--reuse", action="store_true",
+                   help="measure nothing: check against the records already in each size's folder")
+    return p
+
+
+def plan_args(size: str, source: Path, memory_gib: float | None) -> argparse.Namespace:
+    return argparse.Namespace(hardware=DEFAULT_HARDWARE, source=str(source), assume_mfu=None, workload="mlm",
+                              model_size=size, global_batch=BATCH, micro_batches=list(MICRO_BATCHES),
+                              memory_per_device=memory_gib, devices=DEVICES, backend=BACKEND, precision="fp32",
+                              skip_eval=True)
+
+
+def layouts(size: str) -> list[str]:
+    hardware = hardware_files.load(DEFAULT_HARDWARE)
+    refuse = backend_refusal(BACKEND, "mlm", size, DEVICES, BATCH, "fp32", hardware)
+    return [lay.name for lay in enumerate_layouts(BERT_SIZES[size], DEVICES, BATCH, MICRO_BATCHES, refuse).valid]
+
+
+def measure(size: str, folder: Path, args) -> None:
+    names = layouts(size)
+    cmd = compare_command({"backend": BACKEND, "workload": "mlm", "model_size": size, "global_batch": BATCH,
+                           "precision": "fp32", "skip_eval": True}, names, str(folder), args.steps,
+                          args.warmup_steps, data="real",
+                          extra=("--breakdown-steps", "2", "--threads-per-device", "1"))
+    print(f"plan-check {size}: measuring {len(names)} layouts and their 1-device runs: {' '.join(cmd[1:])}",
+          flush=True)
+    subprocess.run(cmd, stdin=subprocess.DEVNULL, check=False)
+
+
+def load_figures(records: list[dict]) -> str:
+    busy = [(r.get("load") or {}).get("other_busy_cores") for r in records]
+    busy = [b for b in busy if b is not None]
+    avg = [(r.get("load") or {}).get("loadavg_1m_before") for r in records]
+    avg = [a for a in avg if a is not None]
+    if not busy:
+        return "load: not recorded"
+    return (f"load while measuring: other programs' busy cores median {statistics.median(busy):.2f}, largest "
+            f"{max(busy):.2f} (of {(records[0].get('host') or {}).get('cores')}); 1-minute load average before a "
+            f"run median {statistics.median(avg):.1f}, largest {max(avg):.1f}; "
+            f"{records[0]['started_at']} to {records[-1]['started_at']}")
+
+
+def check(size: str, folder: Path, other: dict) -> tuple[dict, dict, str]:
+    first = make_plan(plan_args(size, folder, None), validation=other)
+    peaks = sorted(r["memory_per_rank_max"] for r in first["rows"])
+    limit = round(statistics.median(peaks) / 2**20) / 1024   # GiB, set from the predictions alone
+    plan = make_plan(plan_args(size, folder, limit), validation=other)
+    records = sorted(load_records(folder), key=lambda r: r.get("started_at") or "")
+    plan = attach_measured(plan, records)
+    result = goals(plan)
+    plan["check"] = result
+    write_json_atomic(folder / PLANS_DIR / f"plan-check-mlm-{size}.json", plan)
+    return plan, result, load_figures([r for r in records if r.get("status") == "ok"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out = Path(args.out)
+    folders = {size: out / f"mlm-{size}" for size in args.sizes}
+    if not args.reuse:
+        for size, folder in folders.items():
+            measure(size, folder, args)
+    validations = {size: validate(load_records(folder), hardware_files.load(DEFAULT_HARDWARE))
+                   for size, folder in folders.items()}
+    lines, ok = [], True
+    for size, folder in folders.items():
+        others = [v for s, v in validations.items() if s != size]
+        plan, result, load = check(size, folder, others[0] if others else {})
+        pick, rank, fit = result["pick"], result["ranking"], result["fit"]
+        ok = ok and pick["holds"] and rank["holds"] and fit["holds"]
+        lines += [f"== mlm {size}, {DEVICES} devices, global batch {BATCH}: {rank['configurations']} layouts "
+                  f"measured ({folder})", load,
+                  f"pick {pick['layout']}: measured {_sps(pick['pick_samples_per_s'])} samples/s; measured best "
+                  f"{pick['measured_best']}: {_sps(pick['best_samples_per_s'])}; ratio "
+                  f"{_share(pick['ratio'])} (goal >= {1 - PICK_WITHIN:.0%}): {_verdict(pick['holds'])}",
+                  f"Spearman(predicted, measured step) over {rank['configurations']}: "
+                  f"{_rho(rank['spearman'])} (goal >= "
+                  f"{MIN_SPEARMAN}): {_verdict(rank['holds'])}",
+                  f"memory limit {fit['limit_bytes'] / GIB:.3f} GiB (the median predicted peak): "
+                  f"{fit['called_does_not_fit']} called 'does not fit', of which measured within the limit: "
+                  f"{', '.join(fit['wrong']) or 'none'}; not measured: {', '.join(fit['unmeasured']) or 'none'}: "
+                  f"{_verdict(fit['holds'])}",
+                  f"errors allowed (from the other size's validation): ranking {_share(plan['ranking_error'])}, "
+                  f"memory {_share(plan['memory_error'])}"]
+    print("\n".join(lines))
+    print("PLAN CHECK HOLDS" if ok else "PLAN CHECK FAILS")
+    return 0 if ok else 1
+
+
+def _sps(value) -> str:
+    return "n/a" if value is None else f"{value:,.1f}"
+
+
+def _rho(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _share(value) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _verdict(holds: bool) -> str:
+    return "holds" if holds else "FAILS"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

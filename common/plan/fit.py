@@ -1,0 +1,105 @@
+"""Will a run fit its devices? Memory per device predicted before anything starts (common.predict's memory
+model: state exactly as torch_3d counts its shards, activations, buffers, the evaluation's logits), plus the
+framework's fixed overhead where a 1-device run measured it, held against the device's limit.
+
+The verdict allows for the model's measured memory error e (the largest |error| of `bench.predict --validate`,
+(predicted - measured) / measured): a rank predicted at P would measure between P / (1 + e) and P / (1 - e).
+  does not fit   even P / (1 + e) exceeds the limit: refused (bench.run, bench.compare) or dropped (bench.plan)
+  may not fit    the limit lies inside that range: runs, flagged
+  fits           even P / (1 - e) is within the limit
+Without a measured error (e = 0) the verdict is the point comparison, and says so.
+"""
+from __future__ import annotations
+
+from common.errors import BadInput
+from common.layout import Layout
+from common.predict.basis import from_records, record_layout
+from common.predict.step import memory_per_rank
+from common.sections import FitCheck
+from common.spec import BertSpec, CnnSpec
+from common.stage_split import layers_per_stage
+
+GIB = 2**30
+# The backends whose memory the model describes (bench.predict --validate holds it against their records).
+MODELLED_BACKENDS = ("torch_3d", "torch_ddp", "keras_jax")
+
+
+class DoesNotFit(BadInput):
+    """A run predicted not to fit its devices: bad input (exit 2, one line) for bench.run, an `invalid` record
+    carrying `check` for bench.compare."""
+
+    def __init__(self, message: str, check: FitCheck):
+        super().__init__(message)
+        self.check = check
+
+
+def verdict(predicted: float, available: float | None, error: float | None) -> str:
+    if available is None:
+        return "not checked"
+    e = min(abs(error or 0.0), 0.99)
+    if predicted / (1 + e) > available:
+        return "does not fit"
+    return "fits" if predicted / (1 - e) <= available else "may not fit"
+
+
+def stage_split_of(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) -> list[int] | None:
+    """Layers per stage as torch_3d places them (--stage-split even, auto or counts); None: no pipeline."""
+    if layout.pp == 1 or not isinstance(spec, BertSpec):
+        return None
+    return layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.dp)
+
+
+def measured_overhead(spec: BertSpec | CnnSpec, records: list[dict], backend: str, workload: str,
+                      precision: str, device_kind: str, host: str | None) -> tuple[float, str] | None:
+    """The framework's fixed memory overhead (the process peak beyond what the model counts) of the latest ok
+    1-device run of this backend, workload, size, precision, device kind and host among `records`, and its
+    run id; None when there is none."""
+    size = getattr(spec, "name", None)
+    found = [r for r in records if r.get("status") == "ok" and r.get("devices") == 1 and r.get("backend") == backend
+             and r.get("workload") == workload and r.get("device_kind") == device_kind
+             and (r.get("host") or {}).get("name") == host and (r.get("step_time_s") or {}).get("p50")
+             and ((r.get("config") or {}).get("precision") or "fp32") == precision
+             and (workload != "mlm" or (r.get("config") or {}).get("model_size") == size)
+             and not record_layout(r).recompute]
+    found.sort(key=lambda r: r.get("started_at") or "")
+    for record in reversed(found):
+        overhead = from_records(spec, [record]).memory_overhead
+        if overhead is not None:
+            return overhead, record["run_id"]
+    return None
+
+
+def predicted_check(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, backend: str, precision: str,
+                    eval_batch: int | None, available: float | None, limit: str,
+                    overhead: tuple[float, str] | None = None, error: float | None = None) -> FitCheck:
+    """The fit check of one planned run: per rank the predicted peak (the model's count, plus the measured
+    overhead where known), against `available` bytes per device (None: no limit known)."""
+    if backend not in MODELLED_BACKENDS:
+        return FitCheck(None, _bytes(available), limit, "not checked",
+                        f"not predicted: the memory model describes {', '.join(MODELLED_BACKENDS)}, not {backend}")
+    try:
+        _, model, _ = memory_per_rank(spec, layout, global_batch, precision, backend,
+                                      stage_split_of(spec, layout, global_batch), eval_batch)
+    except ValueError as exc:
+        return FitCheck(None, _bytes(available), limit, "not checked", f"not predicted: {exc}")
+    counts = "state + activations + buffers" + (" + the evaluation's live values" if eval_batch else "")
+    if overhead is not None:
+        counts += f" + the framework's overhead {overhead[0] / 2**20:,.0f} MiB measured by 1-device run {overhead[1]}"
+    else:
+        counts += " (no framework overhead: no 1-device run measured it; a lower bound)"
+    per_rank = [int(m + (overhead[0] if overhead else 0.0)) for m in model]
+    return FitCheck(per_rank, _bytes(available), limit, verdict(max(per_rank), available, error), counts, error)
+
+
+def refusal(check: FitCheck, layout: Layout) -> str:
+    """The one line a refused run gets: predicted against available, and how to run it anyway."""
+    worst = max(check.predicted_per_rank or [0])
+    rank = (check.predicted_per_rank or [0]).index(worst)
+    allowance = f" (beyond the model's measured memory error {check.error:.0%})" if check.error else ""
+    return (f"{layout.name} is predicted not to fit: rank {rank} needs {worst / GIB:.3f} GiB, {check.limit} allows "
+            f"{check.available_bytes / GIB:.3f} GiB per device{allowance}; counted: {check.counts}; "
+            "--no-fit-check runs it anyway")
+
+
+def _bytes(value: float | None) -> int | None:
+    return None if value is None else int(value)

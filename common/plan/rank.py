@@ -1,0 +1,131 @@
+"""Each layout of a space predicted (common.predict.step.predict), what does not fit dropped, the rest ranked by
+predicted step time, with what decides between them and where the model cannot tell them apart.
+
+Separating two layouts. The model's error on one layout is not what matters for a ranking: a bias shared by all
+layouts (a slow basis, a busy machine) cancels in the ratio of two predicted steps. What does not cancel is the
+difference of two layouts' errors, e_a - e_b (errors (predicted - measured) / measured, from a validation of
+real runs, bench.predict --validate). The ranking error is the median of |e_a - e_b| over every pair of
+validated runs: a layout whose predicted step lies within that share of the pick's is "not separable" from it,
+and the plan says so instead of naming a winner. Without a validation the error is unknown and the plan says
+that too.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from common.layout import Layout
+from common.plan.fit import stage_split_of, verdict
+from common.predict.basis import Basis
+from common.predict.hardware import Hardware
+from common.predict.step import Prediction, predict
+from common.spec import BertSpec, CnnSpec
+
+# The parts of a predicted step, as the plan names them (compute is forward+backward less the recomputation).
+PARTS = {"compute": "compute", "recompute": "recompute cost", "comm_exposed": "exposed communication",
+         "bubble": "pipeline bubble", "optimizer": "optimizer", "sync_wait": "waiting for other ranks",
+         "overhead": "per-step overhead"}
+SAME = 1e-9  # predicted steps closer than this (relative) are the same prediction, e.g. GPipe and 1F1B
+
+
+@dataclass
+class Ranked:
+    layout: Layout
+    prediction: Prediction
+    memory: float               # the predicted peak of the fullest rank (bytes)
+    fit: str                    # common.plan.fit.verdict
+    rank: int = 0               # 1 = the pick; 0: dropped (does not fit)
+    separable: bool | None = None   # from the pick, beyond the ranking error (None: the error is unknown)
+    decides: list[tuple[str, float]] = field(default_factory=list)  # parts that make it slower than the pick (s)
+    auto_split: bool = False    # its stage split is the one --stage-split auto picks
+
+    @property
+    def step_s(self) -> float:
+        return self.prediction.step_s
+
+    @property
+    def parts(self) -> dict[str, float]:
+        p = self.prediction
+        return {"compute": p.compute_s - p.recompute_s, "recompute": p.recompute_s,
+                "comm_exposed": p.comm_exposed_s, "bubble": p.bubble_s, "optimizer": p.optimizer_s,
+                "sync_wait": p.sync_wait_s, "overhead": p.overhead_s}
+
+
+def ranking_error(validation: dict | None) -> float | None:
+    """The median |e_a - e_b| over pairs of a validation's runs (None: fewer than two runs validated)."""
+    errors = [r["step_s"]["error"] for r in (validation or {}).get("runs", [])
+              if r.get("step_s", {}).get("error") is not None]
+    if len(errors) < 2:
+        return None
+    return statistics.median(abs(a - b) for a, b in combinations(errors, 2))
+
+
+def memory_error(validation: dict | None) -> float | None:
+    """The largest |error| of the validation's memory per rank (None: none validated)."""
+    summary = ((validation or {}).get("summary") or {}).get("all") or {}
+    return (summary.get("memory_per_rank") or {}).get("max_abs_error")
+
+
+def predicted(spec: BertSpec | CnnSpec, layouts: list[Layout], global_batch: int, basis: Basis, hardware: Hardware,
+              backend: str, eval_batch: int | None, available: float, error: float | None) -> list[Ranked]:
+    """Each layout predicted, with its fit verdict against `available` bytes per device."""
+    out = []
+    for layout in layouts:
+        p = predict(spec, layout, global_batch, basis, hardware, backend,
+                    stage_split=stage_split_of(spec, layout, global_batch), eval_batch=eval_batch)
+        memory = max(p.memory_per_rank or p.model_per_rank)
+        out.append(Ranked(layout, p, memory, verdict(memory, available, error)))
+    return out
+
+
+def rank(rows: list[Ranked], error: float | None) -> list[Ranked]:
+    """Those that may fit, fastest first (among equal steps, the one holding less memory); each against the
+    pick: separable or not, and what decides. Those that do not fit follow, unranked."""
+    fitting = sorted((r for r in rows if r.fit != "does not fit"), key=lambda r: (r.step_s, r.memory, r.layout.name))
+    dropped = sorted((r for r in rows if r.fit == "does not fit"), key=lambda r: (r.memory, r.layout.name))
+    if not fitting:
+        return dropped
+    pick = fitting[0]
+    for i, r in enumerate(fitting, 1):
+        r.rank = i
+        gap = r.step_s / pick.step_s - 1
+        r.separable = None if error is None else gap > error
+        r.decides = decides(pick, r)
+    return fitting + dropped
+
+
+def decides(pick: Ranked, other: Ranked) -> list[tuple[str, float]]:
+    """The parts in which `other` spends more than the pick, largest first (seconds per step)."""
+    more = [(part, other.parts[part] - pick.parts[part]) for part in PARTS]
+    return sorted(((p, d) for p, d in more if d > 0), key=lambda pd: -pd[1])
+
+
+def explain(row: Ranked, pick: Ranked, error: float | None, previous: Ranked | None = None) -> str:
+    """One line: why this row stands where it does against the pick (and, where the model gives it the step of
+    the row above, what tells the two apart)."""
+    text = _against_pick(row, pick, error)
+    if previous is not None and previous is not pick and row is not pick \
+            and abs(row.step_s / previous.step_s - 1) <= SAME:
+        text += f"; the same predicted step as {previous.layout.name}" + (
+            f", {'more' if row.memory > previous.memory else 'less'} memory" if row.memory != previous.memory else "")
+    return text
+
+
+def _against_pick(row: Ranked, pick: Ranked, error: float | None) -> str:
+    if row is pick:
+        shares = ", ".join(f"{PARTS[p]} {s / row.step_s:.0%}" for p, s in row.parts.items()
+                           if p != "overhead" and s / row.step_s >= 0.005)
+        return f"the pick; its step: {shares}"
+    gap = row.step_s / pick.step_s - 1
+    if abs(gap) <= SAME:
+        what = "the same predicted step as the pick"
+        if row.memory != pick.memory:
+            what += f", {'more' if row.memory > pick.memory else 'less'} memory"
+        return what
+    total = sum(d for _, d in row.decides)
+    reasons = ", ".join(f"+{d * 1e3:,.3g} ms {PARTS[p]}" for p, d in row.decides[:3] if d >= 0.05 * total)
+    text = f"{gap:+.1%} against the pick: {reasons}" if reasons else f"{gap:+.1%} against the pick"
+    if error is not None and not row.separable:
+        text += f"; within the ranking error ({error:.1%}): not separable from the pick"
+    return text

@@ -1,0 +1,144 @@
+"""Every layout of N devices that a backend can execute: the space bench.plan searches.
+
+Nothing here decides what is valid. The candidates are spanned by common.layout's OPTIONS: every mesh dp x tp x
+pp = N, every value of each option (its choices, on and off for a switch, the micro-batch counts asked for or
+every count the global batch divides into; the stage splits even, auto and every contiguous placement of the encoder
+layers while there are at most MAX_PLACEMENTS), an option that needs a dimension only where the mesh has it.
+Kept are those
+  - a layout name can say (Layout.parse(layout.name) == layout: bench.compare --layouts can run it; this leaves
+    out an option that needs a dimension the layout lacks, and FSDP over a single replica);
+  - Layout.validate accepts for the model and global batch (heads, hidden, vocabulary, layers, batch);
+  - the backend does not refuse (`refuse`: bench.plan passes bench.run's checks and the backend's own).
+Two stage splits that place the same layers (even and 1,1 on two layers; auto and the counts it picks) run the
+same layout: it is kept once, named even where it is the even one, else by its counts.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
+from itertools import combinations, product
+
+from common.errors import BadInput
+from common.layout import OPTIONS, Layout
+from common.spec import BertSpec, CnnSpec
+from common.stage_split import AUTO, EVEN, layers_per_stage
+
+Refuse = Callable[[Layout], "str | None"]
+MAX_PLACEMENTS = 16
+
+
+@dataclass
+class Space:
+    valid: list[Layout]
+    refused: list[tuple[Layout, str]] = field(default_factory=list)   # valid by name, refused by a check
+    auto: dict[Layout, list[int]] = field(default_factory=dict)       # layouts whose split is what auto picks
+
+    def reasons(self) -> dict[str, int]:
+        """How many candidates each refusal left out, by reason."""
+        counts: dict[str, int] = {}
+        for _, why in self.refused:
+            counts[why] = counts.get(why, 0) + 1
+        return counts
+
+
+def meshes(devices: int) -> list[tuple[int, int, int]]:
+    """Every (dp, tp, pp) with dp x tp x pp = devices."""
+    return [(dp, tp, devices // (dp * tp)) for dp in range(1, devices + 1) if devices % dp == 0
+            for tp in range(1, devices // dp + 1) if (devices // dp) % tp == 0]
+
+
+def divisors(n: int) -> list[int]:
+    """The micro-batch counts tried by default: those the global batch divides into (Layout.validate keeps the
+    ones that also divide each replica's share and fill the stages)."""
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+@lru_cache(maxsize=64)
+def placements(layers: int, stages: int) -> tuple[str, ...]:
+    """Every contiguous placement of `layers` on `stages`, each stage >= 1 layer, as --stage-split counts."""
+    return tuple(",".join(str(b - a) for a, b in zip((0, *cuts), (*cuts, layers)))
+                 for cuts in combinations(range(1, layers), stages - 1))
+
+
+def _bases(mesh: tuple[int, int, int], global_batch: int, micro_batches: Sequence[int] | None) -> Iterator[Layout]:
+    """Every combination of OPTIONS' values for one mesh but the stage split (placed after), an option that needs a
+    dimension (OPTIONS' `needs`) varied only where the mesh has it."""
+    dp, tp, pp = mesh
+    mesh_of = {"dp": dp, "tp": tp, "pp": pp}
+    domain: dict[str, Sequence] = {}
+    for o in OPTIONS:
+        if o.dim or o.field == "stage_split" or (o.needs and mesh_of[o.needs] == 1):
+            continue
+        if o.field == "micro_batches":
+            domain[o.field] = sorted(set(micro_batches or divisors(global_batch)))
+        elif o.choices:
+            domain[o.field] = o.choices
+        elif isinstance(o.default, bool):
+            domain[o.field] = (False, True)
+    names = list(domain)
+    for combo in product(*(domain[n] for n in names)):
+        yield Layout(**mesh_of, **dict(zip(names, combo)))
+
+
+def splits(spec: BertSpec | CnnSpec, pp: int) -> list[str]:
+    """The stage splits tried for `pp` stages: even, auto, and every contiguous placement while there are at most
+    MAX_PLACEMENTS of them (base BERT's 12 layers on 4 stages have 165: then even and auto only)."""
+    if pp == 1 or not isinstance(spec, BertSpec) or pp > spec.layers:
+        return [EVEN]
+    few = math.comb(spec.layers - 1, pp - 1) <= MAX_PLACEMENTS
+    return [EVEN, AUTO, *(placements(spec.layers, pp) if few else ())]
+
+
+def nameable(layout: Layout) -> bool:
+    """Whether a layout name says exactly this layout (so bench.compare --layouts runs it)."""
+    try:
+        return Layout.parse(layout.name) == layout
+    except ValueError:
+        return False
+
+
+def placement(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) -> tuple[int, ...] | None:
+    if layout.pp == 1 or not isinstance(spec, BertSpec):
+        return None
+    return tuple(layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.dp))
+
+
+def _preference(layout: Layout) -> int:
+    """Among splits placing the same layers: even (no option in the name), then counts, then auto."""
+    return 0 if layout.stage_split == EVEN else 2 if layout.stage_split == AUTO else 1
+
+
+def enumerate_layouts(spec: BertSpec | CnnSpec, devices: int, global_batch: int,
+                      micro_batches: Sequence[int] | None = None, refuse: Refuse | None = None) -> Space:
+    """The valid layouts of `devices` for the model and global batch, the refused ones with the reason."""
+    kept: dict[tuple, Layout] = {}
+    space = Space([])
+    for mesh in meshes(devices):
+        for base in _bases(mesh, global_batch, micro_batches):
+            for split in splits(spec, base.pp):
+                layout = replace(base, stage_split=split)
+                if not nameable(layout):
+                    continue
+                try:
+                    layout.validate(spec, global_batch)
+                except BadInput as exc:
+                    space.refused.append((layout, str(exc)))
+                    if split == EVEN:  # nothing in the layout but its split: no other split helps
+                        break
+                    continue
+                placed = placement(spec, layout, global_batch)
+                key = (*(getattr(layout, f.name) for f in fields(Layout) if f.name != "stage_split"), placed)
+                if split == AUTO:
+                    space.auto[key] = list(placed or ())
+                if key not in kept or _preference(layout) < _preference(kept[key]):
+                    kept[key] = layout
+    for layout in kept.values():
+        why = refuse(layout) if refuse else None
+        if why:
+            space.refused.append((layout, why))
+        else:
+            space.valid.append(layout)
+    space.auto = {kept[key]: split for key, split in space.auto.items() if kept[key] in space.valid}
+    return space
