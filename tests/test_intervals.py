@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from bench.reporting.intervals import ROW_KEYS, baseline_frame, busy, interval_frame, ranked, row_key, same_speed
+from common.config_key import config_key
 
 
 def _record(devices: int, speed: float, seed: int, backend: str = "torch_ddp", load: float = 0.3) -> dict:
@@ -115,16 +116,20 @@ def test_rows_rank_by_speed_and_only_beyond_the_noise():
 
 def test_a_row_is_its_configuration_and_only_ok_measured_runs_count():
     base = _record(2, 150, 1)
-    assert row_key(base) == ("mlm", "torch_ddp", "torch_ddp", "dp2", 2, "cpu", "weak", 64, "fp32", "tiny",
-                             "synthetic")
-    assert row_key({**base, "layout": None, "config": None})[3::5] == ("", None)
+    key, devices = row_key(base)
+    assert devices == 2 and key == config_key(base)
+    assert (key.workload, key.backend, key.device_kind, key.scaling, key.precision, key.model_size, key.data) == \
+        ("mlm", "torch_ddp", "cpu", "weak", "fp32", "tiny", "synthetic")
+    # The data-parallel width is the device count, not the configuration: a record without a layout is plain dp.
+    assert row_key({**base, "layout": None}) == row_key(base)
+    assert row_key({**base, "config": {**base["config"], "model_size": "mini"}})[0] != key
     frame = interval_frame([base, {**base, "status": "failed"}, {**base, "step_times_s": []},
                             {**base, "global_batch": 0}, {**base, "load": {"loadavg_1m_before": 9.0}}])
     [line] = frame.to_dict("records")
     assert (line["runs"], line["busy_runs"]) == (2, 1)
     assert line["efficiency"] is None and line["efficiency_low"] is None and line["efficiency_high"] is None
     assert line["samples_per_s"] == pytest.approx(150, rel=0.05)
-    assert list(frame.columns) == [*ROW_KEYS, "runs", "busy_runs", "samples_per_s", "samples_per_s_low",
+    assert list(frame.columns) == [*ROW_KEYS, "key", "runs", "sweeps", "busy_runs", "samples_per_s", "samples_per_s_low",
                                    "samples_per_s_high", "efficiency", "efficiency_low", "efficiency_high"]
 
 
@@ -141,8 +146,13 @@ def test_scaling_is_held_against_one_device_of_the_right_batch():
     strong = interval_frame([strong_one, strong_two]).set_index("devices")
     assert strong.loc[2, "efficiency"] == pytest.approx(strong.loc[2, "samples_per_s"] /
                                                         (2 * strong.loc[1, "samples_per_s"]))
-    # a layout row is held against the layout sweep's "1 device" row
-    assert pd.isna(interval_frame([{**one, "layout": None}, two]).set_index("devices").loc[2, "efficiency"])
+    # a record without a layout is plain data parallel: its 1-device row is the reference of dp2 ...
+    plain = interval_frame([{**one, "layout": None}, two]).set_index("devices")
+    assert plain.loc[2, "efficiency"] == pytest.approx(plain.loc[2, "samples_per_s"] / (2 * plain.loc[1,
+                                                                                                  "samples_per_s"]))
+    # ... and a 1-device run of another configuration (another model size) is no reference at all
+    mini = {**one, "config": {**one["config"], "model_size": "mini"}}
+    assert pd.isna(interval_frame([mini, two]).set_index("devices").loc[2, "efficiency"])
 
 
 def test_a_baseline_row_by_the_numbers():
