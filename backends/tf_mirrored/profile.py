@@ -25,7 +25,7 @@ def _types(*names: str) -> str:
 
 
 RULES = (
-    ("all_reduce", r"CollectiveReduce|AllReduce|NcclAllReduce|all_reduce|allreduce"),
+    ("all_reduce", r"CollectiveReduce|CollectiveOpV2Kernel|AllReduce|NcclAllReduce|all_reduce|allreduce"),
     ("all_gather", r"CollectiveGather|AllGather"),
     ("broadcast", r"CollectiveBcast"),
     ("send_recv", _types("_Send", "_Recv", "_HostSend", "_HostRecv")),
