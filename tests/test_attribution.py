@@ -89,6 +89,12 @@ TF_NAMES = {
     "bert_mlm_1/transformer_layer_0_1/feedforward_intermediate_dense_1/Gelu/mul_3:Mul": "activation",
     "ExecutorState::Process": "host_idle",
     "AddN_19:AddN": "elementwise",
+    # --compile: XLA's instructions, named after the TF op or the fusion
+    "CpuExecutable::ExecuteAsyncOnStream > MatMul.82": "matmul",
+    "subtract_exponential_fusion": "softmax",
+    "add_bitcast_fusion": "elementwise",
+    "CpuExecutable::ExecuteAsyncOnStream": "host_idle",
+    "convert_to_tensor": "host_idle",
 }
 JAX_NAMES = {
     "ynn_fusion.68 [dot] @jit(_step)/jvp(mlm_head)/token_embedding/dot_general": "matmul",

@@ -39,7 +39,7 @@ RULES = (
     ("softmax", r"softmax|logsumexp|@jit\(_step\)/(transpose\()?jvp\(loss\)|/loss/"),
     ("matmul", r"\[[^\]]*\b(dot|convolution)\b[^\]]*\]|gemm"),
     ("data_movement", r"\[((" + "|".join(DATA_MOVEMENT_OPS) + r"),?)+\]|TransferTo|TransferFrom|CopyToDevice"
-                      r"|BufferFromPyval|make_array|H2D|D2H"),
+                      r"|BufferFromPyval|make_array|H2D|D2H|shard_args|DevicePut\w*"),
     ("elementwise", r"\[[^\]]*\]"),  # any other instruction of the program: arithmetic and reductions
     # JAX's and PjRt's own time: dispatch, argument handling, the thunk executor, the Python thread waiting.
     ("host_idle", r"(PjitFunction|ExecuteHelper|Execute\w*|ParseArguments|Handle \w+|Allocate\w+|ThreadpoolListener"

@@ -364,9 +364,8 @@ class MindSporeTrainer:
     def backend_metrics(self) -> dict:
         """The precision's facts and the fast path; the worker adds the strategy's on rank 0, where they are at hand."""
         fast = fast_path(self.cfg, self.step_cell.jit_config_dict.get("jit_level") or "O0").to_metrics()
-        if self.loss_scaler is None:
-            return fast
-        return {**fast, "loss_scale_final": self._loss_scale(), "loss_scale_skipped_steps": self.skipped_steps}
+        scaling = {"loss_scale_final": self._loss_scale(), "loss_scale_skipped_steps": self.skipped_steps}
+        return {**fast, **(scaling if self.loss_scaler is not None else {})}
 
     allocator_source = "mindspore.runtime.memory_allocated and max_memory_allocated"
 

@@ -17,6 +17,7 @@ from common.attribution import STEP_MARKER, OpEvent
 from common.profile import Trace
 
 OP_TYPE = r":(?:{})[^>]*$"  # the event's own op type
+XLA_LEAF = r"(^| > ){}$"  # an XLA instruction's event: its own name, no op type
 
 
 def _types(*names: str) -> str:
@@ -24,7 +25,7 @@ def _types(*names: str) -> str:
 
 
 RULES = (
-    ("all_reduce", r"CollectiveReduce|AllReduce|NcclAllReduce|all_reduce|allreduce"),
+    ("all_reduce", r"CollectiveReduce|CollectiveOpV2Kernel|AllReduce|NcclAllReduce|all_reduce|allreduce"),
     ("all_gather", r"CollectiveGather|AllGather"),
     ("broadcast", r"CollectiveBcast"),
     ("send_recv", _types("_Send", "_Recv", "_HostSend", "_HostRecv")),
@@ -53,11 +54,20 @@ RULES = (
                            "BiasAdd", "BiasAddGrad", "SquaredDifference", "Reciprocal", "_UnaryOpsComposition",
                            "Prod", "LogicalAnd", "LogicalOr", "All", "Any", "IsFinite", "_FusedBatchNormEx",
                            "ReluGrad")),
+    # --compile: XLA runs each replica's forward and backward as one program; its events are HLO instructions
+    # named after the TF op or the fusion (MatMul.82, dot.28, subtract_exponential_fusion), without Keras scopes.
+    ("matmul", XLA_LEAF.format(r"(dot|MatMul\w*|BatchMatMul\w*|Einsum\w*|convolution\w*|Conv2D\w*)(\.\d+)?")),
+    ("activation", XLA_LEAF.format(r"\w*(tanh|erf|relu|maximum)\w*_fusion(\.\d+)?")),
+    ("softmax", XLA_LEAF.format(r"\w*exponential\w*_fusion(\.\d+)?")),
+    ("data_movement", XLA_LEAF.format(r"(wrapped_)?(copy|transpose|gather|scatter|concatenate|dynamic-slice"
+                                      r"|dynamic-update-slice|slice|pad|broadcast|iota)[\w.-]*")),
+    ("elementwise", XLA_LEAF.format(r"(wrapped_[\w-]+(\.\d+)?|[a-z][\w-]*_fusion(\.\d+)?|[a-z][\w-]*\.\d+)")),
     # The executor's and eager runtime's own time, and the Python thread waiting for a tf.function.
-    ("host_idle", r"(ExecutorState::\w+|ExecutorDoneCallback|EagerExecute|EagerLocalExecute[^>]*|EagerKernelExecute"
+    ("host_idle", r"(CpuExecutable::\w+|ThunkExecutor::\w+|end: [\w.-]+|_?XlaRun|XlaLaunch|_XlaCompile"
+                  r"|ExecutorState::\w+|ExecutorDoneCallback|EagerExecute|EagerLocalExecute[^>]*|EagerKernelExecute"
                   r"|KernelAndDeviceFunc::\w+|TFE_\w+|FunctionRun|EagerCopyToDevice|ValidateInputTypeAndPlacement"
-                  r"|ThreadpoolListener::\w+|__inference\w*|_distributed_step|tf\.constant|convert_to_tensor|\w+:(NoOp|_Arg|_Retval|Const"
-                  r"|VarHandleOp|PartitionedCall|StatefulPartitionedCall))" + r"[^>]*$"),
+                  r"|ThreadpoolListener::\w+|__inference\w*|_distributed_step|tf\.constant|convert_to_tensor"
+                  r"|\w+:(NoOp|_Arg|_Retval|Const|VarHandleOp|PartitionedCall|StatefulPartitionedCall))[^>]*$"),
 )
 
 

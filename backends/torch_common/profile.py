@@ -39,7 +39,8 @@ RULES = (
     ("matmul", r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|einsum|conv\w*|_convolution\w*|mkldnn_convolution"
                r"|_slow_conv2d\w*|convolution\w*)" + LEAF + r"|gemm|cutlass|cublas|sm\d+_xmma"),
     ("data_movement", r"aten::(copy_|_to_copy|to|clone|contiguous|cat|stack|index_select|embedding\w*|gather"
-                      r"|scatter\w*|index\w*|take_along_dim|zero_|zeros|zeros_like|fill_|ones|full|arange)" + LEAF
+                      r"|scatter\w*|index\w*|take_along_dim|zero_|zeros|zeros_like|fill_|ones|full|arange|unflatten_dense_tensors"
+                      r"|flatten_dense_tensors)" + LEAF
                       + r"|embedding|Memcpy|Memset|EmbeddingBackward|GatherBackward|IndexBackward"),
     ("elementwise", r"aten::(add|add_|sub|rsub|mul|mul_|div|div_|sum|mean|pow|sqrt|rsqrt|exp|log|neg|where"
                     r"|masked_fill\w*|eq|ne|ge|gt|lt|le|abs|clamp\w*|max|min|argmax|sort|lerp_|addcmul_|addcdiv_"
