@@ -129,8 +129,9 @@ def test_a_row_is_its_configuration_and_only_ok_measured_runs_count():
     assert (line["runs"], line["busy_runs"]) == (2, 1)
     assert line["efficiency"] is None and line["efficiency_low"] is None and line["efficiency_high"] is None
     assert line["samples_per_s"] == pytest.approx(150, rel=0.05)
-    assert list(frame.columns) == [*ROW_KEYS, "key", "runs", "sweeps", "busy_runs", "samples_per_s", "samples_per_s_low",
-                                   "samples_per_s_high", "efficiency", "efficiency_low", "efficiency_high"]
+    assert list(frame.columns) == [*ROW_KEYS, "key", "runs", "sweeps", "busy_runs", "samples_per_s",
+                                   "samples_per_s_low", "samples_per_s_high", "efficiency", "efficiency_low",
+                                   "efficiency_high"]
 
 
 def test_scaling_is_held_against_one_device_of_the_right_batch():
