@@ -183,3 +183,12 @@ def test_the_section_names_each_rank_s_method_where_they_differ():
     assert shared == "not measured; one process drives several devices: per device, divide a process's figure by " \
                      "its devices"
     assert memory_section([{"process_peak": 1, "method": "a"}] * 2, False)["method"] == "a"
+
+
+def test_the_process_peak_is_getrusage_s_in_bytes():
+    """ru_maxrss is in KiB on Linux (getrusage(2)); the kernel updates it lazily and clear_refs (the windows above)
+    resets it with VmHWM, so it is held to the order of what the process holds now, not above it."""
+    import resource
+
+    peak = memory.resident_peak_bytes()
+    assert peak == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 > proc_status()["VmRSS"] / 2

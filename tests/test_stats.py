@@ -4,7 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from common.stats import Interval, point_throughput, ratio_interval, throughput_interval, verdict
+from common.stats import (
+    Interval,
+    interval_of,
+    point_throughput,
+    ratio_interval,
+    throughput_draws,
+    throughput_interval,
+    verdict,
+)
 
 
 def _runs(speeds: list[float], steps: int = 20, noise: float = 0.02, seed: int = 0) -> list[list[float]]:
@@ -67,3 +75,36 @@ def test_only_a_difference_beyond_the_noise_is_ranked():
 def test_overlapping_intervals_are_no_difference():
     assert Interval(10, 9, 11).overlaps(Interval(11.5, 10.5, 12))
     assert not Interval(10, 9, 10.4).overlaps(Interval(11.5, 10.5, 12))
+
+
+def test_the_bootstrap_s_pieces_by_hand():
+    assert Interval(1, 0, 2).as_record() == {"value": 1, "low": 0, "high": 2, "confidence": 0.95}
+    assert Interval(1, 0, 2).overlaps(Interval(3, 2, 4)) and Interval(3, 2, 4).overlaps(Interval(1, 0, 2))
+    assert not Interval(1, 0, 2).overlaps(Interval(3, 2.01, 4))
+    # the 2.5th and 97.5th percentiles of the draws around the point, whatever the point
+    got = interval_of(7.0, np.arange(1001.0))
+    assert (got.value, got.low, got.high) == (7.0, pytest.approx(25.0), pytest.approx(975.0))
+    # empty runs count for nothing; none at all is an error
+    assert point_throughput([[0.5, 0.5], [], [0.25]], 32) == pytest.approx(96.0)  # median of 64 and 128
+    with pytest.raises(ValueError, match="no run has measured step times"):
+        throughput_draws([[], []], 32)
+    draws = throughput_draws([[0.5, 0.5], [], [0.25, 0.25]], 32, draws=500, seed=1)
+    assert draws.shape == (500,) and set(np.round(draws, 9)) <= {64.0, 96.0, 128.0}
+    assert {64.0, 96.0, 128.0} <= set(np.round(draws, 9))  # both runs drawn alone and together
+    assert np.array_equal(draws, throughput_draws([[0.5, 0.5], [0.25, 0.25]], 32, draws=500, seed=1))
+    assert not np.array_equal(draws, throughput_draws([[0.5, 0.5], [0.25, 0.25]], 32, draws=500, seed=2))
+    # within a run, its step times resampled: the mean of a draw lies between the run's fastest and slowest step
+    one_run = throughput_draws([[1.0, 2.0, 4.0]], 4, draws=300)
+    assert one_run.min() >= 1.0 - 1e-9 and one_run.max() <= 4.0 + 1e-9 and len(set(one_run)) > 3
+    assert throughput_interval([[1.0, 2.0, 4.0]], 4).value == pytest.approx(4 / (7 / 3))
+
+
+def test_a_verdict_at_its_threshold():
+    assert verdict(Interval(0.9, 0.85, 0.95)) == "slower" and verdict(Interval(0.9, 0.85, 1.0)) == "no difference"
+    assert verdict(Interval(1.1, 1.05, 1.2)) == "faster" and verdict(Interval(1.1, 1.0, 1.2)) == "no difference"
+    assert verdict(Interval(0.9, 0.85, 0.9), threshold=0.1) == "no difference"
+    assert verdict(Interval(0.9, 0.85, 0.89), threshold=0.1) == "slower"
+    assert verdict(Interval(1.2, 1.1, 1.3), threshold=0.1) == "no difference"
+    assert verdict(Interval(1.2, 1.11, 1.3), threshold=0.1) == "faster"
+    scaled = ratio_interval(([[1.0] * 5], 8), ([[1.0] * 5], 4), scale=0.25)
+    assert scaled == Interval(0.5, 0.5, 0.5)
