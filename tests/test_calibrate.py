@@ -17,6 +17,7 @@ from common.breakdown import (
     grad_comm_summary,
     link_gbps_from_probe,
     ring_bound_s,
+    ring_factor,
     summarize_breakdown,
 )
 from common.calibration import bare_result, calibration_entry
@@ -187,3 +188,16 @@ def test_a_refused_configuration_leaves_one_record(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     [record] = _records(tmp_path)
     assert record["status"] == "unsupported" and "calibration" not in record
+
+
+def test_the_note_by_the_numbers():
+    """Figures whose milliseconds a wrong unit would show: every number of the note, by hand."""
+    probes = [{"forward_backward_s": 2.0, "grad_comm_s": 1.0, "optimizer_s": 0.5, "data_s": 0.2, "step_s": 3.9}]
+    metrics = {"breakdown": summarize_breakdown(probes, 4.0, "test"),
+               "grad_comm": grad_comm_summary(3 * 2**20, 1.0, 2, 0.5, "test")}
+    assert communication_note({"backend_metrics": metrics}, "gloo") == (
+        "measured breakdown (1 probe steps): gradient all-reduce (gloo) 1000 ms of the 4000 ms step (25%), 3.0 MiB "
+        "at bus bandwidth 0.00 GB/s against 0.50 GB/s for one plain all-reduce, ring bound 6 ms; forward+backward "
+        "2000 ms, optimizer 500 ms (every rank updates every parameter), data feed 200.0 ms; the phases timed apart "
+        "add up to 3900 ms")
+    assert ring_factor(1) == ring_factor(0) == 0.0 and ring_factor(3) == pytest.approx(4 / 3)

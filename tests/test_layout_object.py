@@ -7,7 +7,7 @@ import pytest
 
 from common.errors import BadInput, Unsupported
 from common.layout import OPTION, Layout, cnn_layers, refuse_layout
-from common.spec import BERT_SIZES, CNN
+from common.spec import BERT_SIZES, CNN, BertSpec
 
 TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]  # tiny: 2 layers, 2 heads, hidden 128; mini: 4 layers
 
@@ -139,3 +139,27 @@ def test_a_bad_name_says_why(entry, reason):
     with pytest.raises(ValueError) as err:
         Layout.parse(entry)
     assert str(err.value).startswith(reason)
+
+
+def test_the_edges_a_first_pass_of_mutation_testing_found():
+    """Each a mutant the tests above let through: a size of 0 on any axis, the hidden and intermediate sizes named,
+    the fc layer that is split, --grad-accum without a pipeline, a layout built with no tp or pp given, and an
+    auto split that weighs the samples."""
+    for layout, axis in ((Layout(tp=0), "model 0"), (Layout(pp=0), "pipeline 0")):
+        with pytest.raises(BadInput, match=axis):
+            layout.validate(TINY, 8)
+    odd = BertSpec("odd", layers=2, hidden=5, heads=2, intermediate=6, seq_len=2, vocab_size=10)
+    with pytest.raises(BadInput, match="^hidden size 5 is not divisible by model parallel 2$"):
+        Layout(tp=2).validate(odd, 8)
+    with pytest.raises(BadInput, match="^intermediate size 6 is not divisible by model parallel 4$"):
+        Layout(tp=4).validate(BertSpec("odd", layers=2, hidden=8, heads=4, intermediate=6, seq_len=2,
+                                       vocab_size=10), 8)
+    Layout(tp=256).validate(CNN, 8)  # fc0 (1024) splits over 256; fc1 (128) is not split
+    Layout(dp=2).validate(TINY, 8, grad_accum=2)
+    assert Layout.for_devices(4) == Layout(dp=4) and Layout.for_devices(4).name == "dp4"
+    assert Layout.for_devices(8, tp=2).name == "dp4xtp2" and Layout.for_devices(4, pp=2, micro_batches=2).name == \
+        "dp2xpp2-mb2"
+    auto = Layout(pp=2, micro_batches=2, stage_split="auto")
+    assert auto.holds(1, MINI, 8) == "layers 3-3 + MLM head"   # mini's balanced split: 3 + 1 (tests/test_stage_split)
+    assert auto.as_record(MINI, 8)["layers_per_stage"] == [3, 1]
+    assert auto.as_record(MINI, 8)["per_rank"][1]["holds"] == "layers 3-3 + MLM head"

@@ -315,6 +315,7 @@ def test_memory_figures_come_from_the_memory_section_one_per_process():
     # One process driving 4 devices holds the framework's overhead once and every device's share.
     assert per_process([1, 2, 3, 4], 1, 10) == [20]
     assert per_process([1, 2, 3, 4], 2, 10) == [13, 17]
+    assert per_process([1, 2, 3, 4], 4, 10) == [11, 12, 13, 14] and per_process([1, 2], 0, 10) == [13]
 
 
 # ----------------------------------------------------------------------------- the H100 reference

@@ -129,6 +129,7 @@ def test_names_at_a_device_count_and_where_their_groups_lie():
     assert at_devices("fsdpxtp2", 8) == Layout(dp=4, tp=2, optimizer_shard=True)
     assert at_devices("tp2", 8) == Layout(dp=4, tp=2) and at_devices("dp2xtp2", 4) == Layout(dp=2, tp=2)
     assert at_devices("pp2-1f1b", 2) == Layout(pp=2, micro_batches=4, schedule="1f1b")
+    assert at_devices("dpxtp2xpp2", 8) == Layout(dp=2, tp=2, pp=2, micro_batches=4)
     for entry, devices, message in (("tp3", 8, "'tp3' at 8 devices: tp x pp = 3 does not divide them"),
                                     ("tp3xdp", 8, "tp x pp = 3 does not divide them"),
                                     ("dp2xtp2", 8, "'dp2xtp2' uses 4 devices, not 8"),

@@ -156,6 +156,7 @@ def test_validation_of_runs_whose_answer_is_known_by_hand():
     training = runs["dp2"]["training_memory_per_rank"]
     assert training["predicted"] == pytest.approx([TRAINING + FLAT] * 2) and training["error"] == pytest.approx(0.0)
     assert runs["dp4"]["memory_per_rank"]["error"] is None and runs["dp4"]["training_memory_per_rank"] is None
+    assert runs["dp4"]["memory_per_rank"]["predicted"] == pytest.approx([PEAK] * 4)  # per device: none measured
     assert runs["dp2"]["state_bytes_per_rank"]["exact"] is True and runs["dp4"]["state_bytes_per_rank"]["exact"] \
         is False
     assert result["links_probed_GBps"] == {"2": LINK_GBPS} and result["hardware"] == "h100-sxm-8"
@@ -180,6 +181,11 @@ def test_one_process_driving_several_devices_is_predicted_as_one():
     assert row["memory_per_rank"]["predicted"] == pytest.approx([basis.memory_overhead + 2 * counted])
     assert row["training_memory_per_rank"]["predicted"] == \
         pytest.approx([basis.training_overhead + 2 * (counted_training + FLAT)])
+    # a 1-device run without memory figures: nothing to predict memory from, one peak or several
+    bare = {**one, "memory": None}
+    [row] = validate([bare, dp2], H100)["runs"]
+    assert row["memory_per_rank"] == {"predicted": None, "measured": [2 * PEAK], "error": None,
+                                      "what": "process peak (RSS on CPU)"}
 
 
 def test_runs_that_cannot_be_predicted_are_skipped_with_the_reason():

@@ -83,3 +83,17 @@ def test_a_split_name_without_a_pipeline_is_refused():
         Layout.parse("tp2-splitauto")
     with pytest.raises(ValueError, match="layers per stage"):
         Layout.parse("pp2-split3")
+
+
+def test_the_edges_a_first_pass_of_mutation_testing_found():
+    """One stage holds no second copy of the token table; with three stages the head is on the third; between two
+    splits of the same costliest stage the one nearest to even is taken."""
+    samples = 3
+    whole = 18 * (3 * 80 + 24) + 500 * (32 + 3 * 54 + 20)
+    assert stage_costs(TOY, [3], samples) == [whole]
+    assert stage_costs(TOY, [1, 1, 1], samples) == [18 * 80 + 500 * (54 + 32), 18 * 80 + 500 * 54,
+                                                    18 * (80 + 24) + 500 * (54 + 20 + 20)]
+    # 5 thin layers under a 1000-word table, parameters only: [2, 2, 1] and [1, 3, 1] tie on the last stage
+    thin = BertSpec("thin", layers=5, hidden=2, heads=1, intermediate=8, seq_len=4, vocab_size=1000)
+    assert max(stage_costs(thin, [2, 2, 1], 0)) == max(stage_costs(thin, [1, 3, 1], 0))
+    assert balanced_split(thin, 3, 0) == [2, 2, 1]
