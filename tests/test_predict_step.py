@@ -143,3 +143,37 @@ def test_names_at_a_device_count_and_where_their_groups_lie():
     assert [group_stride(grid, d) for d in ("tp", "dp", "pp")] == [1, 4, 8]
     assert not crosses_nodes(grid, "tp", 4) and crosses_nodes(grid, "tp", 3) and crosses_nodes(grid, "dp", 4)
     assert not crosses_nodes(grid, "dp", 8) and not crosses_nodes(Layout(tp=4), "dp", 1)
+
+
+def test_each_collective_a_rank_issues_in_full():
+    from dataclasses import astuple
+
+    def issued(layout, batch=8, stage=0, backend="torch_3d", spec=TOY, split=None):
+        return [astuple(c) for c in collectives(spec, layout, batch, stage, backend, split)]
+    tp_acts = "tensor-parallel activations"
+    assert issued(Layout(tp=2), 4) == [("all_reduce", "tp", 64, 18, 2, True, tp_acts)]
+    assert issued(Layout(dp=2, tp=2), 9)[0] == ("all_reduce", "tp", 64, 18, 2, True, tp_acts)  # 9 // 2 a rank
+    pipe = Layout(pp=2, micro_batches=4)
+    sends, tie = "pipeline activations and their gradients", "tied embedding gradient"
+    assert issued(pipe) == [("send_recv", "pp", 32, 8, 2, True, sends), ("all_reduce", "tie", 80, 1, 2, True, tie)]
+    assert issued(Layout(pp=3, micro_batches=3), 6, 1) == [("send_recv", "pp", 32, 12, 2, True, sends)]
+    split_vocab = issued(Layout(tp=2, pp=2, micro_batches=2, vocab_emb_dp=False), 8, 1)
+    assert split_vocab[-1] == ("all_reduce", "tie", 40, 1, 2, True, tie)  # half the table's rows on each rank
+    assert issued(Layout(dp=2)) == [("all_reduce", "dp", 4 * PARAMS, 1, 2, True, "gradient all-reduce")]
+    gathers, scatters = "FSDP parameter all-gathers", "FSDP gradient reduce-scatters"
+    assert issued(Layout(dp=2, optimizer_shard=True)) == [
+        ("all_gather", "dp", pytest.approx(4 * (2 * 3 * 54 + 52) / 7), 7, 2, True, gathers),
+        ("reduce_scatter", "dp", pytest.approx(4 * PARAMS / 4), 4, 2, True, scatters)]
+    # two micro-batches gather every unit twice as often; a recorded split gives the stage its units
+    fsdp_pipe = Layout(dp=2, pp=2, micro_batches=2, optimizer_shard=True)
+    assert issued(fsdp_pipe, 8, 0, split=[1, 2])[-2][2:4] == (pytest.approx(4 * 2 * (2 * 54 + 32) / 6), 6)
+    from common.spec import CNN
+    cnn = CNN.param_count()
+    assert issued(Layout(dp=2, optimizer_shard=True), spec=CNN) == [
+        ("all_gather", "dp", pytest.approx(4 * cnn), 1, 2, True, gathers),
+        ("reduce_scatter", "dp", pytest.approx(4 * cnn), 1, 2, True, scatters)]
+    assert issued(Layout(dp=1, optimizer_shard=True)) == []
+    from common.spec import BERT_SIZES
+    base = BERT_SIZES["base"].param_count()
+    [ddp] = issued(Layout(dp=2), backend="torch_ddp", spec=BERT_SIZES["base"])
+    assert ddp[3] == -(-4 * base // (25 * 2**20)) and ddp[2] == pytest.approx(4 * base / ddp[3])
