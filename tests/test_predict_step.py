@@ -177,3 +177,44 @@ def test_each_collective_a_rank_issues_in_full():
     base = BERT_SIZES["base"].param_count()
     [ddp] = issued(Layout(dp=2), backend="torch_ddp", spec=BERT_SIZES["base"])
     assert ddp[3] == -(-4 * base // (25 * 2**20)) and ddp[2] == pytest.approx(4 * base / ddp[3])
+
+
+def test_predict_s_less_travelled_paths_by_hand():
+    from common.predict.collectives import Collective
+    # collectives a compiler placed (keras_jax's comm_per_step): costed over every device, across nodes at 4 on
+    # nodes of 2; a pipeline ignores them
+    counted = [Collective("all_reduce", "all", 1000.0, 3, 4, True, "as compiled")]
+    p = predict(TOY, Layout(dp=4), 16, BASIS, GPU, backend="keras_jax", counted=counted)
+    assert p.comm_exposed_s == pytest.approx(3 * 1.5 * 1000 / 0.5e9) and p.collectives == counted
+    # at 2 devices (one node) the node link, the collective over its own 4 ranks
+    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU, counted=counted).comm_exposed_s == pytest.approx(3 * 1.5 * 1000e-9)
+    assert predict(TOY, Layout(pp=2, micro_batches=4), 8, BASIS, GPU, counted=counted).collectives != counted
+    # a fixed cost per micro-batch goes with the layers' share of the whole model's multiply-adds; tp keeps it whole
+    fixed = replace(BASIS, s_per_micro_batch=1e-3, s_per_mac_sample=0.0)
+    assert predict(TOY, Layout(tp=2), 4, fixed, GPU).compute_s == pytest.approx(1e-3 * (120 + 24) / (120 + 24))
+    piped = predict(TOY, Layout(pp=2, micro_batches=4), 8, fixed, GPU)
+    assert piped.compute_s == pytest.approx(4 * 1e-3 * 160 / MACS)  # stage 0: two layers of the whole
+    # the tied embedding's all-reduce crosses nodes when its two stages do (stride 2 x 1 on nodes of 2)
+    tie = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, BASIS, GPU)
+    assert [c.dim for c in tie.collectives_of_rank0] == ["pp", "tie", "dp"]
+    far = [c for c in tie.collectives_of_rank0 if c.dim == "tie"][0]
+    assert cost_s("all_reduce", far.nbytes, 2, GPU.link(True)) == pytest.approx(far.nbytes / 0.5e9)
+    # DDP's buckets hide behind two thirds of a long backward, at least one bucket exposed
+    slow = replace(BASIS, s_per_mac_sample=1e-3)
+    overlapping = replace(GPU, comm_overlaps_compute=True)
+    ddp = predict(TOY, Layout(dp=2), 8, slow, overlapping, backend="torch_ddp")
+    assert ddp.comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)  # one bucket: all of it, whatever the backward
+    # under autocast the activations a pipeline sends are 2 bytes a value
+    half = predict(TOY, Layout(pp=2, micro_batches=4), 8, replace(BASIS, precision="amp"), GPU)
+    assert half.collectives_of_rank0[0].nbytes == 16
+    # contention with two threads a rank and the reference's own background
+    cpu = replace(GPU, device_kind="cpu", devices_per_node=8)
+    busy = replace(BASIS, threads_per_device=2, cores=2, background=1.0)
+    assert predict(TOY, Layout(dp=2), 8, busy, cpu, background=1.0).contention == pytest.approx((5 / 2) / (3 / 2))
+    assert predict(TOY, Layout(dp=2), 8, busy, cpu).contention == pytest.approx(2.0)
+    # memory of a Keras optimizer (one step counter), and an evaluation's values in the peak
+    keras = predict(TOY, Layout(dp=2), 8, BASIS, GPU, backend="keras_jax")
+    assert keras.state_per_rank[0].optimizer == 8 * PARAMS + 8
+    evaluated = predict(TOY, Layout(dp=2), 8, BASIS, GPU, eval_batch=10**6)
+    assert max(evaluated.model_per_rank) > max(predict(TOY, Layout(dp=2), 8, BASIS, GPU).model_per_rank)
+    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU).bubble_s == 0.0
