@@ -25,7 +25,9 @@ BASIS = Basis(s_per_mac_sample=1e-9, s_per_micro_batch=0.0, s_per_param=1e-9, s_
 def test_ring_costs_by_kind():
     assert [bus_factor(k, 4) for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv",
                                        "broadcast")] == [1.5, 0.75, 0.75, 0.75, 1.0, 1.0]
-    assert [message_steps(k, 4) for k in ("all_reduce", "all_gather", "broadcast", "send_recv")] == [6, 3, 3, 1]
+    assert [message_steps(k, 4) for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                          "send_recv")] == [6, 3, 3, 3, 3, 1]
+    assert cost_s("send_recv", 1, 2, Link("node", 1.0, 1.0)) == pytest.approx(1.0 + 1e-9)  # one byte still costs
     with pytest.raises(ValueError, match="unknown collective kind 'gossip'"):
         bus_factor("gossip", 2)
     assert cost_s("all_gather", 0, 4, Link("node", 1.0, 1.0)) == 0.0
