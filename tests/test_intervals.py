@@ -173,3 +173,14 @@ def test_busy_at_its_thresholds():
     assert busy({"load": {"loadavg_1m_before": 1.6}})  # no core count: one
     assert not busy({"load": {"cpu_steal_share": 0.05}}) and busy({"load": {"cpu_steal_share": 0.051}})
     assert not busy({}) and not busy({"load": {"loadavg_1m_before": None, "cpu_steal_share": None}})
+
+
+def test_empty_tables_keep_their_columns_and_rows_sort_whatever_their_keys_hold():
+    assert list(ranked(interval_frame([])).columns) == [*interval_frame([]).columns, "vs_fastest"]
+    empty = baseline_frame([_record(2, 150, 40)], [_record(1, 100, 0)])
+    assert empty.empty and list(empty.columns) == [*ROW_KEYS, "runs", "baseline_runs", "samples_per_s",
+                                                   "baseline_samples_per_s", "ratio", "ratio_low", "ratio_high",
+                                                   "verdict"]
+    # two rows apart only where one says nothing (no precision): ordered by their text, no None < str
+    said, unsaid = _record(1, 100, 1), {**_record(1, 100, 2), "config": {"model_size": "tiny"}}
+    assert len(baseline_frame([said, unsaid], [said, unsaid])) == 2

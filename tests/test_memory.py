@@ -192,3 +192,30 @@ def test_the_process_peak_is_getrusage_s_in_bytes():
 
     peak = memory.resident_peak_bytes()
     assert peak == resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 > proc_status()["VmRSS"] / 2
+
+
+def test_each_read_asks_for_the_right_reset_and_keeps_the_highest_segment(tmp_path, monkeypatch):
+    resets = []
+
+    def counter(peaks):
+        it = iter(peaks)
+
+        def read(reset):
+            resets.append(reset)
+            return 100, next(it)
+        return read
+    window = MemoryWindow(counter([100, 400, 100, 150]), _process_peak)
+    window.open()
+    window.pause()
+    window.resume()
+    assert window.close() == 300  # the first segment's 400, not the last one's 150
+    assert resets == [True, False, True, False]  # open and resume reset the peak; the segment ends only read it
+    flat = MemoryWindow(counter([100, 100]), _process_peak)
+    flat.open()
+    assert flat.close() == 0
+    # /proc that stops answering mid-window: nothing measured
+    window = MemoryWindow(None, _process_peak)
+    window.open()
+    assert window.method == "proc"  # as test_proc_reset_forgets_the_old_peak... holds: Linux >= 4.0
+    monkeypatch.setattr(memory, "STATUS", tmp_path / "gone")
+    assert window.close() is None and window.method is None

@@ -173,3 +173,48 @@ def test_an_assumed_mfu_on_each_peak_it_can_rest_on(tmp_path):
     with pytest.raises(ValueError, match="--assume-mfu: no fp32 peak is known for"):
         from_mfu(0.5, cpu, "fp32")
     assert from_mfu(0.5, cpu, "fp32", achievable=1e11).s_per_mac_sample == pytest.approx(6 / 0.5e11)
+
+
+def test_a_basis_under_autocast_and_what_a_record_leaves_out():
+    """--precision amp: activations of 2 bytes in the memory the model counts, and the basis says amp; a record
+    without grad_accum accumulates once; a label names the device description and every per-micro-batch run."""
+    from common.loop import EVAL_BATCH
+    from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes
+    amp = _one(batch=32, accumulation_=3, devices_description="2 virtual CPU devices",
+               memory={"process_peak_per_rank": [5e9], "training_per_rank": [2e9]})
+    amp["config"]["precision"] = "amp"
+    basis = from_records(TINY, [amp])
+    state = state_bytes(TINY, Layout(), 0)
+    training = activation_bytes(TINY, Layout(), 0, 32 // 3, value_bytes=2)
+    assert basis.memory_overhead == pytest.approx(5e9 - state.total - max(training, evaluation_bytes(
+        TINY, Layout(), 0, EVAL_BATCH)))
+    assert basis.training_overhead == pytest.approx(2e9 - state.grads - state.optimizer - training)
+    assert basis.precision == "amp" and basis.label.endswith("(2 virtual CPU devices)")
+    keras = {**amp, "backend": "keras_jax", "config": {**amp["config"], "skip_eval": True}}
+    keras_state = state_bytes(TINY, Layout(), 0, backend="keras_jax")
+    assert from_records(TINY, [keras]).memory_overhead == pytest.approx(5e9 - keras_state.total - training)
+    assert from_records(TINY, [{**_one(), "config": {"model_size": "tiny"}}]).precision == "fp32"
+    assert accumulation({"config": {}}) == accumulation({}) == 1
+    three = from_records(TINY, [_one("k1", step=1.0), _one("k2", accumulation_=2, step=1.2),
+                                _one("k4", accumulation_=4, step=1.6)])
+    assert three.label == "compute measured: torch_3d 1-device run k1 (cpu), per-micro-batch cost from k2, k4"
+    from common.predict.basis import measured_memory
+    assert measured_memory({"peak_memory_bytes": 7}, "process_peak_per_rank") == [7]
+
+
+def test_an_assumed_mfu_says_which_peak_and_why_none(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text(MINE)
+    mine = hardware_files.load(str(path))
+    assert from_mfu(0.5, mine, "amp").label == ("compute ASSUMED: MFU 0.5 of mine's bf16 achievable peak (hardware "
+                                                "file) 600 TFLOP/s (no measured record)")
+    assert from_mfu(0.5, mine, "bf16").s_per_mac_sample == pytest.approx(6 / 300e12)  # a math mode asked by name
+    assert "measured achievable peak 100 TFLOP/s" in from_mfu(0.5, mine, "fp32", achievable=1e14).label
+    nameless = hardware_files.load("cpu-loopback-2core")
+    with pytest.raises(ValueError) as err:
+        from_mfu(0.5, nameless, "fp32")
+    assert str(err.value) == (f"--assume-mfu: no fp32 peak is known for {nameless.device_name or nameless.name!r} "
+                              "(common.peak_flops, or achievable_TFLOPS in the hardware file)")
+    no_bandwidth = path.with_name("slow.toml")
+    no_bandwidth.write_text(MINE.replace("memory_GBps = 2000\n", ""))
+    assert from_mfu(0.5, hardware_files.load(str(no_bandwidth)), "amp").s_per_param == 0.0

@@ -113,3 +113,7 @@ def test_the_buffers_a_step_adds():
     assert transient_bytes(TOY, Layout(dp=1, optimizer_shard=True), 0) == 0
     assert transient_bytes(CNN, Layout(dp=2, optimizer_shard=True), 0) == 0
     assert transient_bytes(TOY, Layout(dp=2, pp=2, micro_batches=2), 1) == 4 * (LAYER + HEAD + TOKEN)
+
+
+def test_an_evaluation_under_tensor_parallel():
+    assert evaluation_bytes(TOY, Layout(tp=2), 0, 5) == 4 * 5 * 2 * (8 + 12 / 2)  # Q, K, V, FFN split: 28 a sample

@@ -25,7 +25,9 @@ BASIS = Basis(s_per_mac_sample=1e-9, s_per_micro_batch=0.0, s_per_param=1e-9, s_
 def test_ring_costs_by_kind():
     assert [bus_factor(k, 4) for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv",
                                        "broadcast")] == [1.5, 0.75, 0.75, 0.75, 1.0, 1.0]
-    assert [message_steps(k, 4) for k in ("all_reduce", "all_gather", "broadcast", "send_recv")] == [6, 3, 3, 1]
+    assert [message_steps(k, 4) for k in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+                                          "send_recv")] == [6, 3, 3, 3, 3, 1]
+    assert cost_s("send_recv", 1, 2, Link("node", 1.0, 1.0)) == pytest.approx(1.0 + 1e-9)  # one byte still costs
     with pytest.raises(ValueError, match="unknown collective kind 'gossip'"):
         bus_factor("gossip", 2)
     assert cost_s("all_gather", 0, 4, Link("node", 1.0, 1.0)) == 0.0
@@ -143,3 +145,78 @@ def test_names_at_a_device_count_and_where_their_groups_lie():
     assert [group_stride(grid, d) for d in ("tp", "dp", "pp")] == [1, 4, 8]
     assert not crosses_nodes(grid, "tp", 4) and crosses_nodes(grid, "tp", 3) and crosses_nodes(grid, "dp", 4)
     assert not crosses_nodes(grid, "dp", 8) and not crosses_nodes(Layout(tp=4), "dp", 1)
+
+
+def test_each_collective_a_rank_issues_in_full():
+    from dataclasses import astuple
+
+    def issued(layout, batch=8, stage=0, backend="torch_3d", spec=TOY, split=None):
+        return [astuple(c) for c in collectives(spec, layout, batch, stage, backend, split)]
+    tp_acts = "tensor-parallel activations"
+    assert issued(Layout(tp=2), 4) == [("all_reduce", "tp", 64, 18, 2, True, tp_acts)]
+    assert issued(Layout(dp=2, tp=2), 9)[0] == ("all_reduce", "tp", 64, 18, 2, True, tp_acts)  # 9 // 2 a rank
+    pipe = Layout(pp=2, micro_batches=4)
+    sends, tie = "pipeline activations and their gradients", "tied embedding gradient"
+    assert issued(pipe) == [("send_recv", "pp", 32, 8, 2, True, sends), ("all_reduce", "tie", 80, 1, 2, True, tie)]
+    assert issued(Layout(pp=3, micro_batches=3), 6, 1) == [("send_recv", "pp", 32, 12, 2, True, sends)]
+    split_vocab = issued(Layout(tp=2, pp=2, micro_batches=2, vocab_emb_dp=False), 8, 1)
+    assert split_vocab[-1] == ("all_reduce", "tie", 40, 1, 2, True, tie)  # half the table's rows on each rank
+    assert issued(Layout(dp=2)) == [("all_reduce", "dp", 4 * PARAMS, 1, 2, True, "gradient all-reduce")]
+    gathers, scatters = "FSDP parameter all-gathers", "FSDP gradient reduce-scatters"
+    assert issued(Layout(dp=2, optimizer_shard=True)) == [
+        ("all_gather", "dp", pytest.approx(4 * (2 * 3 * 54 + 52) / 7), 7, 2, True, gathers),
+        ("reduce_scatter", "dp", pytest.approx(4 * PARAMS / 4), 4, 2, True, scatters)]
+    # two micro-batches gather every unit twice as often; a recorded split gives the stage its units
+    fsdp_pipe = Layout(dp=2, pp=2, micro_batches=2, optimizer_shard=True)
+    assert issued(fsdp_pipe, 8, 0, split=[1, 2])[-2][2:4] == (pytest.approx(4 * 2 * (2 * 54 + 32) / 6), 6)
+    from common.spec import CNN
+    cnn = CNN.param_count()
+    assert issued(Layout(dp=2, optimizer_shard=True), spec=CNN) == [
+        ("all_gather", "dp", pytest.approx(4 * cnn), 1, 2, True, gathers),
+        ("reduce_scatter", "dp", pytest.approx(4 * cnn), 1, 2, True, scatters)]
+    assert issued(Layout(dp=1, optimizer_shard=True)) == []
+    from common.spec import BERT_SIZES
+    base = BERT_SIZES["base"].param_count()
+    [ddp] = issued(Layout(dp=2), backend="torch_ddp", spec=BERT_SIZES["base"])
+    assert ddp[3] == -(-4 * base // (25 * 2**20)) and ddp[2] == pytest.approx(4 * base / ddp[3])
+
+
+def test_predict_s_less_travelled_paths_by_hand():
+    from common.predict.collectives import Collective
+    # collectives a compiler placed (keras_jax's comm_per_step): costed over every device, across nodes at 4 on
+    # nodes of 2; a pipeline ignores them
+    counted = [Collective("all_reduce", "all", 1000.0, 3, 4, True, "as compiled")]
+    p = predict(TOY, Layout(dp=4), 16, BASIS, GPU, backend="keras_jax", counted=counted)
+    assert p.comm_exposed_s == pytest.approx(3 * 1.5 * 1000 / 0.5e9) and p.collectives == counted
+    # at 2 devices (one node) the node link, the collective over its own 4 ranks
+    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU, counted=counted).comm_exposed_s == pytest.approx(3 * 1.5 * 1000e-9)
+    assert predict(TOY, Layout(pp=2, micro_batches=4), 8, BASIS, GPU, counted=counted).collectives != counted
+    # a fixed cost per micro-batch goes with the layers' share of the whole model's multiply-adds; tp keeps it whole
+    fixed = replace(BASIS, s_per_micro_batch=1e-3, s_per_mac_sample=0.0)
+    assert predict(TOY, Layout(tp=2), 4, fixed, GPU).compute_s == pytest.approx(1e-3 * (120 + 24) / (120 + 24))
+    piped = predict(TOY, Layout(pp=2, micro_batches=4), 8, fixed, GPU)
+    assert piped.compute_s == pytest.approx(4 * 1e-3 * 160 / MACS)  # stage 0: two layers of the whole
+    # the tied embedding's all-reduce crosses nodes when its two stages do (stride 2 x 1 on nodes of 2)
+    tie = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, BASIS, GPU)
+    assert [c.dim for c in tie.collectives_of_rank0] == ["pp", "tie", "dp"]
+    far = [c for c in tie.collectives_of_rank0 if c.dim == "tie"][0]
+    assert cost_s("all_reduce", far.nbytes, 2, GPU.link(True)) == pytest.approx(far.nbytes / 0.5e9)
+    # DDP's buckets hide behind two thirds of a long backward, at least one bucket exposed
+    slow = replace(BASIS, s_per_mac_sample=1e-3)
+    overlapping = replace(GPU, comm_overlaps_compute=True)
+    ddp = predict(TOY, Layout(dp=2), 8, slow, overlapping, backend="torch_ddp")
+    assert ddp.comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)  # one bucket: all of it, whatever the backward
+    # under autocast the activations a pipeline sends are 2 bytes a value
+    half = predict(TOY, Layout(pp=2, micro_batches=4), 8, replace(BASIS, precision="amp"), GPU)
+    assert half.collectives_of_rank0[0].nbytes == 16
+    # contention with two threads a rank and the reference's own background
+    cpu = replace(GPU, device_kind="cpu", devices_per_node=8)
+    busy = replace(BASIS, threads_per_device=2, cores=2, background=1.0)
+    assert predict(TOY, Layout(dp=2), 8, busy, cpu, background=1.0).contention == pytest.approx((5 / 2) / (3 / 2))
+    assert predict(TOY, Layout(dp=2), 8, busy, cpu).contention == pytest.approx(2.0)
+    # memory of a Keras optimizer (one step counter), and an evaluation's values in the peak
+    keras = predict(TOY, Layout(dp=2), 8, BASIS, GPU, backend="keras_jax")
+    assert keras.state_per_rank[0].optimizer == 8 * PARAMS + 8
+    evaluated = predict(TOY, Layout(dp=2), 8, BASIS, GPU, eval_batch=10**6)
+    assert max(evaluated.model_per_rank) > max(predict(TOY, Layout(dp=2), 8, BASIS, GPU).model_per_rank)
+    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU).bubble_s == 0.0

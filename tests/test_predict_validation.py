@@ -212,3 +212,85 @@ def test_a_pipeline_s_idle_share_beside_the_measured_bubble():
     assert (idle["measured"], idle["analytic"]) == ([0.25, 0.1], 0.2) and row["layout"] == "pp2-mb4"
     # stage 0 holds a layer, stage 1 a layer and the MLM head: the lighter first stage idles longer
     assert len(idle["predicted"]) == 2 and idle["predicted"][0] > idle["predicted"][1] > 0
+
+
+def test_the_edges_a_first_pass_of_mutation_testing_found():
+    """Each a mutant the known answers above let through."""
+    # references: a dated run before an undated one; the same batch at another accumulation before another batch
+    # at the same; the others only of the main run's batch, one per accumulation
+    run = _record("run", 2, 64)
+    undated = {**_record("undated", 1, 64), "started_at": None}
+    assert references(run, [undated, _record("dated", 1, 64)])[0]["run_id"] == "dated"
+    assert references(run, [_record("b32", 1, 32), _record("k2", 1, 64, accumulation=2)])[0]["run_id"] == "k2"
+    refs = references(run, [_record("k1", 1, 64), _record("b32k4", 1, 32, accumulation=4),
+                            _record("k4", 1, 64, accumulation=4), _record("k4b", 1, 64, accumulation=4)])
+    assert [r["run_id"] for r in refs] == ["k1", "k4"]
+    hw, _ = hardware_for(_record("r", 2, 64), H100, {2: 1.5})
+    assert hw.link(False).source == "median link probe at 2 ranks" and len(hw.links) == len(H100.links)
+    comm = [{"all_reduce": {"bytes": 800, "calls": 4, "time_s": None}}]
+    [c] = compiled_collectives({**_record("r", 2, 64, backend="keras_jax"), "backend_metrics": {
+        "comm_per_step": comm}}, Layout(dp=2))
+    assert (c.exposed, c.what) == (True, "as compiled")
+
+
+def test_runs_of_every_shape_a_folder_holds():
+    """No layout key (an older record), a CNN, an accumulating run, a compiler-placed run, runs without a start
+    time, a run whose 1-device reference is missing before the others, load on a CPU host."""
+    one, dp2 = _known_folder()[1:]
+    bare = {k: v for k, v in dp2.items() if k != "layout"}
+    keras_one = {**one, "run_id": "k-one", "backend": "keras_jax"}
+    keras = {**dp2, "run_id": "k-dp2", "backend": "keras_jax", "backend_metrics": {"comm_per_step": [
+        {"all_reduce": {"bytes": FLAT, "calls": 1, "time_s": None}}, None]}}
+    lone = {**dp2, "run_id": "lone", "backend": "a_backend"}
+    late = {**dp2, "run_id": "late", "started_at": "2026-01-05T00:00:00", "backend_metrics": {
+        "state_bytes_per_rank": [asdict(state_bytes(TINY, Layout(), 0))]}}
+    undated = {**dp2, "run_id": "undated", "started_at": None, "backend_metrics": {}}
+    result = validate([late, undated, bare, keras_one, keras, lone, one], H100)
+    runs = {r["run_id"]: r for r in result["runs"]}
+    assert [r["run_id"] for r in result["runs"]] == ["k-dp2", "undated", "dp2", "late"]
+    assert result["skipped"] == [{"run_id": "lone", "why": "no ok 1-device run of its backend, workload, size, "
+                                                          "host and threads per device"}]
+    assert runs["dp2"]["layout"] == "dp2" and runs["dp2"]["step_s"]["error"] == pytest.approx(-0.2)
+    assert runs["k-dp2"]["notes"] == ["collectives as XLA compiled them (the run's comm_per_step), not predicted"]
+    assert runs["k-dp2"]["comm_per_step"] is None and "comm_per_step" in runs["k-dp2"]
+    assert runs["k-dp2"]["step_s"]["error_ignoring_load"] == runs["k-dp2"]["step_s"]["error"]
+    assert runs["k-dp2"]["step_s"]["predicted"] == pytest.approx(_by_hand(2), rel=1e-12)  # the same all-reduce
+    assert runs["undated"]["state_bytes_per_rank"] == {"predicted": [asdict(state_bytes(TINY, Layout(dp=2), r))
+                                                                     for r in range(2)],
+                                                       "measured": None, "exact": None}
+    assert runs["late"]["state_bytes_per_rank"]["exact"] is False  # one rank counted of two
+    assert runs["late"]["training_memory_per_rank"] == {"predicted": pytest.approx([TRAINING + FLAT] * 2),
+                                                        "measured": [TRAINING + FLAT] * 2, "error": pytest.approx(0)}
+    # an accumulating dp2 run (2 micro-batches a step), predicted from 1-device runs at 1 and 2: 0.2 s a
+    # micro-batch fitted, 0.8 s of multiply-adds
+    k1, k2 = {**one, "step_time_s": {"p50": 1.0}}, {**_record("k2", 1, 32, accumulation=2), "device_kind": "cuda",
+                                                    "step_time_s": {"p50": 1.2}}
+    accumulating = {**_record("acc", 2, 64, accumulation=2), "device_kind": "cuda", "step_time_s": {"p50": 2.0}}
+    [row] = validate([k1, k2, accumulating], H100)["runs"]
+    assert row["references"] == ["one", "k2"] and row["step_parts_s"]["compute"] == pytest.approx(1.2)
+    # a CNN: its own model (2.3M parameters all-reduced)
+    cnn_one = {**one, "workload": "cnn", "memory": None}
+    cnn = {**_record("cnn2", 2, 64), "workload": "cnn", "device_kind": "cuda", "step_time_s": {"p50": 1.0}}
+    [row] = validate([cnn_one, cnn], H100)["runs"]
+    node = H100.link(False)  # no link probe in that folder: the description's
+    assert row["step_s"]["predicted"] == pytest.approx(1.0 + 4 * 2_328_298 / (node.busbw_GBps * 1e9) +
+                                                       2 * node.latency_s)
+    assert result["summary"]["all"]["memory_per_rank"]["runs"] >= 1
+    empty = validate([cnn_one, cnn], H100)["summary"]["all"]["memory_per_rank"]
+    assert empty == {"runs": 0, "median_abs_error": None, "max_abs_error": None}
+
+
+def test_load_on_a_cpu_host_is_accounted_or_not_as_asked():
+    cpu = hardware_files.load("cpu-loopback-2core")
+    host = {"name": "h", "cores": 2}
+    one = {**_record("one", 1, 32), "load": {"other_busy_cores": 0.0}, "host": host}
+    dp2 = {**_record("dp2", 2, 64), "load": {"other_busy_cores": 1.0}, "host": host}
+    [row] = validate([one, dp2], cpu)["runs"]
+    assert row["step_s"]["error"] != row["step_s"]["error_ignoring_load"]
+    assert row["load"] == {"background_run": 1.0, "background_reference": 0.0, "accounted": True}
+    [plain] = validate([one, dp2], cpu, account_load=False)["runs"]
+    assert plain["step_s"]["error"] == plain["step_s"]["error_ignoring_load"] == row["step_s"]["error_ignoring_load"]
+    assert plain["load"]["accounted"] is False
+    summary = validate([one, dp2], cpu)["summary"]["all"]
+    assert summary["step_s_ignoring_load"]["runs"] == 1 and summary["step_s_ignoring_load"]["max_abs_error"] == \
+        pytest.approx(abs(row["step_s"]["error_ignoring_load"]))

@@ -25,7 +25,7 @@ def test_the_cnn_is_one_part_of_its_whole_forward():
     assert cnn.total == CNN.forward_macs() > 1e7  # convolutions and fully connected layers: millions a sample
     assert stage_macs(CNN, Layout(dp=4, optimizer_shard=True)) == [CNN.forward_macs()]
     for split in (Layout(tp=2), Layout(pp=2, micro_batches=2)):
-        with pytest.raises(ValueError, match="the CNN data parallel only"):
+        with pytest.raises(ValueError, match=r"^the model predicts the CNN data parallel only \(dp, fsdp\)$"):
             stage_macs(CNN, split)
 
 
@@ -36,6 +36,7 @@ def test_layers_per_stage_even_recorded_or_asked_for():
     assert stage_layer_counts(Layout(pp=3, micro_batches=3), 3) == [1, 1, 1]
     assert stage_layer_counts(Layout(pp=2, micro_batches=2), 3, [2, 1]) == [2, 1]  # a record's placement
     assert stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="2,1"), 3) == [2, 1]
+    assert stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="1,2"), 3) == [1, 2]  # not the even one
     assert stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="2,1"), 3, [1, 2]) == [1, 2]
     with pytest.raises(ValueError, match=r"stage_split \[2, 2\] does not cut 3 layers into 2 stages"):
         stage_layer_counts(Layout(pp=2, micro_batches=2), 3, [2, 2])

@@ -108,3 +108,19 @@ def test_a_verdict_at_its_threshold():
     assert verdict(Interval(1.2, 1.11, 1.3), threshold=0.1) == "faster"
     scaled = ratio_interval(([[1.0] * 5], 8), ([[1.0] * 5], 4), scale=0.25)
     assert scaled == Interval(0.5, 0.5, 0.5)
+
+
+def test_the_seeds_are_fixed_and_every_step_can_be_drawn():
+    """The same numbers from one call to the next (seed 0 by default, the denominator's stream one above the
+    numerator's), and a resample can draw any step of a run, the first too."""
+    runs, other = _runs([95, 100, 104]), _runs([60, 62, 58], seed=5)
+    assert throughput_interval(runs, 32) == throughput_interval(runs, 32, seed=0) != \
+        throughput_interval(runs, 32, seed=3)
+    assert ratio_interval((runs, 32), (other, 32)) == ratio_interval((runs, 32), (other, 32), seed=0)
+    top, bottom = throughput_draws(runs, 32, seed=4), throughput_draws(other, 32, seed=5)
+    assert ratio_interval((runs, 32), (other, 32), seed=4) == interval_of(
+        point_throughput(runs, 32) / point_throughput(other, 32), top / bottom)
+    assert np.array_equal(throughput_draws(runs, 32), throughput_draws(runs, 32, seed=0))
+    assert throughput_draws([[1.0, 3.0]], 4, draws=300).max() == pytest.approx(4.0)  # both draws of step 0
+    with pytest.raises(ValueError, match="^no run has measured step times$"):
+        throughput_draws([], 32)
