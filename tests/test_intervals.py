@@ -178,9 +178,12 @@ def test_busy_at_its_thresholds():
 def test_empty_tables_keep_their_columns_and_rows_sort_whatever_their_keys_hold():
     assert list(ranked(interval_frame([])).columns) == [*interval_frame([]).columns, "vs_fastest"]
     empty = baseline_frame([_record(2, 150, 40)], [_record(1, 100, 0)])
-    assert empty.empty and list(empty.columns) == [*ROW_KEYS, "runs", "baseline_runs", "samples_per_s",
+    assert empty.empty and list(empty.columns) == [*ROW_KEYS, "key", "runs", "baseline_runs", "samples_per_s",
                                                    "baseline_samples_per_s", "ratio", "ratio_low", "ratio_high",
                                                    "verdict"]
-    # two rows apart only where one says nothing (no precision): ordered by their text, no None < str
+    # a record that says nothing of its precision has the default of its time (fp32): the same row as one that says
+    # fp32; another model size is another row, and rows sort whatever their keys hold
     said, unsaid = _record(1, 100, 1), {**_record(1, 100, 2), "config": {"model_size": "tiny"}}
-    assert len(baseline_frame([said, unsaid], [said, unsaid])) == 2
+    assert len(baseline_frame([said, unsaid], [said, unsaid])) == 1
+    mini = {**_record(1, 100, 3), "config": {"model_size": "mini"}}
+    assert len(baseline_frame([said, mini], [said, mini])) == 2
