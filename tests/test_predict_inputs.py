@@ -189,7 +189,7 @@ def test_a_basis_under_autocast_and_what_a_record_leaves_out():
     assert basis.memory_overhead == pytest.approx(5e9 - state.total - max(training, evaluation_bytes(
         TINY, Layout(), 0, EVAL_BATCH)))
     assert basis.training_overhead == pytest.approx(2e9 - state.grads - state.optimizer - training)
-    assert basis.precision == "amp" and basis.label.endswith("(2 virtual CPU devices)")
+    assert basis.precision == "amp" and "(2 virtual CPU devices); GUESSED" in basis.label
     keras = {**amp, "backend": "keras_jax", "config": {**amp["config"], "skip_eval": True}}
     keras_state = state_bytes(TINY, Layout(), 0, backend="keras_jax")
     assert from_records(TINY, [keras]).memory_overhead == pytest.approx(5e9 - keras_state.total - training)
