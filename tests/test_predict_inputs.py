@@ -197,7 +197,8 @@ def test_a_basis_under_autocast_and_what_a_record_leaves_out():
     assert accumulation({"config": {}}) == accumulation({}) == 1
     three = from_records(TINY, [_one("k1", step=1.0), _one("k2", accumulation_=2, step=1.2),
                                 _one("k4", accumulation_=4, step=1.6)])
-    assert three.label == "compute measured: torch_3d 1-device run k1 (cpu), per-micro-batch cost from k2, k4"
+    assert three.label == ("compute measured: torch_3d 1-device run k1 (cpu), per-micro-batch cost from k2, k4; "
+                           "GUESSED: no --breakdown-steps probe, the whole step taken as forward+backward")
     from common.predict.basis import measured_memory
     assert measured_memory({"peak_memory_bytes": 7}, "process_peak_per_rank") == [7]
 
