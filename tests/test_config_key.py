@@ -5,6 +5,7 @@ the case that read 7.12 and 0.15 as 'scaling efficiencies' of 1-device runs befo
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 
@@ -18,7 +19,7 @@ from bench.reporting.tables import workload_table
 from common.config_key import NO_REFERENCE, config_key, reference_key
 from common.record import skeleton
 from common.results import load_records, summary_frame, validate_record, write_record
-from tests.conftest import REPO
+from tests.conftest import REPO, TORCH_SWEEP
 
 REFERENCE = REPO / "results" / "reference" / "h100x1"
 KEY_COLUMNS = ("model", "precision", "batch", "micro-batches", "layout")
@@ -215,8 +216,7 @@ def test_an_unknown_sweep_is_one_line_of_bad_input(tmp_path, capsys):
 def test_a_sweep_records_its_command_and_each_run_its_mode(torch_sweep):
     proc, out = torch_sweep  # conftest.TORCH_SWEEP, shared with test_torch_dp and test_torch_ddp
     records = load_records(out)
-    assert {r["sweep_command"] for r in records} == {
-        "python -m bench.compare --gpus 1,2 --backends torch_dp,torch_ddp --workloads cnn --data real --steps 8 "
-        f"--warmup-steps 2 --out {out}"}
+    assert {r["sweep_command"] for r in records} == {shlex.join(["python", "-m", "bench.compare", *TORCH_SWEEP,
+                                                                 "--out", str(out)])}
     modes = {r["backend"]: r["mode"] for r in records if r["status"] == "ok"}
     assert modes.get("torch_ddp") == "DistributedDataParallel"

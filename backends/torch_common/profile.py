@@ -52,7 +52,12 @@ RULES = (
                   r"|flatten|split|chunk|unbind|narrow|_unsafe_view|lift_fresh|result_type|set_|is_nonzero|resize_|numpy_T)"
                   r"|autograd::engine::evaluate_function: \w+|\w+Backward\d*|torch::autograd::AccumulateGrad"
                   r"|detach|DistributedDataParallel\.\w+|DataParallel\.\w+|cudaStreamSynchronize|cudaDeviceSynchronize"
-                  r"|cudaLaunchKernel|cudaMemcpyAsync|c10d::wait|Future::wait|FSDP::\w+.*)" + LEAF),
+                  r"|cudaLaunchKernel|cudaMemcpyAsync|c10d::wait|Future::wait|FSDP::\w+.*"
+                  # DTensor's dispatch (tensor parallel): a functional collective's wait, its wrappers, the
+                  # subclass's Python dispatch and redistribution (their self time; the collectives inside count
+                  # as collectives)
+                  r"|_c10d_functional::wait_tensor|_c10d_functional::_wrap_tensor_autograd|PythonSubclass"
+                  r"|_FromTorchTensor|_ToTorchTensor|Redistribute)" + LEAF),
 )
 
 
