@@ -153,10 +153,17 @@ def test_what_does_not_fit_is_dropped_and_what_may_not_fit_is_flagged():
     assert verdict(110, 100, 0.2) == "may not fit"          # 110 / 1.2 < 100 < 110 / 0.8
     assert verdict(130, 100, 0.2) == "does not fit" and verdict(79, 100, 0.2) == "fits"
     assert verdict(1e12, None, None) == "not checked"
-    layouts = [Layout(dp=2), Layout(dp=2, optimizer_shard=True)]
+    layouts = [Layout(dp=2), Layout(dp=2, optimizer_shard=True), Layout(dp=2, recompute=True)]
     fsdp_memory = max(predict(TINY, layouts[1], 32, BASIS, CPU).memory_per_rank)
     rows = rank(predicted(TINY, layouts, 32, BASIS, CPU, "torch_3d", None, fsdp_memory * 1.01, None), None)
-    assert [(r.layout.name, r.rank, r.fit) for r in rows] == [("fsdp2", 1, "fits"), ("dp2", 0, "does not fit")]
+    # Those that do not fit follow, unranked, the leanest first.
+    assert [(r.layout.name, r.rank, r.fit) for r in rows] == [("fsdp2", 1, "fits"), ("dp2-rc", 0, "does not fit"),
+                                                              ("dp2", 0, "does not fit")]
+    # Within a memory error of 20% dp2 may not fit: it is ranked after fsdp2, which fits, however fast it is.
+    no_optimizer = replace(BASIS, s_per_param=0.0)   # dp2 then steps faster than fsdp2 (fewer bytes sent)
+    rows = rank(predicted(TINY, layouts[:2], 32, no_optimizer, CPU, "torch_3d", None, fsdp_memory * 1.25, 0.2), None)
+    assert [(r.layout.name, r.rank, r.fit) for r in rows] == [("fsdp2", 1, "fits"), ("dp2", 2, "may not fit")]
+    assert rows[1].step_s < rows[0].step_s and explain(rows[1], rows[0], None).startswith("may not fit")
 
 
 def test_the_check_goals_by_hand():
@@ -169,12 +176,16 @@ def test_the_check_goals_by_hand():
     plan = {"pick": "a", "available_bytes": 100,
             "rows": [row("a", 1.0, 97, 50), row("b", 1.1, 100, 60), row("c", 1.2, 200, 150),
                      row("d", 1.3, 80, 120, "does not fit")]}
-    result = goals(plan)
-    # c measured fastest but over the limit: the best is b; a is 97% of it.
+    plan["rows"][2]["measured"].update(samples_per_s=99, step_s=32 / 99)
+    result = goals(plan, plan)
+    # a measured 97% of the fastest, b; the predicted order a b c d against the measured b c a d.
     assert result["pick"]["measured_best"] == "b" and result["pick"]["holds"]
-    assert result["fit"]["holds"] and not result["ranking"]["holds"]
+    assert result["ranking"]["spearman"] == pytest.approx(0.4) and not result["ranking"]["holds"]
+    assert result["fit"]["holds"] and result["fit"]["called_does_not_fit"] == 1
     plan["rows"][3]["measured"]["peak_per_rank_max"] = 90
-    assert goals(plan)["fit"]["wrong"] == ["d"]
+    assert goals(plan, plan)["fit"]["wrong"] == ["d"] and not goals(plan, plan)["fit"]["holds"]
+    plan["rows"][3]["fit"] = "fits"     # no call made: nothing shown
+    assert not goals(plan, plan)["fit"]["holds"]
 
 
 @pytest.mark.parametrize("args, says", [

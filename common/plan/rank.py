@@ -79,10 +79,16 @@ def predicted(spec: BertSpec | CnnSpec, layouts: list[Layout], global_batch: int
     return out
 
 
+# Those that fit are ranked first, then those that may not (the pick is one that fits, where one does).
+FIT_ORDER = {"fits": 0, "not checked": 0, "may not fit": 1}
+
+
 def rank(rows: list[Ranked], error: float | None) -> list[Ranked]:
-    """Those that may fit, fastest first (among equal steps, the one holding less memory); each against the
-    pick: separable or not, and what decides. Those that do not fit follow, unranked."""
-    fitting = sorted((r for r in rows if r.fit != "does not fit"), key=lambda r: (r.step_s, r.memory, r.layout.name))
+    """Those that fit, fastest first (among equal steps, the one holding less memory), then those that may not
+    fit, likewise; each against the pick: separable or not, and what decides. Those that do not fit follow,
+    unranked."""
+    fitting = sorted((r for r in rows if r.fit != "does not fit"),
+                     key=lambda r: (FIT_ORDER[r.fit], r.step_s, r.memory, r.layout.name))
     dropped = sorted((r for r in rows if r.fit == "does not fit"), key=lambda r: (r.memory, r.layout.name))
     if not fitting:
         return dropped
@@ -90,7 +96,7 @@ def rank(rows: list[Ranked], error: float | None) -> list[Ranked]:
     for i, r in enumerate(fitting, 1):
         r.rank = i
         gap = r.step_s / pick.step_s - 1
-        r.separable = None if error is None else gap > error
+        r.separable = None if error is None else abs(gap) > error
         r.decides = decides(pick, r)
     return fitting + dropped
 
@@ -126,6 +132,8 @@ def _against_pick(row: Ranked, pick: Ranked, error: float | None) -> str:
     total = sum(d for _, d in row.decides)
     reasons = ", ".join(f"+{d * 1e3:,.3g} ms {PARTS[p]}" for p, d in row.decides[:3] if d >= 0.05 * total)
     text = f"{gap:+.1%} against the pick: {reasons}" if reasons else f"{gap:+.1%} against the pick"
+    if row.fit == "may not fit" and pick.fit != "may not fit":
+        text = f"may not fit, ranked after those that fit; {text}"
     if error is not None and not row.separable:
         text += f"; within the ranking error ({error:.1%}): not separable from the pick"
     return text
