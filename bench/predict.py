@@ -26,6 +26,7 @@ from bench import predict_llm
 from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
+from bench.reporting.prediction_table import prediction_table
 from common.config import PRECISIONS
 from common.config_key import efficiency
 from common.errors import BadInput
@@ -261,18 +262,11 @@ def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, back
 
 
 def _print(console: Console, rows: list[dict], hardware, basis: Basis, rests_on: str, title: str) -> None:
-    table = Table(title=title, title_justify="left", caption=rests_on, caption_justify="left")
-    for column in ("layout", "N", "as", "step (ms)", "samples/s", "efficiency", "memory/rank (GiB)", "fits",
-                   "exposed comm", "bubble"):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        if "invalid" in r:
-            table.add_row(r["layout"], str(r["devices"]), "", "", "", "", "", "", "", escape(r["invalid"]))
-            continue
-        table.add_row(r["layout"], str(r["devices"]), r["layout_full"], f"{r['step_s'] * 1e3:,.1f}",
-                      f"{r['samples_per_s']:,.0f}", f"{r['efficiency']:.2f}", f"{r['memory_per_rank_max'] / GIB:,.2f}",
-                      "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}", f"{r['bubble_share']:.0%}")
-    console.print(table)
+    columns = ("as", "step (ms)", "samples/s", "efficiency", "memory/rank (GiB)", "fits", "exposed comm", "bubble")
+    console.print(prediction_table(title, rests_on, columns, rows, lambda r: [
+        r["layout_full"], f"{r['step_s'] * 1e3:,.1f}", f"{r['samples_per_s']:,.0f}", f"{r['efficiency']:.2f}",
+        f"{r['memory_per_rank_max'] / GIB:,.2f}", "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}",
+        f"{r['bubble_share']:.0%}"]))
     for n in sorted({r["devices"] for r in rows}):
         fitting = [r for r in rows if r["devices"] == n and r.get("fits")]
         best = max(fitting, key=lambda r: r["samples_per_s"], default=None)

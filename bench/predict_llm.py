@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bench.reporting.prediction_plot import prediction_plot
+from bench.reporting.prediction_table import prediction_table
 from bench.reporting.published_plot import FILE as published_file
 from bench.reporting.published_plot import published_plot
 from common.predict import constants, decoder, stacks
@@ -152,15 +153,8 @@ def _row(spec, name: str, devices: int, args, hardware, stack, compute) -> dict:
 
 
 def _print(console: Console, rows: list[dict], title: str, caption: str) -> None:
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for column in ("layout", "N", "as", "batch", "step (s)", "tokens/s/device", "memory/rank (GiB)", "fits",
-                   "exposed comm", "bubble"):
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        if "invalid" in r:
-            table.add_row(r["layout"], str(r["devices"]), "", "", "", "", "", "", "", escape(r["invalid"]))
-            continue
-        table.add_row(r["layout"], str(r["devices"]), r["layout_full"], str(r["global_batch"]), f"{r['step_s']:.3f}",
-                      f"{r['tokens_per_s_per_device']:,.0f}", f"{r['memory_per_rank_max'] / GIB:,.1f}",
-                      "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}", f"{r['bubble_share']:.0%}")
-    console.print(table)
+    columns = ("as", "batch", "step (s)", "tokens/s/device", "memory/rank (GiB)", "fits", "exposed comm", "bubble")
+    console.print(prediction_table(title, caption, columns, rows, lambda r: [
+        r["layout_full"], str(r["global_batch"]), f"{r['step_s']:.3f}", f"{r['tokens_per_s_per_device']:,.0f}",
+        f"{r['memory_per_rank_max'] / GIB:,.1f}", "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}",
+        f"{r['bubble_share']:.0%}"]))

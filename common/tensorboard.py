@@ -34,28 +34,27 @@ class EventFile:
     """One TensorBoard event file in a directory, written with TensorBoard's record framing and no TensorFlow."""
 
     def __init__(self, log_dir: Path):
-        from tensorboard.compat.proto import event_pb2
+        from tensorboard.compat.proto import event_pb2, summary_pb2
         from tensorboard.summary.writer.record_writer import RecordWriter
+        from tensorboard.util.tensor_util import make_tensor_proto
 
         log_dir.mkdir(parents=True, exist_ok=True)
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
         self._file = open(log_dir / name, "wb")  # noqa: SIM115 (closed by close())
         self._records = RecordWriter(self._file)
-        self._event = event_pb2.Event
+        self._event, self._tensor = event_pb2.Event, make_tensor_proto
+        # Every scalar carries the scalars plugin's metadata, as TensorBoard's own writer gives it.
+        self._metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+            data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR)
         self._write(self._event(wall_time=time.time(), file_version="brain.Event:2"))
 
     def _write(self, event) -> None:
         self._records.write(event.SerializeToString())
 
     def add_scalar(self, tag: str, value: float, step: int) -> None:
-        from tensorboard.compat.proto import summary_pb2
-        from tensorboard.util.tensor_util import make_tensor_proto
-
-        metadata = summary_pb2.SummaryMetadata(
-            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-            data_class=summary_pb2.DataClass.DATA_CLASS_SCALAR)
         event = self._event(wall_time=time.time(), step=step)
-        event.summary.value.add(tag=tag, tensor=make_tensor_proto(np.float32(value)), metadata=metadata)
+        event.summary.value.add(tag=tag, tensor=self._tensor(np.float32(value)), metadata=self._metadata)
         self._write(event)
 
     def close(self) -> None:

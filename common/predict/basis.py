@@ -115,18 +115,22 @@ def stage_split(record: dict) -> list[int] | None:
     return None
 
 
-def probed(record: dict) -> bool:
-    """Whether a 1-device run measured the split of its step (--breakdown-steps)."""
+def _probe(record: dict) -> Breakdown | None:
+    """A 1-device run's measured split of its step (--breakdown-steps), if it has one."""
     b = Breakdown.from_metrics(record.get("backend_metrics"))
-    return b is not None and bool(b.total_s)
+    return b if b is not None and b.total_s else None
+
+
+def probed(record: dict) -> bool:
+    return _probe(record) is not None
 
 
 def _shares(record: dict) -> tuple[float, float, float]:
     """(forward+backward, optimizer, rest) shares of a 1-device step from its breakdown probe; without one, the
     whole step as forward+backward (a guess: from_records names it in the basis)."""
-    if not probed(record):
+    b = _probe(record)
+    if b is None:
         return 1.0, 0.0, 0.0
-    b = Breakdown.from_metrics(record.get("backend_metrics"))
     return b.forward_backward_s / b.total_s, b.optimizer_s / b.total_s, \
         (b.data_s + b.other_s + b.grad_comm_s) / b.total_s
 
