@@ -225,15 +225,16 @@ def test_a_sweep_records_a_dead_rank_and_goes_on(tmp_path, data_dir):
     assert len(pd.read_csv(out / "summary.csv")) == 2
 
 
-def _failed_group(tmp_path: Path, error_file_message: str | None) -> ChildFailedError:
-    """torchrun's own exception for a group whose rank 1 failed first (rank 0 was stopped after it)."""
+def _failed_group(tmp_path: Path, error_file_message: str | None, stopped_at: int = 200) -> ChildFailedError:
+    """torchrun's own exception for a group whose rank 1 failed first (rank 0 was stopped after it, at
+    `stopped_at`: the same whole second as rank 1's failure where the agent stopped it at once)."""
     error_file = tmp_path / "error.json"
     if error_file_message is not None:
         error_file.write_text(json.dumps({"message": {"message": error_file_message,
                                                       "extraInfo": {"timestamp": "100"}}}))
     failures = {0: ProcessFailure(0, 4351, -15, str(tmp_path / "none.json")),
                 1: ProcessFailure(1, 4352, 1 if error_file_message else -6, str(error_file))}
-    failures[0].timestamp, failures[1].timestamp = 200, 100
+    failures[0].timestamp, failures[1].timestamp = stopped_at, 100
     return ChildFailedError("worker", failures)
 
 
@@ -256,6 +257,9 @@ def test_a_failed_run_says_which_rank_failed_first_and_why(tmp_path):
     (rank1 / "stderr.log").unlink()
     launcher.report_path.write_text(json.dumps(failure_report(_failed_group(tmp_path, None))))
     assert launcher.failure(1).endswith("rank 1 exited with code -6 (signal 6) first (no error file, no output)")
+    # The rank the agent stopped with SIGTERM in the same second is not the first, whatever its rank number.
+    launcher.report_path.write_text(json.dumps(failure_report(_failed_group(tmp_path, None, stopped_at=100))))
+    assert "rank 1 exited with code -6 (signal 6) first" in launcher.failure(1)
 
 
 def _tiny_config() -> RunConfig:

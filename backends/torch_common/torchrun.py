@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import inspect
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -65,7 +66,7 @@ def _bootstrap_store_server(self, master_addr: str, master_port: int):
 def failure_report(exc: BaseException) -> dict:
     """How a torchrun run ended badly, from the exception its agent raised."""
     if isinstance(exc, ChildFailedError):
-        first, _ = exc.get_first_failure()
+        first = first_failed_rank(exc.failures)
         ranks = [{"rank": rank, "local_rank": f.local_rank, "pid": f.pid, "exitcode": f.exitcode,
                   "signal": f.signal_name() if f.exitcode < 0 else None, "timestamp": f.timestamp,
                   "message": _message(f.message)} for rank, f in sorted(exc.failures.items())]
@@ -76,6 +77,13 @@ def failure_report(exc: BaseException) -> dict:
     if isinstance(exc, RendezvousTimeoutError):
         return {"kind": "rendezvous_timeout", "message": str(exc)}
     return {"kind": "launcher_error", "message": f"{type(exc).__name__}: {exc}"}
+
+
+def first_failed_rank(failures: dict) -> int:
+    """The rank that failed first. torchrun's get_first_failure takes the earliest timestamp, but timestamps are
+    whole seconds and (torch 2.13) the ranks its agent stopped with SIGTERM after the failure are in the same
+    table, stamped the same second: a tie goes to the rank that did not die of the agent's SIGTERM."""
+    return min(failures, key=lambda rank: (failures[rank].timestamp, failures[rank].exitcode == -signal.SIGTERM))
 
 
 def _chain(exc: BaseException | None):
