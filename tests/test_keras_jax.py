@@ -5,7 +5,11 @@ The plan and the HLO reader are pure Python; everything that trains runs in benc
 is imported with the JAX backend (this test process may have Keras on TensorFlow already)."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,9 +22,9 @@ from common.final_params import compared, deviation
 from common.layout import Layout
 from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
 from common.results import validate_record
-from common.spec import BERT_SIZES
+from common.spec import BERT_SIZES, model_spec
 from tests import faults
-from tests.conftest import assert_profiled, run_cli, run_recorded
+from tests.conftest import REPO, assert_profiled, run_cli, run_recorded
 
 TINY = BERT_SIZES["tiny"]
 RUN = ["--backend", "keras_jax", "--workload", "mlm", "--model-size", "tiny", "--data", "synthetic", "--steps", "3",
@@ -214,3 +218,21 @@ def test_a_pipeline_is_unsupported_with_the_reason_and_bad_layout_input_is_one_l
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "not divisible by model parallel 3" in bad.stderr
     assert not (tmp_path / "bad" / "runs").exists()
+
+
+
+@pytest.mark.e2e
+def test_a_keras_jax_process_builds_both_models_without_tensorflow():
+    """keras-hub imports TensorFlow wherever it is installed (4.4 s and TensorFlow's memory in every keras_jax
+    process, measured); the worker keeps it out, and both models still build on JAX."""
+    script = ("import json, sys\n"
+              "import backends.keras_jax.worker\n"
+              "from backends.keras_common.models import build_model, trainable_param_count\n"
+              "from common.spec import model_spec\n"
+              "params = {w: trainable_param_count(build_model(w, model_spec(w))) for w in ('cnn', 'mlm')}\n"
+              "print(json.dumps({'params': params, 'tensorflow': sys.modules.get('tensorflow') is not None}))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    built = json.loads(done.stdout.splitlines()[-1])
+    assert built == {"params": {w: model_spec(w).param_count() for w in ("cnn", "mlm")}, "tensorflow": False}

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import keras
-import keras_hub
 
 from common.spec import BertSpec, CnnSpec
 
@@ -37,6 +36,8 @@ def bert_mlm(spec: BertSpec) -> keras.Model:
     The model ends at the backbone's sequence output, so the pooler, which the MLM loss never
     reaches, is not part of it: no weights, no compute, no optimizer state.
     """
+    import keras_hub  # here, not at the top: ~1 s a process that builds the CNN would spend for nothing
+
     backbone = keras_hub.models.BertBackbone(
         vocabulary_size=spec.vocab_size, num_layers=spec.layers, num_heads=spec.heads, hidden_dim=spec.hidden,
         intermediate_dim=spec.intermediate, dropout=spec.dropout, max_sequence_length=spec.seq_len,

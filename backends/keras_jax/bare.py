@@ -11,16 +11,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax
-import keras
-import numpy as np
+from backends.keras_jax.no_tensorflow import keep_tensorflow_out
 
-from backends.keras_common.optimizer import TorchAdamW
-from backends.keras_jax.worker import KerasJaxWorker
-from common.calibration import BareClock, bare_result, rank_steps
-from common.config import RunConfig
-from common.initial_weights import run_initial_weights
-from common.results import write_json_atomic
+keep_tensorflow_out()
+
+import jax  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+
+from backends.keras_common.optimizer import TorchAdamW  # noqa: E402
+from backends.keras_jax.worker import KerasJaxWorker  # noqa: E402
+from common.calibration import BareClock, bare_result, rank_steps  # noqa: E402
+from common.config import RunConfig  # noqa: E402
+from common.initial_weights import run_initial_weights  # noqa: E402
+from common.results import write_json_atomic  # noqa: E402
 
 IDIOM = "Keras model.fit (JAX trainer, jit_compile) over NumPy arrays under the same keras.distribution layout"
 

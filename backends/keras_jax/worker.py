@@ -9,6 +9,9 @@ import os
 import sys
 
 from backends.keras_jax.devices import CORES_ENV
+from backends.keras_jax.no_tensorflow import keep_tensorflow_out
+
+keep_tensorflow_out()
 
 if os.environ.get(CORES_ENV):
     # Before XLA starts: it sizes its thread pools from the cores this process may run on.
