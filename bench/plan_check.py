@@ -5,13 +5,13 @@ enumerates for torch_3d on 2 devices (micro-batches 2, 4, 8; global batch 32; ev
 bench.compare for each size, then the plan made from each folder's 1-device runs held to the goals of
 common.plan.check. The errors a plan allows for (its ranking error, its memory error) come from validating the
 OTHER size's runs, never the runs it is checked against. The pick and the ranking are the plan's under no binding
-memory limit; the fit calls are its calls under a limit set, before anything measured is looked at, to the
-smallest of its own predicted peaks. Exits 1 when a goal fails; the figures come last.
+memory limit; the fit calls are its calls under every limit at which they change, set before anything measured
+is looked at from its own predicted peaks (common.plan.check.fit_limits). Exits 1 when a goal fails; the figures
+come last.
 """
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import subprocess
 import sys
@@ -22,7 +22,7 @@ from bench.plan import DEFAULT_HARDWARE, make_plan
 from bench.plan_run import attach_measured, compare_command
 from bench.plan_space import backend_refusal
 from bench.reporting.plan import PLANS_DIR
-from common.plan.check import MIN_SPEARMAN, PICK_WITHIN, goals
+from common.plan.check import MIN_SPEARMAN, PICK_WITHIN, fit_limits, goals
 from common.plan.fit import GIB
 from common.plan.space import enumerate_layouts
 from common.predict import hardware as hardware_files
@@ -82,18 +82,18 @@ def load_figures(records: list[dict]) -> str:
 
 
 def check(size: str, folder: Path, other: dict) -> tuple[dict, dict, str]:
-    """The plan under no binding limit (the pick, the ranking) and under a tight one (the fit calls), each given
-    what the folder measured; the goals; the load while it measured."""
+    """The plan under no binding limit (the pick, the ranking) and under each limit at which its fit calls change,
+    each given what the folder measured; the goals; the load while it measured."""
     records = sorted(load_records(folder), key=lambda r: r.get("started_at") or "")
     plan = attach_measured(make_plan(plan_args(size, folder, None), validation=other), records)
-    # GiB, from the predictions alone: the leanest layout is predicted to just fit, and a layout predicted beyond
-    # the memory error above it is called "does not fit".
-    limit = math.floor(min(r["memory_per_rank_max"] for r in plan["rows"]) / 2**20) / 1024
-    limited = attach_measured(make_plan(plan_args(size, folder, limit), validation=other), records)
+    limited = [attach_measured(make_plan(plan_args(size, folder, gib), validation=other), records)
+               for gib in fit_limits(plan)]
     result = goals(plan, limited)
-    plan["check"] = limited["check"] = result
+    plan["check"] = result
+    plan["fit_plans"] = [{"available_bytes": p["available_bytes"],
+                          "does_not_fit": [r["layout"] for r in p["rows"] if r["fit"] == "does not fit"]}
+                         for p in limited]
     write_json_atomic(folder / PLANS_DIR / f"plan-check-mlm-{size}.json", plan)
-    write_json_atomic(folder / PLANS_DIR / f"plan-check-mlm-{size}-limited.json", limited)
     return plan, result, load_figures([r for r in records if r.get("status") == "ok"])
 
 
@@ -120,15 +120,23 @@ def main(argv: list[str] | None = None) -> int:
                   f"Spearman(predicted, measured step) over {rank['configurations']}: "
                   f"{_rho(rank['spearman'])} (goal >= "
                   f"{MIN_SPEARMAN}): {_verdict(rank['holds'])}",
-                  f"under a memory limit of {fit['limit_bytes'] / GIB:.3f} GiB (the smallest predicted peak): "
-                  f"{fit['called_does_not_fit']} called 'does not fit', of which measured within the limit: "
-                  f"{', '.join(fit['wrong']) or 'none'}; not measured: {', '.join(fit['unmeasured']) or 'none'}: "
+                  f"under {fit['limits']} memory limits (each layout's tightest 'does not fit' limit P/(1+e), and "
+                  f"the smallest predicted peak): {fit['calls']} calls 'does not fit' on {fit['layouts_called']} "
+                  f"layouts, of which measured within their limit: {', '.join(fit['wrong']) or 'none'}; not "
+                  f"measured: {', '.join(fit['unmeasured']) or 'none'}; closest: {_closest(fit['closest'])}: "
                   f"{_verdict(fit['holds'])}",
                   f"errors allowed (from the other size's validation): ranking {_share(plan['ranking_error'])}, "
                   f"memory {_share(plan['memory_error'])}"]
     print("\n".join(lines))
     print("PLAN CHECK HOLDS" if ok else "PLAN CHECK FAILS")
     return 0 if ok else 1
+
+
+def _closest(closest: dict | None) -> str:
+    if closest is None:
+        return "n/a"
+    return (f"{closest['layout']} measured {closest['measured_over_limit']:.2f}x the "
+            f"{closest['limit_bytes'] / GIB:.3f} GiB limit")
 
 
 def _sps(value) -> str:

@@ -21,7 +21,7 @@ from bench.reporting.plan import PLANS_DIR
 from bench.reporting.validation import FILE as VALIDATION_FILE
 from common.errors import BadInput
 from common.layout import Layout
-from common.plan.check import goals, spearman
+from common.plan.check import fit_limits, goals, spearman
 from common.plan.fit import GIB, verdict
 from common.plan.rank import explain, predicted, rank, ranking_error
 from common.plan.space import enumerate_layouts, placement
@@ -177,15 +177,34 @@ def test_the_check_goals_by_hand():
             "rows": [row("a", 1.0, 97, 50), row("b", 1.1, 100, 60), row("c", 1.2, 200, 150),
                      row("d", 1.3, 80, 120, "does not fit")]}
     plan["rows"][2]["measured"].update(samples_per_s=99, step_s=32 / 99)
-    result = goals(plan, plan)
+    tighter = {"available_bytes": 40, "rows": [{**r, "fit": "does not fit"} for r in plan["rows"]]}
+    result = goals(plan, [plan, tighter])
     # a measured 97% of the fastest, b; the predicted order a b c d against the measured b c a d.
     assert result["pick"]["measured_best"] == "b" and result["pick"]["holds"]
     assert result["ranking"]["spearman"] == pytest.approx(0.4) and not result["ranking"]["holds"]
-    assert result["fit"]["holds"] and result["fit"]["called_does_not_fit"] == 1
+    fit = result["fit"]
+    assert fit["holds"] and (fit["limits"], fit["calls"], fit["layouts_called"]) == (2, 5, 4)
+    assert fit["closest"] == {"layout": "d", "limit_bytes": 100, "measured_over_limit": 1.2}  # of 50/40 and 120/100
+    # d measured within the 100 of the first plan: a wrong call, named with both figures
     plan["rows"][3]["measured"]["peak_per_rank_max"] = 90
-    assert goals(plan, plan)["fit"]["wrong"] == ["d"] and not goals(plan, plan)["fit"]["holds"]
-    plan["rows"][3]["fit"] = "fits"     # no call made: nothing shown
-    assert not goals(plan, plan)["fit"]["holds"]
+    tighter["rows"][3]["measured"]["peak_per_rank_max"] = 90
+    assert goals(plan, [plan, tighter])["fit"]["wrong"] == ["d (measured 0.000 GiB, limit 0.000)"]
+    assert not goals(plan, [plan, tighter])["fit"]["holds"]
+    plan["rows"][3]["fit"] = "fits"     # no call made under any limit: nothing shown
+    assert not goals(plan, [plan])["fit"]["holds"]
+
+
+def test_the_fit_limits_are_where_the_planner_s_calls_change():
+    """From the predictions alone: the smallest predicted peak, and each layout's largest MiB below P / (1 + e);
+    just above that limit the layout is no longer called "does not fit", at it it is."""
+    mib = 2**20
+    plan = {"memory_error": 0.25, "rows": [{"memory_per_rank_max": 500 * mib}, {"memory_per_rank_max": 1000 * mib},
+                                           {"memory_per_rank_max": 1001 * mib}]}
+    limits = fit_limits(plan)
+    assert [round(g * 1024) for g in limits] == [399, 500, 799, 800]  # 1000/1.25 = 800 exactly: 799 calls it
+    for peak, gib in ((1000 * mib, 799 / 1024), (1001 * mib, 800 / 1024), (500 * mib, 399 / 1024)):
+        assert verdict(peak, gib * 2**30, 0.25) == "does not fit"
+        assert verdict(peak, (gib + 1 / 1024) * 2**30, 0.25) != "does not fit"
 
 
 @pytest.mark.parametrize("args, says", [

@@ -4,10 +4,13 @@ of a plan document whose rows carry what was measured.
   pick       the planner's pick (no memory limit binding) measures within PICK_WITHIN of the fastest layout measured
   ranking    Spearman's rank correlation of predicted and measured step time over every layout measured
              >= MIN_SPEARMAN (ties take their average rank)
-  fit        under a tight memory limit, the plan calls some layouts "does not fit", and every one of them
-             measured a peak above the limit (a goal no call could meet is not held to have been met)
+  fit        under every limit at which the plan's calls change (fit_limits, from the predictions alone), every
+             layout it calls "does not fit" measured a peak above that limit; at least one call is made (a goal
+             no call could meet is not held to have been met)
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -26,19 +29,42 @@ def spearman(x: list[float], y: list[float]) -> float | None:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def goals(plan: dict, limited: dict) -> dict:
+def fit_limits(plan: dict) -> list[float]:
+    """Memory limits in GiB, from the plan's predictions and its memory error e alone: the smallest predicted
+    peak (the leanest layout just fits), and for each layout the largest whole MiB below P / (1 + e), the
+    tightest limit at which the planner calls it "does not fit" (common.plan.fit.verdict). Between two of these
+    limits the calls do not change, so holding the calls at each one holds them at every limit."""
+    e = min(abs(plan.get("memory_error") or 0.0), 0.99)
+    peaks = [r["memory_per_rank_max"] for r in plan["rows"] if r.get("memory_per_rank_max")]
+    mib = {math.floor(min(peaks) / 2**20)} if peaks else set()
+    mib |= {math.ceil(p / (1 + e) / 2**20) - 1 for p in peaks}
+    return [m / 1024 for m in sorted(mib) if m > 0]
+
+
+def fit_goal(limited: list[dict]) -> dict:
+    """The "does not fit" calls of the plans made under fit_limits, each held against what its layout measured."""
+    calls = [(r, plan["available_bytes"]) for plan in limited for r in plan["rows"] if r["fit"] == "does not fit"]
+    peak = {r["layout"]: (r.get("measured") or {}).get("peak_per_rank_max") for r, _ in calls}
+    wrong = sorted({f"{r['layout']} (measured {peak[r['layout']] / 2**30:.3f} GiB, limit {limit / 2**30:.3f})"
+                    for r, limit in calls if peak[r["layout"]] is not None and peak[r["layout"]] <= limit})
+    unmeasured = sorted({r["layout"] for r, _ in calls if peak[r["layout"]] is None})
+    margins = [(peak[r["layout"]] / limit, r["layout"], limit) for r, limit in calls if peak[r["layout"]]]
+    closest = min(margins, default=None)
+    return {"limits": len(limited), "calls": len(calls), "layouts_called": len(peak), "wrong": wrong,
+            "unmeasured": unmeasured,
+            "closest": None if closest is None else {"layout": closest[1], "limit_bytes": closest[2],
+                                                     "measured_over_limit": closest[0]},
+            "holds": bool(calls) and not wrong and not unmeasured}
+
+
+def goals(plan: dict, limited: list[dict]) -> dict:
     """Each goal's figures and whether it holds. `plan`: made under no binding memory limit, its rows carrying
-    `measured` (the pick and the ranking); `limited`: the same plan under a tight limit (the fit calls)."""
+    `measured` (the pick and the ranking); `limited`: the same plan under each of fit_limits (the fit calls)."""
     measured = [r for r in plan["rows"] if (r.get("measured") or {}).get("samples_per_s")]
     best = max(measured, key=lambda r: r["measured"]["samples_per_s"], default=None)
     pick = next((r for r in measured if r["layout"] == plan.get("pick")), None)
     ratio = pick["measured"]["samples_per_s"] / best["measured"]["samples_per_s"] if pick and best else None
     rho = spearman([r["step_s"] for r in measured], [r["measured"]["step_s"] for r in measured])
-    limit = limited["available_bytes"]
-    called = [r for r in limited["rows"] if r["fit"] == "does not fit"]
-    wrong = [r["layout"] for r in called if (r.get("measured") or {}).get("peak_per_rank_max") is not None
-             and r["measured"]["peak_per_rank_max"] <= limit]
-    unmeasured = [r["layout"] for r in called if (r.get("measured") or {}).get("peak_per_rank_max") is None]
     return {
         "pick": {"layout": plan.get("pick"), "measured_best": best["layout"] if best else None,
                  "pick_samples_per_s": pick["measured"]["samples_per_s"] if pick else None,
@@ -46,6 +72,5 @@ def goals(plan: dict, limited: dict) -> dict:
                  "ratio": ratio, "holds": ratio is not None and ratio >= 1 - PICK_WITHIN},
         "ranking": {"spearman": rho, "configurations": len(measured),
                     "holds": rho is not None and rho >= MIN_SPEARMAN},
-        "fit": {"limit_bytes": limit, "called_does_not_fit": len(called), "wrong": wrong, "unmeasured": unmeasured,
-                "holds": bool(called) and not wrong and not unmeasured},
+        "fit": fit_goal(limited),
     }
