@@ -72,7 +72,8 @@ class MemoryWindow:
         self._allocator, self._process_peak = allocator, process_peak
         self.method: str | None = None
         self.at_start: int | None = None
-        self._peak: int | None = None       # the highest peak of the closed segments
+        self._base: int | None = None       # what the current segment's growth counts from
+        self._growth: int | None = None     # the largest growth of the closed segments over their base
         self._before = 0                    # the process peak when the window opened
 
     def _read_allocator(self, reset: bool) -> tuple[int, int] | None:
@@ -91,7 +92,7 @@ class MemoryWindow:
             if reading is not None:
                 self.method = "allocator"
                 if first:
-                    self.at_start = reading[0]
+                    self.at_start = self._base = reading[0]
                 return
             if not first:  # the counter stopped answering: nothing is measured
                 self.method = self.at_start = None
@@ -100,7 +101,12 @@ class MemoryWindow:
         if rss is None:
             self.method = self.at_start = None
         elif first:
-            self.method, self.at_start = "proc", rss
+            self.method, self.at_start, self._base = "proc", rss, rss
+        elif rss < self._base:
+            # The process gave pages back during the pause (the C allocator trims its heap once the paused work
+            # frees): they were held before the training and are not the training's, so the next segment's
+            # growth counts from the lower level (else the training after the pause could read as nothing).
+            self._base = rss
 
     def pause(self) -> None:
         """End a segment of training: its peak is kept."""
@@ -115,18 +121,18 @@ class MemoryWindow:
         if peak is None:
             self.method = self.at_start = None  # the counter stopped answering: nothing is measured
             return
-        self._peak = peak if self._peak is None else max(self._peak, peak)
+        growth = max(0, peak - self._base)
+        self._growth = growth if self._growth is None else max(self._growth, growth)
 
     def resume(self) -> None:
         if self.method is not None:
             self._reset(first=False)
 
     def close(self) -> int | None:
-        """The training's own bytes (the window's peak over the start), or None: not measured."""
+        """The training's own bytes (the largest growth of a segment over the level it started from), or None: not
+        measured."""
         self.pause()
-        if self.method is None or self._peak is None:
-            return None
-        return max(0, self._peak - self.at_start)
+        return None if self.method is None else self._growth
 
     def process_peak(self) -> int:
         """The trainer's process peak, counting what it reached before the window reset the counters."""

@@ -1,9 +1,9 @@
 """common.memory: the training's own memory, through the kernel's high-water mark and an allocator's counters."""
 from __future__ import annotations
 
+import mmap
 import tracemalloc
 
-import numpy as np
 import pytest
 
 from common import memory
@@ -16,17 +16,25 @@ def _process_peak() -> int:
     return proc_status()["VmHWM"]
 
 
+def _touch(nbytes: int) -> None:
+    """Make `nbytes` of fresh pages resident and give them back: an anonymous mapping, every page written, then
+    unmapped. Fresh whatever the C allocator holds (an array of the size can reuse pages already resident: measured
+    under mutmut, where a 64 MiB np.ones left VmRSS unchanged)."""
+    pages = mmap.mmap(-1, nbytes)
+    for offset in range(0, nbytes, mmap.PAGESIZE):
+        pages[offset] = 1
+    pages.close()
+
+
 def test_proc_reset_forgets_the_old_peak_and_the_window_measures_a_real_allocation():
-    before = np.ones(64 * MIB // 8)  # a peak reached before the window: start-up, not training
-    del before
+    _touch(64 * MIB)  # a peak reached before the window: start-up, not training
     assert proc_status()["VmHWM"] > proc_status()["VmRSS"] + 32 * MIB
     rss = reset_hwm()
     assert rss is not None and proc_status()["VmHWM"] < rss + 32 * MIB
 
     window = MemoryWindow(None, _process_peak)
     window.open()
-    held = np.ones(96 * MIB // 8)  # touched: 96 MiB resident (mmapped: above glibc's largest threshold)
-    del held
+    _touch(96 * MIB)
     training = window.close()
     assert window.method == "proc" and window.at_start > 0
     assert 90 * MIB <= training < 160 * MIB
@@ -37,17 +45,14 @@ def test_a_paused_window_leaves_out_what_ran_in_the_pause():
     window = MemoryWindow(None, _process_peak)
     window.open()
     window.pause()
-    evaluation = np.ones(128 * MIB // 8)  # an evaluation's memory, outside the training's
-    del evaluation
+    _touch(128 * MIB)  # an evaluation's memory, outside the training's
     window.resume()
-    training = np.ones(64 * MIB // 8)  # above glibc's largest mmap threshold (32 MiB): fresh pages, never reused
-    del training
+    _touch(64 * MIB)
     assert 56 * MIB <= window.close() < 120 * MIB
 
 
 def test_the_process_peak_keeps_what_was_reached_before_the_reset():
-    early = np.ones(64 * MIB // 8)
-    del early
+    _touch(64 * MIB)
     peak_then = _process_peak()
     window = MemoryWindow(None, _process_peak)
     window.open()
@@ -123,6 +128,22 @@ def test_a_counter_that_fails_makes_the_figure_null_not_the_run():
     window.pause()
     window.resume()
     assert window.close() == 400 - 100
+
+
+def test_pages_given_back_in_a_pause_are_not_taken_from_the_training(monkeypatch):
+    """/proc scripted: RSS 1000 MiB at the start; a first segment that grows 10 MiB; an evaluation in the pause
+    whose freeing lets the C allocator trim 200 MiB it held before the window; then the training grows 64 MiB.
+    The training's figure is the largest segment's growth over the level that segment started from: 64 MiB (the
+    RSS against the start alone would say 0; the first segment's peak against the lowered level, 210)."""
+    rss = iter([1000 * MIB, 800 * MIB])                          # at open, at resume
+    hwm = iter([1010 * MIB, 864 * MIB])                          # at the pause, at close
+    monkeypatch.setattr(memory, "reset_hwm", lambda: next(rss))
+    monkeypatch.setattr(memory, "proc_status", lambda: {"VmHWM": next(hwm), "VmRSS": 0})
+    window = MemoryWindow(None, lambda: 0)
+    window.open()
+    window.pause()
+    window.resume()
+    assert window.close() == 64 * MIB and (window.method, window.at_start) == ("proc", 1000 * MIB)
 
 
 @pytest.mark.parametrize("share", [False, True])
