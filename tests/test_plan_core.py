@@ -245,6 +245,10 @@ def test_a_slower_layout_names_up_to_three_parts_of_at_least_a_twentieth_of_its_
     close.decides = decides(pick, close)
     assert explain(close, pick, None) == ("+15.6% against the pick: +125 ms recompute cost, "
                                           "+23.4 ms exposed communication, +7.81 ms pipeline bubble")
+    # a large model's gap of 1.25 s reads in milliseconds with a thousands separator, never 1.25e+03
+    large = _row(Layout(tp=2), compute=1.0, comm=1.25)
+    large.decides = decides(pick, large)
+    assert explain(large, pick, None) == "+125.0% against the pick: +1,250 ms exposed communication"
     # a step longer than its parts (contention): no part to name
     contended = _row(Layout(tp=2), step=1.1, compute=1.0)
     assert explain(contended, pick, None) == "+10.0% against the pick"

@@ -130,10 +130,17 @@ def _against_pick(row: Ranked, pick: Ranked, error: float | None) -> str:
             what += f", {'more' if row.memory > pick.memory else 'less'} memory"
         return what
     total = sum(d for _, d in row.decides)
-    reasons = ", ".join(f"+{d * 1e3:,.3g} ms {PARTS[p]}" for p, d in row.decides[:3] if d >= 0.05 * total)
+    reasons = ", ".join(f"+{_ms(d)} ms {PARTS[p]}" for p, d in row.decides[:3] if d >= 0.05 * total)
     text = f"{gap:+.1%} against the pick: {reasons}" if reasons else f"{gap:+.1%} against the pick"
     if row.fit == "may not fit" and pick.fit != "may not fit":
         text = f"may not fit, ranked after those that fit; {text}"
     if error is not None and not row.separable:
         text += f"; within the ranking error ({error:.1%}): not separable from the pick"
     return text
+
+
+def _ms(seconds: float) -> str:
+    """Milliseconds to three significant digits, never in exponent notation (a large model's gap of 1.25 s is
+    "1,250", not "1.25e+03")."""
+    ms = seconds * 1e3
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
