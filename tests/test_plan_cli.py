@@ -854,3 +854,20 @@ def test_plan_check_reuse_prints_each_goal(reused):
                         f"the {closest['limit_bytes'] / GIB:.3f} GiB limit: holds")
     assert lines[5] == "errors allowed (from the other size's validation): ranking n/a, memory n/a"
     assert lines[6] == "PLAN CHECK HOLDS" and len(lines) == 7
+
+
+def test_plan_check_takes_the_errors_of_the_other_size(tmp_path):
+    _check_folder(tmp_path, "tiny")
+    mini = _folder(tmp_path / "mlm-mini", _record("q1", size="mini"),
+                   _record("q2", "dp2", 0.3, size="mini", started="2026-11-25T02:00:00+00:00"),
+                   _record("q3", "tp2", 0.5, size="mini", started="2026-11-25T02:01:00+00:00"))
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stdout", stdout)
+        plan_check.main(["--reuse", "--out", str(tmp_path), "--sizes", "tiny,mini"])
+    printed = stdout.getvalue()
+    assert printed.count("== mlm ") == 2 and f"== mlm mini, 2 devices, global batch 32: 2 layouts measured ({mini})" \
+        in printed
+    # tiny's errors from mini's two validated runs (a ranking error), mini's from tiny's.
+    errors = [line for line in printed.splitlines() if line.startswith("errors allowed")]
+    assert len(errors) == 2 and all("ranking n/a" not in e and "memory n/a" not in e for e in errors)
