@@ -150,7 +150,7 @@ def _gib(value: float | None) -> str:
 
 
 def show(console: Console, plan: dict, top: int) -> None:
-    table = Table(title=f"{plan['title']}\n{plan['basis']}", title_justify="left")
+    table = Table(title=escape(f"{plan['title']}\n{plan['basis']}"), title_justify="left")
     for col in ("#", "layout", "step (ms)", "samples/s", "memory/rank (GiB)", "fits", "exposed comm", "bubble",
                 "recompute", "what decides"):
         table.add_column(col, overflow="fold")

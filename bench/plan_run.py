@@ -116,7 +116,7 @@ def slug(plan: dict) -> str:
 
 
 def show_measured(console: Console, plan: dict) -> None:
-    table = Table(title=f"{plan['title']}: predicted against measured", title_justify="left")
+    table = Table(title=escape(f"{plan['title']}: predicted against measured"), title_justify="left")
     for col in PLAN_COLUMNS:
         table.add_column(col, overflow="fold")
     for row in plan_rows({**plan, "rows": [r for r in plan["rows"] if r.get("measured")]}):
