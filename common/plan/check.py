@@ -15,6 +15,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from common.plan.fit import GIB, error_allowed
+
 PICK_WITHIN = 0.05
 MIN_SPEARMAN = 0.8
 
@@ -34,7 +36,7 @@ def fit_limits(plan: dict) -> list[float]:
     peak (the leanest layout just fits), and for each layout the largest whole MiB below P / (1 + e), the
     tightest limit at which the planner calls it "does not fit" (common.plan.fit.verdict). Between two of these
     limits the calls do not change, so holding the calls at each one holds them at every limit."""
-    e = min(abs(plan.get("memory_error") or 0.0), 0.99)
+    e = error_allowed(plan.get("memory_error"))
     peaks = [r["memory_per_rank_max"] for r in plan["rows"] if r.get("memory_per_rank_max")]
     mib = {math.floor(min(peaks) / 2**20)} if peaks else set()
     mib |= {math.ceil(p / (1 + e) / 2**20) - 1 for p in peaks}
@@ -45,7 +47,7 @@ def fit_goal(limited: list[dict]) -> dict:
     """The "does not fit" calls of the plans made under fit_limits, each held against what its layout measured."""
     calls = [(r, plan["available_bytes"]) for plan in limited for r in plan["rows"] if r["fit"] == "does not fit"]
     peak = {r["layout"]: (r.get("measured") or {}).get("peak_per_rank_max") for r, _ in calls}
-    wrong = sorted({f"{r['layout']} (measured {peak[r['layout']] / 2**30:.3f} GiB, limit {limit / 2**30:.3f})"
+    wrong = sorted({f"{r['layout']} (measured {peak[r['layout']] / GIB:.3f} GiB, limit {limit / GIB:.3f})"
                     for r, limit in calls if peak[r["layout"]] is not None and peak[r["layout"]] <= limit})
     unmeasured = sorted({r["layout"] for r, _ in calls if peak[r["layout"]] is None})
     margins = [(peak[r["layout"]] / limit, r["layout"], limit) for r, limit in calls if peak[r["layout"]]]

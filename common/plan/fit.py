@@ -33,10 +33,15 @@ class DoesNotFit(BadInput):
         self.check = check
 
 
+def error_allowed(error: float | None) -> float:
+    """The memory error e a verdict allows for: |error|, kept below 1 (P / (1 - e) must stay a bound)."""
+    return min(abs(error or 0.0), 0.99)
+
+
 def verdict(predicted: float, available: float | None, error: float | None) -> str:
     if available is None:
         return "not checked"
-    e = min(abs(error or 0.0), 0.99)
+    e = error_allowed(error)
     if predicted / (1 + e) > available:
         return "does not fit"
     return "fits" if predicted / (1 - e) <= available else "may not fit"
