@@ -7,8 +7,10 @@ compare parameter counts, analytical FLOPs, the digests of the sample ids each d
 the loss at step 0, the loss curve against the reference's (the first backend that ran), and each
 backend's 2-device run against its 1-device run. How far curves may drift apart is measured, not
 assumed: the reference runs six more times from slightly perturbed initial weights
-(parity_checks.py says why and how much). Prints a table, writes DIR/parity.json, exits 0 only if
-every check holds; the last line is the summary.
+(parity_checks.py says why and how much), where a curve needs it: a tolerance is never below float32
+rounding, so curves within rounding pass whatever the perturbed runs would measure, and with --probes
+auto (the default) those runs are made only when a curve is further off. Prints a table, writes
+DIR/parity.json, exits 0 only if every check holds; the last line is the summary.
 
 With --layouts (names: bench/layouts.py; backends default torch_3d) it checks layouts instead: each
 layout trains the global batch 2b, against the same backend on 1 device with that global batch as
@@ -62,6 +64,10 @@ def build_parser() -> OneLineParser:
                         "every layout, is the dp2 of --layouts); with --layouts, that one")
     p.add_argument("--layouts", type=layout_list,
                    help="check these layouts against 1 device instead, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2")
+    p.add_argument("--probes", choices=("auto", "always"), default="auto",
+                   help="the reference's runs from perturbed initial weights that measure its sensitivity: auto "
+                        "(default) only where a curve or final weight is off by more than float32 rounding, which "
+                        "no measured sensitivity would tighten; always: measured in every case")
     p.add_argument("--steps", type=positive_int, default=20, help="optimizer steps compared (default 20)")
     p.add_argument("--batch-size", type=positive_int, default=4,
                    help="per-device batch b; the global batch is 2b (default 4), with --layouts too")
@@ -172,33 +178,51 @@ def _envelope(reference: dict | None, probes: list[dict]) -> list[float] | None:
 
 
 def layout_parity(args, workload: str, stamp: str, console: Console) -> tuple[list[pc.Check], dict]:
-    """Per backend, every layout against its 1-device run of the same global batch and micro-batches."""
-    checks, runs, ran, envelopes = [], {}, {}, {}
+    """Per backend, every layout against its 1-device run of the same global batch and micro-batches; the
+    perturbed runs of each backend's first reference where a check needs them (--probes)."""
+    references, done = {}, {}
     for backend in args.backends:
-        references = {}
+        references[backend] = {}
         for k in reference_accumulations(args.layouts):
             console.print(f"{workload} {backend} 1 device, {k} micro-batch(es) ...")
-            references[k] = run_one(args, backend, workload, 1, stamp, layout=Layout(), grad_accum=k)
-            console.print(f"  {references[k]['status']} ({references[k].get('duration_s') or 0:.0f} s)")
-        first = references[min(references)]
-        probes = _probes(args, backend, workload, stamp, console, min(references)) if first.get("status") == "ok" \
-            else []
-        checks.append(pc.probe_check(workload, backend if probes else None, probes))
-        envelope = _envelope(first, probes)
-        weights = pc.weights_sensitivity(first, probes)
-        done = {}
+            ref = references[backend][k] = run_one(args, backend, workload, 1, stamp, layout=Layout(), grad_accum=k)
+            console.print(f"  {ref['status']} ({ref.get('duration_s') or 0:.0f} s)")
+        done[backend] = {}
         for layout in args.layouts:
             console.print(f"{workload} {backend} {layout.name} ({layout.devices} devices) ...")
-            done[layout.name] = run_one(args, backend, workload, layout.devices, stamp, layout=layout)
-            console.print(f"  {done[layout.name]['status']} ({done[layout.name].get('duration_s') or 0:.0f} s)")
-            checks += pc.layout_checks(workload, f"{backend} {layout.name}", references[layout.accumulation()],
-                                       done[layout.name], envelope, weights=weights)
-        runs[backend] = {"references": {str(k): r.get("run_id") for k, r in references.items()},
-                         "layouts": {n: r.get("run_id") for n, r in done.items()},
-                         "probes": [p.get("run_id") for p in probes]}
-        ran[backend] = {**{f"1 device x{k}": r for k, r in references.items()}, **done}
+            run = done[backend][layout.name] = run_one(args, backend, workload, layout.devices, stamp, layout=layout)
+            console.print(f"  {run['status']} ({run.get('duration_s') or 0:.0f} s)")
+    probes = dict.fromkeys(args.backends, None)
+    checks = _layout_checks(workload, args.layouts, references, done, probes)
+    if args.probes == "always" or pc.needs_sensitivity(checks):
+        for backend, refs in references.items():
+            first = min(refs)
+            probes[backend] = _probes(args, backend, workload, stamp, console, first) \
+                if refs[first].get("status") == "ok" else []
+        checks = _layout_checks(workload, args.layouts, references, done, probes)
+    runs = {backend: {"references": {str(k): r.get("run_id") for k, r in references[backend].items()},
+                      "layouts": {n: r.get("run_id") for n, r in done[backend].items()},
+                      "probes": [p.get("run_id") for p in probes[backend] or []]} for backend in args.backends}
+    return checks, runs
+
+
+def _layout_checks(workload: str, layouts: list[Layout], references: dict[str, dict[int, dict]],
+                   done: dict[str, dict[str, dict]], probes: dict[str, list[dict] | None]) -> list[pc.Check]:
+    """Every backend's layouts against its references, and against the first backend's, within the
+    tolerances its probes measured (None: not run, rounding alone)."""
+    checks, ran, envelopes = [], {}, {}
+    for backend, refs in references.items():
+        first = refs[min(refs)]
+        got = probes[backend]
+        checks.append(pc.probe_check(workload, backend if first.get("status") == "ok" else None, got or [],
+                                     needed=got is not None))
+        envelope, weights = _envelope(first, got or []), pc.weights_sensitivity(first, got or [])
+        for layout in layouts:
+            checks += pc.layout_checks(workload, f"{backend} {layout.name}", refs[layout.accumulation()],
+                                       done[backend][layout.name], envelope, weights=weights)
+        ran[backend] = {**{f"1 device x{k}": r for k, r in refs.items()}, **done[backend]}
         envelopes[backend] = (envelope, weights)
-    return checks + cross_framework_checks(workload, ran, envelopes), runs
+    return checks + cross_framework_checks(workload, ran, envelopes)
 
 
 def cross_framework_checks(workload: str, ran: dict[str, dict[str, dict]],
@@ -214,9 +238,9 @@ def cross_framework_checks(workload: str, ran: dict[str, dict[str, dict]],
 
 def all_data_parallel_runs(args, stamp: str, console: Console) -> tuple[dict[tuple[str, str, int], dict],
                                                                           dict[str, list[dict]]]:
-    """Every (workload, backend, devices) run, and per workload the probes of the first backend (the reference
-    unless it fails at 1 device), from one queue: --jobs runs stay busy to the last, with no wait for a
-    workload's reference before its probes start, nor for one workload before the next."""
+    """Every (workload, backend, devices) run, and with --probes always per workload the probes of the first
+    backend (the reference unless it fails at 1 device), from one queue: --jobs runs stay busy to the last, with
+    no wait for a workload's reference before its probes start, nor for one workload before the next."""
     keys, runs = [], []
     for workload in args.workloads:
         for backend in args.backends:
@@ -224,13 +248,40 @@ def all_data_parallel_runs(args, stamp: str, console: Console) -> tuple[dict[tup
                 keys.append((workload, backend, devices))
                 runs.append((f"{workload} {backend} N={devices}",
                              {"backend": backend, "workload": workload, "devices": devices, "stamp": stamp}))
-        for k, probe in enumerate(_probe_runs(args.backends[0], workload, stamp)):
+        for k, probe in enumerate(_probe_runs(args.backends[0], workload, stamp) if args.probes == "always" else []):
             keys.append((workload, "probe", k))
             runs.append(probe)
     done = dict(zip(keys, run_all(args, console, runs)))
     probes = {w: [r for (workload, kind, _), r in done.items() if workload == w and kind == "probe"]
               for w in args.workloads}
     return {key: r for key, r in done.items() if key[1] != "probe"}, probes
+
+
+def data_parallel_parity(args, workload: str, one: dict[str, dict], two: dict[str, dict],
+                         queued_probes: list[dict], stamp: str, console: Console) -> tuple[list[pc.Check], list[dict]]:
+    """The checks of one workload's runs at 1 and 2 devices, and the probes they were held to. The first backend
+    that ran is the reference; its perturbed runs measure the tolerance, where a curve needs more than
+    rounding (--probes auto) or always; `queued_probes`: those all_data_parallel_runs made already."""
+    reference = next((b for b, r in one.items() if r.get("status") == "ok"), None)
+    spec = model_spec(workload, "tiny")
+
+    def checks_within(probes: list[dict] | None) -> list[pc.Check]:
+        envelope = _envelope(one.get(reference), probes or [])
+        return [*pc.run_status_checks(workload, one), pc.probe_check(workload, reference, probes or [],
+                                                                      needed=probes is not None),
+                *pc.cross_backend_checks(workload, spec.param_count(), training_flops_per_sample(spec), one, two,
+                                         reference, envelope),
+                *pc.data_parallel_checks(workload, one, two, envelope)]
+
+    if reference is None:
+        return checks_within([]), []
+    if args.probes == "auto":
+        checks = checks_within(None)
+        if not pc.needs_sensitivity(checks):
+            return checks, []
+    probes = queued_probes if queued_probes and reference == args.backends[0] else \
+        _probes(args, reference, workload, stamp, console)
+    return checks_within(probes), probes
 
 
 def default_backends(parser: OneLineParser, args) -> list[str]:
@@ -257,24 +308,16 @@ def main(argv: list[str] | None = None) -> int:
             continue
         one = {b: done[(workload, b, 1)] for b in args.backends}
         two = {b: done[(workload, b, 2)] for b in args.backends}
-        # The first backend that ran is the reference; its perturbed runs measure the tolerance.
-        reference = next((b for b, r in one.items() if r.get("status") == "ok"), None)
-        probes = first_probes[workload] if reference == args.backends[0] else \
-            _probes(args, reference, workload, stamp, console) if reference else []
-        envelope = _envelope(one.get(reference), probes)
-        spec = model_spec(workload, "tiny")
-        checks += pc.run_status_checks(workload, one)
-        checks.append(pc.probe_check(workload, reference, probes))
-        checks += pc.cross_backend_checks(workload, spec.param_count(), training_flops_per_sample(spec), one, two,
-                                          reference, envelope)
-        checks += pc.data_parallel_checks(workload, one, two, envelope)
+        workload_checks, probes = data_parallel_parity(args, workload, one, two, first_probes[workload], stamp,
+                                                       console)
+        checks += workload_checks
         runs[workload] = {str(n): {b: r.get("run_id") for b, r in group.items()} for n, group in ((1, one), (2, two))}
         runs[workload]["probes"] = [p.get("run_id") for p in probes]
     print_table(checks)
     line = pc.summary_line(checks)
     write_json_atomic(Path(args.out) / "parity.json", {
         "summary": line, "data": args.data, "steps": args.steps, "per_device_batch": args.batch_size,
-        "layouts": [lay.name for lay in args.layouts or []],
+        "layouts": [lay.name for lay in args.layouts or []], "probes": args.probes,
         "global_batch": 2 * args.batch_size, "seed": args.seed,
         "tolerances": {"step0_rtol": pc.STEP0_RTOL, "rounding_rtol": pc.ROUNDING_RTOL,
                        "probe_perturbation": pc.PROBE_PERTURBATION, "probe_seeds": list(pc.PROBE_SEEDS),

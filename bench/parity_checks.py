@@ -115,6 +115,12 @@ def _tolerance(envelope: list[float] | None, steps: int) -> list[float]:
     return tolerances(envelope)[:steps] if envelope else [ROUNDING_RTOL] * steps
 
 
+def needs_sensitivity(checks: list[Check]) -> bool:
+    """Whether a check failed that a measured sensitivity could pass: one held to a tolerance from the probes.
+    Tolerances are never below ROUNDING_RTOL, so checks that hold without probes hold with them."""
+    return any(c.status == "fail" and ("tolerance_per_step" in c.values or "tolerance" in c.values) for c in checks)
+
+
 def _worst(deviation: list[float], tolerance: list[float]) -> tuple[int, float, bool]:
     """(step, deviation, within): the first step past its tolerance, else the largest deviation."""
     past = [s for s, (d, t) in enumerate(zip(deviation, tolerance)) if d > t]
@@ -122,10 +128,15 @@ def _worst(deviation: list[float], tolerance: list[float]) -> tuple[int, float, 
     return step, deviation[step], not past
 
 
-def probe_check(workload: str, reference: str | None, probes: list[dict]) -> Check:
+def probe_check(workload: str, reference: str | None, probes: list[dict], needed: bool = True) -> Check:
+    """`needed` False: the perturbed runs were not made, since every check already held within rounding."""
     name = "reference's own sensitivity"
     if reference is None:
         return Check(workload, name, "skip", "no backend ran: nothing to probe")
+    if not needed:
+        return Check(workload, name, "skip", f"not measured: every curve and weight is within rounding "
+                                             f"({ROUNDING_RTOL:.0e}) of {reference}'s, a tolerance no measured "
+                                             "sensitivity would tighten (bench.parity --probes always measures it)")
     bad = [p for p in probes if p.get("status") != "ok"]
     if bad or not probes:
         return Check(workload, name, "fail", f"{reference} with perturbed initial weights did not run: "
@@ -205,7 +216,8 @@ def data_parallel_checks(workload: str, one: dict[str, dict], two: dict[str, dic
             detail = f"largest relative difference {worst:.1e} at step {step} (tolerance there {tolerance[step]:.1e})"
             if len(c1) != len(c2):
                 detail += f"; {len(c2)} steps at N=2, {len(c1)} at N=1"
-            checks.append(Check(workload, name, status, detail, {"one": c1, "two": c2, "relative": rel}))
+            checks.append(Check(workload, name, status, detail, {"one": c1, "two": c2, "relative": rel,
+                                                                 "tolerance_per_step": tolerance}))
     return checks
 
 

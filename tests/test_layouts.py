@@ -2,12 +2,14 @@
 and figure from hand-made records, parity's layout checks on made-up curves, and one real layout sweep."""
 from __future__ import annotations
 
+import io
 import json
 import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from bench import parity_checks as pc
 from bench.compare import build_parser as compare_parser
@@ -333,6 +335,35 @@ def test_final_parameters_are_held_to_the_probes_measured_drift_and_frameworks_t
     checks = _by_name(pc.layout_checks("mlm", "keras_jax tp2", _run(ONE, final=FINAL), _run(ONE, final=far),
                                        against="torch_3d tp2", weights=5e-5))
     assert checks["final parameters = torch_3d tp2"].status == "fail"
+
+
+def test_layout_parity_probes_only_where_a_weight_or_curve_is_past_rounding(monkeypatch):
+    """--probes auto in layout mode: the final weights are held to rounding unless probes widen it, and the probes
+    are made (for every backend) only once some check would need them."""
+    from argparse import Namespace
+
+    from bench import parity
+    from bench.layouts import layout_list
+    made = []
+    monkeypatch.setattr(parity, "_probes", lambda args, backend, *rest: made.append(backend) or [
+        _run(ONE, final={**FINAL, "encoder.0.query.weight": {"norm": 12.5 * (1 + 2e-4), "sum": -0.25,
+                                                              "size": 16384}})])
+
+    def layout_parity(final: dict) -> dict[str, pc.Check]:
+        monkeypatch.setattr(parity, "run_one", lambda args, backend, workload, devices, stamp, layout=None,
+                            grad_accum=1: _run(ONE, final=FINAL if devices == 1 else final))
+        args = Namespace(probes="auto", backends=["torch_3d"], layouts=layout_list("dp2"))
+        checks, runs = parity.layout_parity(args, "mlm", "stamp", Console(file=io.StringIO()))
+        assert runs["torch_3d"]["layouts"].keys() == {"dp2"}
+        return {c.name: c for c in checks}
+
+    checks = layout_parity(FINAL)
+    assert made == [] and checks["reference's own sensitivity"].status == "skip"
+    assert checks["torch_3d dp2: final parameters = 1 device"].status == "pass"
+    off = {**FINAL, "encoder.0.query.weight": {"norm": 12.5 * (1 + 1e-4), "sum": -0.25, "size": 16384}}
+    checks = layout_parity(off)  # 1e-4 is past rounding, within twice the probe's 2e-4
+    assert made == ["torch_3d"] and checks["reference's own sensitivity"].status == "pass"
+    assert checks["torch_3d dp2: final parameters = 1 device"].status == "pass"
 
 
 @pytest.mark.e2e
