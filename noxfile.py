@@ -20,6 +20,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 from backends import BACKENDS  # noqa: E402  (the registry: one list of backends and their extras)
 from bench.reporting.browser import find_chromium  # noqa: E402  (standard library only)
+from tests.xdist_groups import QUIET_FILES  # noqa: E402  (pytest only)
 
 PASS_ENV = ("PARBENCH_DATA_DIR", "PARBENCH_REQUIRE_CLUSTER")
 
@@ -30,9 +31,24 @@ def _env() -> dict[str, str]:
 
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
-    """The test suite, on CPU, with real data from $PARBENCH_DATA_DIR."""
+    """The test suite, on CPU, with real data from $PARBENCH_DATA_DIR: on pytest-xdist workers, one per core up to 4
+    (tests/xdist_groups.py says how the files are shared), then the tests marked quiet alone. With arguments, pytest
+    with those instead."""
     session.install("-e", ".[torch,tf,mindspore,jax,dev]")
-    session.run("pytest", *(session.posargs or ["-q"]), env=_env())
+    if session.posargs:
+        session.run("pytest", *session.posargs, env=_env())
+        return
+    workers = str(min(4, os.cpu_count() or 1))
+    failed = []
+    for label, args in (("the suite", ["-n", workers, "-p", "tests.xdist_groups", "--no-loadscope-reorder",
+                                       "-m", "not quiet"]),
+                        ("the quiet tests", ["-m", "quiet", *QUIET_FILES])):
+        try:
+            session.run("pytest", "-q", *args, env=_env())
+        except nox.command.CommandFailed:
+            failed.append(label)  # the quiet tests still run, so that one session reports every failure
+    if failed:
+        session.error(f"failed: {' and '.join(failed)}")
 
 
 @nox.session(python="3.11", name="tests-fast")

@@ -260,6 +260,11 @@ def test_a_failed_run_says_which_rank_failed_first_and_why(tmp_path):
     # The rank the agent stopped with SIGTERM in the same second is not the first, whatever its rank number.
     launcher.report_path.write_text(json.dumps(failure_report(_failed_group(tmp_path, None, stopped_at=100))))
     assert "rank 1 exited with code -6 (signal 6) first" in launcher.failure(1)
+    # ... nor in an earlier second: its collective broke when rank 1 died and its error file was stamped then,
+    # while the agent stamped rank 1's exit, which wrote no error file, when it saw it (a loaded machine: seen in CI's
+    # suite on two pytest workers, "rank 0 exited with code -15 (signal 15) first").
+    launcher.report_path.write_text(json.dumps(failure_report(_failed_group(tmp_path, None, stopped_at=99))))
+    assert "rank 1 exited with code -6 (signal 6) first" in launcher.failure(1)
 
 
 def _tiny_config() -> RunConfig:

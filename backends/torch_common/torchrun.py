@@ -80,10 +80,13 @@ def failure_report(exc: BaseException) -> dict:
 
 
 def first_failed_rank(failures: dict) -> int:
-    """The rank that failed first. torchrun's get_first_failure takes the earliest timestamp, but timestamps are
-    whole seconds and (torch 2.13) the ranks its agent stopped with SIGTERM after the failure are in the same
-    table, stamped the same second: a tie goes to the rank that did not die of the agent's SIGTERM."""
-    return min(failures, key=lambda rank: (failures[rank].timestamp, failures[rank].exitcode == -signal.SIGTERM))
+    """The rank that failed first. torchrun's get_first_failure takes the earliest timestamp, but (torch 2.13) the
+    ranks its agent stopped with SIGTERM after the failure are in the same table, and their stamps can come first: a
+    rank whose collective broke when its peer died writes its error file then, while a peer that died without one
+    (a signal, os._exit) is stamped when the agent sees it, a second or more later on a loaded machine. The agent
+    stops ranks only after one failed, so a rank that did not die of SIGTERM goes first; among the others (every
+    rank stopped, e.g. from outside), the earliest stamp."""
+    return min(failures, key=lambda rank: (failures[rank].exitcode == -signal.SIGTERM, failures[rank].timestamp))
 
 
 def _chain(exc: BaseException | None):
