@@ -15,7 +15,7 @@ import tensorflow as tf
 from backends.tf_mirrored.devices import configure_devices  # noqa: E402
 from backends.tf_mirrored.matmul import time_matmul  # noqa: E402
 
-DEVICES = configure_devices("cpu", 2, 2, 2)
+DEVICES = configure_devices("cpu", 2, 1, 2)
 
 import keras  # noqa: E402
 
