@@ -38,7 +38,9 @@ def tests(session: nox.Session) -> None:
     if session.posargs:
         session.run("pytest", *session.posargs, env=_env())
         return
-    workers = str(min(4, os.cpu_count() or 1))
+    # The cores this process may run on (a container's cpuset), not the host's.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = str(min(4, cores))
     failed = []
     for label, args in (("the suite", ["-n", workers, "-p", "tests.xdist_groups", "--no-loadscope-reorder",
                                        "-m", "not quiet"]),
