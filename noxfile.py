@@ -20,7 +20,7 @@ nox.options.reuse_existing_virtualenvs = True
 
 from backends import BACKENDS  # noqa: E402  (the registry: one list of backends and their extras)
 from bench.reporting.browser import find_chromium  # noqa: E402  (standard library only)
-from tests.xdist_groups import QUIET_FILES  # noqa: E402  (pytest only)
+from tests.xdist_groups import QUIET_FILES  # noqa: E402  (standard library only: xdist and pytest imported in its hooks)
 
 PASS_ENV = ("PARBENCH_DATA_DIR", "PARBENCH_REQUIRE_CLUSTER")
 
