@@ -89,6 +89,11 @@ TF_NAMES = {
     "bert_mlm_1/transformer_layer_0_1/feedforward_intermediate_dense_1/Gelu/mul_3:Mul": "activation",
     "ExecutorState::Process": "host_idle",
     "AddN_19:AddN": "elementwise",
+    # oneDNN's own op types, where TensorFlow's CPU build picks its kernels
+    "gradient_tape/replica_1/simple_cnn_1/conv3_1/convolution/Conv2DBackpropFilter:"
+    "_MklNativeConv2DBackpropFilterWithBias": "matmul",
+    "replica_1/simple_cnn_1/conv3_1/BiasAdd:_MklNativeFusedConv2D": "matmul",
+    "replica_1/simple_cnn_1/dense_1/MatMul:_MklMatMul": "matmul",
     # --compile: XLA's instructions, named after the TF op or the fusion
     "CpuExecutable::ExecuteAsyncOnStream > MatMul.82": "matmul",
     "subtract_exponential_fusion": "softmax",

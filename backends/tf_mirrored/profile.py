@@ -41,8 +41,10 @@ RULES = (
     ("normalization", r"layer_norm|layernorm|batch_norm|batchnorm|FusedBatchNorm|/bn\d"),
     ("activation", r"gelu|Gelu|relu|Relu|Erf|Tanh|MaxPool|max_pooling"),
     ("softmax", r"Softmax|SparseSoftmaxCrossEntropyWithLogits|LogSoftmax"),
+    # oneDNN's kernels take their own op types where TensorFlow's CPU build picks them (seen on AMD EPYC:
+    # _MklNativeFusedConv2D, _MklNativeConv2DBackpropFilterWithBias).
     ("matmul", _types("MatMul", "BatchMatMulV2", "BatchMatMulV3", "Einsum", "Conv2D", "Conv2DBackpropInput",
-                      "Conv2DBackpropFilter", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "_FusedConv2D")),
+                      "Conv2DBackpropFilter", "_FusedMatMul", "_FusedConv2D", r"_Mkl\w*(MatMul|Conv2D)")),
     ("data_movement", _types("GatherV2", "ResourceGather", "UnsortedSegmentSum", "ScatterNd", "TensorScatterAdd",
                              "ConcatV2", "Pack", "Unpack", "Slice", "StridedSlice", "StridedSliceGrad", "Tile",
                              "Transpose", "Identity", "IdentityN", "Fill", "ZerosLike", "OnesLike", "Cast",
