@@ -431,6 +431,14 @@ def test_devices_and_size_reach_the_backend_check():
     assert plan_space.backend_refusal("torch_3d", "cnn", "tiny", 2, 64, "fp32", CPU)(Layout(tp=2))
 
 
+def test_the_backend_refusal_leaves_fitting_to_the_plan(monkeypatch):
+    # On a GPU host bench.run's own fit check would hold each layout against this host's GPUs; the plan holds it
+    # against its own limit (--memory-per-device or the hardware file's), so the backend must not refuse it here.
+    monkeypatch.setattr("bench.fit.gpu_memory_bytes", lambda: (2**20, 2**20))  # 1 MiB: nothing fits
+    refuse = plan_space.backend_refusal("keras_jax", "mlm", "tiny", 2, 32, "fp32", hardware_files.load("h100-sxm-8"))
+    assert refuse(Layout(dp=2)) is None and refuse(Layout(tp=2)) is None
+
+
 # ----------------------------------------------------------------------------- a plan from records
 
 def test_a_plan_from_records_names_its_run_link_and_errors(tmp_path, capsys):
