@@ -187,3 +187,26 @@ def test_empty_tables_keep_their_columns_and_rows_sort_whatever_their_keys_hold(
     assert len(baseline_frame([said, unsaid], [said, unsaid])) == 1
     mini = {**_record(1, 100, 3), "config": {"model_size": "mini"}}
     assert len(baseline_frame([said, mini], [said, mini])) == 2
+
+
+def test_a_row_names_its_configuration_in_its_own_columns():
+    # A reader sees these columns (report tables, baseline.csv): each must carry its own field of the record.
+    runs = [{**_record(2, 150, i), "strategy": "ddp-gloo", "sweep_id": sweep} for i, sweep in enumerate("aab")]
+    [line] = interval_frame(runs).to_dict("records")
+    named = {"workload": "mlm", "backend": "torch_ddp", "strategy": "ddp-gloo", "layout": "dp2", "devices": 2,
+             "device_kind": "cpu", "scaling": "weak", "global_batch": 64, "precision": "fp32", "model_size": "tiny",
+             "data": "synthetic"}
+    assert {k: line[k] for k in ROW_KEYS} == named
+    assert line["key"] == config_key(runs[0]) and (line["runs"], line["sweeps"]) == (3, 2)
+    # without a layout section the layout column is blank
+    assert interval_frame([{**runs[0], "layout": None}]).layout.tolist() == [""]
+
+
+def test_a_baseline_from_another_host_of_the_same_kind_is_compared():
+    # A baseline folder may come from another machine: its rows match on the key less the host, on both sides.
+    mine = [{**_record(1, 100, i), "host": {"cores": 2, "name": "vm-a"}} for i in range(3)]
+    theirs = [{**_record(1, 100, 10 + i), "host": {"cores": 2, "name": "vm-b"}} for i in range(3)]
+    [line] = baseline_frame(mine, theirs).to_dict("records")
+    assert line["key"] == config_key(mine[0]).without("host") and line["key"].host is None
+    assert (line["backend"], line["devices"], line["runs"], line["baseline_runs"]) == ("torch_ddp", 1, 3, 3)
+    assert line["verdict"] == "no difference"
