@@ -92,6 +92,17 @@ def test_the_note_leaves_out_what_was_not_measured():
     assert communication_note({}, "gloo") is None
 
 
+def test_the_note_gives_seconds_long_phases_in_whole_milliseconds():
+    # A slow link: phases of seconds, where a wrong unit factor shows in the printed milliseconds.
+    probes = [{"forward_backward_s": 3.0, "grad_comm_s": 2.2, "optimizer_s": 1.5, "data_s": 0.001, "step_s": 6.8}]
+    metrics = {"breakdown": summarize_breakdown(probes, 7.0, "test"),
+               "grad_comm": grad_comm_summary(2**30, 2.2, 2, 0.5, "test")}
+    note = communication_note({"backend_metrics": metrics}, "gloo")
+    # ring bound: 2 x (2 - 1) / 2 x 2**30 bytes at 0.5 GB/s = 2.147483648 s
+    assert "for one plain all-reduce, ring bound 2147 ms;" in note
+    assert "(gloo) 2200 ms of the 7000 ms step (31%)" in note and "optimizer 1500 ms (every rank" in note
+
+
 def test_calibration_entry_pairs_repeats():
     entry = calibration_entry([90.0, 110.0], [100.0, 100.0], "idiom")
     assert entry["ratio"] == pytest.approx(1.0) and entry["spread"] == pytest.approx(0.2)

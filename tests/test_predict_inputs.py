@@ -173,6 +173,12 @@ def test_an_assumed_mfu_on_each_peak_it_can_rest_on(tmp_path):
     with pytest.raises(ValueError, match="--assume-mfu: no fp32 peak is known for"):
         from_mfu(0.5, cpu, "fp32")
     assert from_mfu(0.5, cpu, "fp32", achievable=1e11).s_per_mac_sample == pytest.approx(6 / 0.5e11)
+    # TFLOP/s are 1e12 FLOP/s exactly, both ways: 600 filed is 6e14 to the last bit, and a measured 999.9995e12
+    # prints to 6 significant digits as 1000 (a factor off by one part in 1e12 would print 999.999)
+    assert filed.s_per_mac_sample == 6 / (0.5 * 6e14)
+    assert "fp32 measured achievable peak 1000 TFLOP/s" in from_mfu(0.5, cpu, "fp32", achievable=999.9995e12).label
+    # the precision asked by default is fp32's
+    assert from_mfu(0.5, h100) == datasheet and from_mfu(0.5, mine) == from_mfu(0.5, mine, "fp32")
 
 
 def test_a_basis_under_autocast_and_what_a_record_leaves_out():

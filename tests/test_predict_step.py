@@ -11,7 +11,7 @@ from common.layout import Layout
 from common.predict.basis import Basis
 from common.predict.collectives import bus_factor, cost_s, message_steps
 from common.predict.hardware import Hardware, Link
-from common.predict.step import collectives, predict, sync_factor
+from common.predict.step import collectives, memory_per_rank, predict, sync_factor
 from common.spec import BertSpec
 
 TOY = BertSpec("toy", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=10)
@@ -220,3 +220,15 @@ def test_predict_s_less_travelled_paths_by_hand():
     evaluated = predict(TOY, Layout(dp=2), 8, BASIS, GPU, eval_batch=10**6)
     assert max(evaluated.model_per_rank) > max(predict(TOY, Layout(dp=2), 8, BASIS, GPU).model_per_rank)
     assert predict(TOY, Layout(dp=2), 8, BASIS, GPU).bubble_s == 0.0
+
+
+def test_memory_per_rank_is_predict_s_count_without_a_time_basis():
+    # The fit check before launch (common.plan.fit) asks memory_per_rank; the plan's table shows predict()'s.
+    layout = Layout(dp=2, micro_batches=2)
+    states, model, growth = memory_per_rank(TOY, layout, 16, None, eval_batch=64)
+    p = predict(TOY, layout, 16, BASIS, GPU, eval_batch=64)
+    assert (states, model, growth) == (p.state_per_rank, p.model_per_rank, p.training_model_per_rank)
+    # 16 samples over 2 replicas x 2 micro-batches: micro-batches of 4, as dp2 of one micro-batch of 8 samples
+    assert memory_per_rank(TOY, Layout(dp=2), 8, "fp32")[2] == growth
+    # evaluating 64 samples at once holds more than training's micro-batch of 4
+    assert all(e > t for e, t in zip(model, memory_per_rank(TOY, layout, 16, None)[1]))
