@@ -159,6 +159,10 @@ def test_validation_of_runs_whose_answer_is_known_by_hand():
     assert runs["dp4"]["memory_per_rank"]["predicted"] == pytest.approx([PEAK] * 4)  # per device: none measured
     assert runs["dp2"]["state_bytes_per_rank"]["exact"] is True and runs["dp4"]["state_bytes_per_rank"]["exact"] \
         is False
+    # what each rank counted comes back beside the prediction, field by field
+    whole = asdict(state_bytes(TINY, Layout(), 0))
+    assert runs["dp2"]["state_bytes_per_rank"]["measured"] == [whole, whole]
+    assert runs["dp4"]["state_bytes_per_rank"]["measured"] == [whole] * 3 + [{**whole, "grads": 0}]
     assert result["links_probed_GBps"] == {"2": LINK_GBPS} and result["hardware"] == "h100-sxm-8"
     summary = result["summary"]
     assert summary["all"]["step_s"] == {"runs": 2, "median_abs_error": pytest.approx(0.1),
@@ -294,3 +298,21 @@ def test_load_on_a_cpu_host_is_accounted_or_not_as_asked():
     summary = validate([one, dp2], cpu)["summary"]["all"]
     assert summary["step_s_ignoring_load"]["runs"] == 1 and summary["step_s_ignoring_load"]["max_abs_error"] == \
         pytest.approx(abs(row["step_s"]["error_ignoring_load"]))
+
+
+def test_rank_0_s_collectives_of_one_kind_add_up_and_a_rank_0_that_counted_none_is_no_check():
+    one = {**_record("one", 1, 32), "device_kind": "cuda"}
+    pipe = {**_record("pipe", 4, 32), "device_kind": "cuda", "layout": {"dp": 2, "pp": 2, "micro_batches": 2}}
+    pipe["backend_metrics"] = {"comm_per_step": [{"all_reduce": {"bytes": 1, "calls": 2, "time_s": 0.1}}] + [None] * 3}
+    silent = {**_record("silent", 2, 64), "device_kind": "cuda"}
+    silent["backend_metrics"] = {"comm_per_step": [None, {"all_reduce": {"bytes": 1, "calls": 1, "time_s": 0.1}}]}
+    runs = {r["run_id"]: r for r in validate([one, pipe, silent], H100)["runs"]}
+    # Stage 0 of dp2 x pp2 all-reduces the tied embedding's float32 gradient (vocabulary x 128) with the last
+    # stage, then its own float32 gradients with its dp peer: the embeddings (33,282 + 128 + 2 rows of 128, a
+    # LayerNorm) and one encoder layer (198,272), 4,475,264 parameters. Micro-batches of 32 / (2 x 2) = 8: 8 x 128
+    # x 128 float32 activations sent forward and their gradients received back, per micro-batch.
+    assert runs["pipe"]["comm_per_step"] == {
+        "all_reduce": {"predicted": {"bytes": 4 * TINY.vocab_size * 128 + 4 * 4_475_264, "calls": 2},
+                       "measured": {"bytes": 1, "calls": 2}},
+        "send_recv": {"predicted": {"bytes": 4 * 4 * 8 * 128 * 128, "calls": 4}, "measured": None}}
+    assert TINY.vocab_size == 33_282 and runs["silent"]["comm_per_step"] is None
