@@ -792,11 +792,12 @@ def _reuse(out: Path, pick_slower: float) -> tuple:
     return folder, predicted, capture.getvalue(), rc
 
 
-@pytest.fixture(scope="module")
-def reused(tmp_path_factory):
+@pytest.fixture
+def reused(tmp_path):
     """bench.plan_check --reuse --sizes tiny over a folder measured as predicted: the folder, the prediction,
-    what it printed and returned."""
-    return _reuse(tmp_path_factory.mktemp("plan-check"), 1.0)
+    what it printed and returned. Set up for each test (0.5 s): mutmut gives what a fixture calls to the test that
+    set it up, so at module scope only the first of these tests ran against the mutants of plan_check.main."""
+    return _reuse(tmp_path, 1.0)
 
 
 def test_plan_check_fails_when_the_pick_alone_measures_slow(tmp_path):
