@@ -9,7 +9,7 @@ import pytest
 
 from common.layout import Layout
 from common.predict import hardware as hardware_files
-from common.predict.basis import from_records
+from common.predict.basis import UNPROBED, from_records
 from common.predict.memory import state_bytes
 from common.predict.validation import (
     compiled_collectives,
@@ -171,6 +171,9 @@ def test_validation_of_runs_whose_answer_is_known_by_hand():
                                                  "max_abs_error": pytest.approx(0.2)}
     assert summary["all"]["training_memory_per_rank"]["runs"] == 1
     assert (summary["all"]["state_bytes_exact"], summary["all"]["state_bytes_compared"]) == (1, 2)
+    # the 1-device run has no breakdown probe: both runs rest on the guess that its whole step is forward+backward
+    assert runs["dp2"]["basis_guesses"] == runs["dp4"]["basis_guesses"] == [UNPROBED.format(run_id="one")]
+    assert summary["all"]["resting_on_a_guess"] == 2
     assert summary["not_oversubscribed"] == summary["all"]
     assert (summary["oversubscribed_runs"], summary["skipped_runs"]) == (0, 0)
 
@@ -316,3 +319,50 @@ def test_rank_0_s_collectives_of_one_kind_add_up_and_a_rank_0_that_counted_none_
                        "measured": {"bytes": 1, "calls": 2}},
         "send_recv": {"predicted": {"bytes": 4 * 4 * 8 * 128 * 128, "calls": 4}, "measured": None}}
     assert TINY.vocab_size == 33_282 and runs["silent"]["comm_per_step"] is None
+
+
+def test_a_compiled_step_s_own_collectives_and_the_stage_split_reach_both_predictions():
+    """The prediction and the one ignoring load (step_s.error_ignoring_load) are of the same step: on a GPU host,
+    where there is no load to account, the two agree."""
+    one, dp2 = _known_folder()[1:]
+    keras_one = {**one, "run_id": "k-one", "backend": "keras_jax"}
+    # XLA compiled one all-reduce of twice the flat gradients (bytes over 2 GB/s, as the formula's FLAT in _by_hand)
+    keras = {**dp2, "run_id": "k-dp2", "backend": "keras_jax", "backend_metrics": {
+        **dp2["backend_metrics"], "comm_per_step": [{"all_reduce": {"bytes": 2 * FLAT, "calls": 1, "time_s": None}},
+                                                    None]}}
+    [row] = validate([keras_one, keras], H100)["runs"]
+    assert row["step_s"]["predicted"] == pytest.approx(_by_hand(2) + FLAT / (LINK_GBPS * 1e9), rel=1e-12)
+    assert row["step_s"]["error_ignoring_load"] == row["step_s"]["error"]
+    # mini (4 layers) cut 3 + 1: the last stage holds the MLM head (a projection onto 33,282 words), so moving a
+    # layer off it shortens the slower stage: a shorter step than the even cut, with or without load
+    mini_one = {**one, "config": {**one["config"], "model_size": "mini"}}
+    cut = {**dp2, "run_id": "cut", "global_batch": 32, "config": {**dp2["config"], "model_size": "mini"},
+           "layout": {"dp": 1, "pp": 2, "micro_batches": 4, "stage_split": "3,1"}}
+    [row] = validate([mini_one, cut], H100)["runs"]
+    [even] = validate([mini_one, {**cut, "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}], H100)["runs"]
+    assert row["step_s"]["predicted"] < even["step_s"]["predicted"]
+    assert row["step_s"]["error_ignoring_load"] == row["step_s"]["error"]
+
+
+def test_what_a_record_leaves_out_is_its_default():
+    one, dp2 = _known_folder()[1:]
+    [row] = validate([one, dp2], H100)["runs"]
+    # no model size: the tiny model (the only one before --model-size); no grad_accum: one micro-batch a step
+    unsized = [{**r, "config": {k: v for k, v in r["config"].items() if k not in ("model_size", "grad_accum")}}
+               for r in (one, dp2)]
+    [bare] = validate(unsized, H100)["runs"]
+    assert (bare["step_s"], bare["memory_per_rank"], bare["training_memory_per_rank"]) == \
+        (row["step_s"], row["memory_per_rank"], row["training_memory_per_rank"])
+    # a run with --skip-eval holds no evaluation: 256 samples' logits at once are more than training's 32
+    [skipped] = validate([one, {**dp2, "config": {**dp2["config"], "skip_eval": True}}], H100)["runs"]
+    assert all(s < e for s, e in zip(skipped["memory_per_rank"]["predicted"], row["memory_per_rank"]["predicted"]))
+
+
+def test_the_other_references_are_of_the_main_run_s_batch_and_execution():
+    run = _record("run", 2, 64)
+    # another batch at an accumulation not yet seen is no reference of the per-micro-batch cost
+    assert [r["run_id"] for r in references(run, [_record("k1", 1, 64), _record("b32k2", 1, 32, accumulation=2)])] \
+        == ["k1"]
+    # nor is the same batch at another accumulation with --recompute (another execution)
+    recomputed = {**_record("rc2", 1, 64, accumulation=2), "layout": {"dp": 1, "recompute": True}}
+    assert [r["run_id"] for r in references(run, [_record("k1", 1, 64), recomputed])] == ["k1"]
