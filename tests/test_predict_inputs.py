@@ -16,6 +16,7 @@ from common.predict.basis import (
     stage_split,
 )
 from common.predict.hardware import HARDWARE_DIR, Link
+from common.predict.memory import stage_tensors, state_bytes
 from common.predict.work import parts
 from common.spec import BERT_SIZES
 
@@ -225,3 +226,19 @@ def test_an_assumed_mfu_says_which_peak_and_why_none(tmp_path):
     no_bandwidth = path.with_name("slow.toml")
     no_bandwidth.write_text(MINE.replace("memory_GBps = 2000\n", ""))
     assert from_mfu(0.5, hardware_files.load(str(no_bandwidth)), "amp").s_per_param == 0.0
+
+
+def test_a_basis_counts_the_state_of_its_own_backend_and_says_whether_it_recomputed():
+    # The framework's overhead is the peak less the model's count: a Keras run counts Keras's step counter (one
+    # int64 a device), not torch's (one float32 a tensor), so the same peak leaves a different overhead.
+    memory = {"process_peak_per_rank": [3e9], "training_per_rank": [1e9]}
+    torch_basis = from_records(TINY, [_one(memory=memory)])
+    keras_basis = from_records(TINY, [_one(memory=memory, backend="keras_jax")])
+    torch_state, keras_state = (state_bytes(TINY, Layout(), 0, backend=b) for b in ("torch_3d", "keras_jax"))
+    assert torch_state.optimizer - keras_state.optimizer == 4 * len(stage_tensors(TINY, Layout(), 0)) - 8
+    assert keras_basis.memory_overhead - torch_basis.memory_overhead == \
+        pytest.approx(torch_state.total - keras_state.total, abs=1e-3)
+    assert keras_basis.training_overhead - torch_basis.training_overhead == \
+        pytest.approx(torch_state.optimizer - keras_state.optimizer, abs=1e-3)
+    assert not torch_basis.recompute
+    assert from_records(TINY, [_one(layout={"dp": 1, "recompute": True})]).recompute is True
