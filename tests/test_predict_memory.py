@@ -2,6 +2,8 @@
 layers: tests/test_stage_split.py's): what each rank holds, its activations and an evaluation's live values."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from common.initial_weights import layout as tensor_layout
@@ -43,6 +45,8 @@ def test_a_tensor_parallel_shard_by_module():
         (2, 2)
     # Q, K, V and FFN-in by rows (3 x 3 + 6), output and FFN-out by columns (2 + 2, 4 + 2), norms 8: 33 of 54
     assert layer_elements(TOY, Layout()) == LAYER and layer_elements(TOY, tp2) == 33
+    # a one-layer model has its one layer's elements (layer 0: there is no layer 1 to count)
+    assert layer_elements(replace(TOY, layers=1), Layout()) == LAYER
 
 
 def test_what_each_pipeline_stage_holds():

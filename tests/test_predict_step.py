@@ -12,7 +12,7 @@ from common.predict.basis import Basis
 from common.predict.collectives import bus_factor, cost_s, message_steps
 from common.predict.hardware import Hardware, Link
 from common.predict.step import collectives, memory_per_rank, predict, sync_factor
-from common.spec import BertSpec
+from common.spec import BERT_SIZES, BertSpec
 
 TOY = BertSpec("toy", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=10)
 PARAMS, MACS = 32 + 3 * 54 + 20, 3 * 80 + 24
@@ -232,3 +232,37 @@ def test_memory_per_rank_is_predict_s_count_without_a_time_basis():
     assert memory_per_rank(TOY, Layout(dp=2), 8, "fp32")[2] == growth
     # evaluating 64 samples at once holds more than training's micro-batch of 4
     assert all(e > t for e, t in zip(model, memory_per_rank(TOY, layout, 16, None)[1]))
+
+
+def test_the_tied_embedding_s_all_reduce_takes_the_link_between_its_two_stages():
+    """The first and last stages' ranks 0 and stride x (pp - 1): the network link once that reaches another node."""
+    # pp2 on nodes of one device: test_a_pipeline_by_hand at the network's 0.5 GB/s, sends and tie alike
+    apart = predict(TOY, Layout(pp=2, micro_batches=4), 8, BASIS, replace(GPU, devices_per_node=1))
+    assert apart.comm_exposed_s == pytest.approx(4 * 128e-9 + 160e-9)
+    # pp3 of one micro-batch of 2 on nodes of 2: ranks 0 and 2 on two nodes. Stages compute 160, 160, 208 ns and
+    # send 32 bytes a call at 0.5 GB/s (2, 4, 2 calls of 64 ns): the middle stage is the busiest (416 ns), its
+    # 256 ns of sends exposed, then the tie's 80 bytes over the network, 160 ns
+    three = predict(TOY, Layout(pp=3), 2, BASIS, GPU)
+    assert three.comm_exposed_s == pytest.approx(256e-9 + 160e-9)
+    # the tail: the tie and stage 2's 94 parameters (a layer, the head, the table's copy) against 54 and 86
+    assert three.step_s == pytest.approx(0.01 + (288 + 416 + 336) * 1e-9 + (160 + 94) * 1e-9, rel=1e-12)
+
+
+def test_ddp_buckets_hide_behind_two_thirds_of_the_backward_and_nothing_else_does():
+    mini = BERT_SIZES["mini"]
+    overlapping = replace(GPU, comm_overlaps_compute=True)
+    # mini's 11,812,610 float32 gradients in two 25 MiB buckets of 23,625,220 bytes, 23.6 ms each at 1 GB/s; a
+    # forward+backward of 30 ms (a fixed 30 ms a micro-batch) hides 20 ms of the 47.25 ms
+    assert mini.param_count() == 11_812_610
+    fb = replace(BASIS, s_per_mac_sample=0.0, s_per_micro_batch=0.03)
+    ddp = predict(mini, Layout(dp=2), 16, fb, overlapping, backend="torch_ddp")
+    assert ddp.comm_exposed_s == pytest.approx(2 * 23_625_220e-9 - 2 / 3 * 0.03, rel=1e-12)
+    # collectives placed by a compiler are not DDP's buckets: all of them exposed, whatever the backward
+    from common.predict.collectives import Collective
+    counted = [Collective("all_reduce", "all", 1000.0, 3, 2, True, "as compiled")]
+    slow = replace(BASIS, s_per_mac_sample=1e-3)
+    placed = predict(TOY, Layout(dp=2), 8, slow, overlapping, backend="torch_ddp", counted=counted)
+    assert placed.comm_exposed_s == pytest.approx(3 * 1000e-9)
+    # the fixed cost per micro-batch of tensor parallel with the vocabulary split: its one stage is all the model
+    fixed = replace(BASIS, s_per_micro_batch=1e-3, s_per_mac_sample=0.0)
+    assert predict(TOY, Layout(tp=2, vocab_emb_dp=False), 4, fixed, GPU).compute_s == pytest.approx(1e-3, rel=1e-12)

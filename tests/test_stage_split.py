@@ -38,6 +38,11 @@ def test_the_split_balances_the_costliest_stage():
     assert balanced_split(BERT_SIZES["mini"], 2, 128) == [3, 1]
     # base BERT: the head is half a layer; 6 + 6 + head beats 7 against 5 + head
     assert balanced_split(BERT_SIZES["base"], 2, 128) == [6, 6]
+    # Among splits whose costliest stage costs the same, the nearest to even by squared distance, the first cut
+    # on a tie: mini in 3, the head's stage takes one layer; [1, 2, 1] and [2, 1, 1] are both 6/9 from 4/3 each
+    assert balanced_split(BERT_SIZES["mini"], 3, 128) == [1, 2, 1]
+    # base in 5: [2, 2, 3, 3, 2] (1.2 from 2.4 each) before [2, 3, 3, 3, 1] (3.2), whose costliest stage is as costly
+    assert balanced_split(BERT_SIZES["base"], 5, 32) == [2, 2, 3, 3, 2]
     assert balanced_split(BERT_SIZES["tiny"], 2, 128) == [1, 1]  # two layers leave no choice
 
 
