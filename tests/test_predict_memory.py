@@ -22,7 +22,7 @@ from common.predict.memory import (
     transient_bytes,
     value_bytes,
 )
-from common.spec import CNN, BertSpec
+from common.spec import BERT_SIZES, CNN, BertSpec
 
 TOY = BertSpec("toy", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=10)
 EMBEDDINGS, LAYER, HEAD, TOKEN = 32, 54, 20, 20   # elements: (10 + 2 + 2) x 2 + 4; a layer; the head; 10 x 2
@@ -121,3 +121,16 @@ def test_the_buffers_a_step_adds():
 
 def test_an_evaluation_under_tensor_parallel():
     assert evaluation_bytes(TOY, Layout(tp=2), 0, 5) == 4 * 5 * 2 * (8 + 12 / 2)  # Q, K, V, FFN split: 28 a sample
+
+
+def test_a_shard_is_whole_elements_and_recompute_keeps_one_split_layer():
+    # Shapes are element counts (state bytes go to validation.json beside a run's integer counts); a vocabulary
+    # that tp does not divide (33,282 words over 4) keeps floor(V / tp) rows per rank
+    mini, tp4 = BERT_SIZES["mini"], Layout(tp=4, vocab_emb_dp=False)
+    shapes = {t.name: tp_shape(t, tp4) for t in tensor_layout(mini)}
+    assert all(type(d) is int for shape in shapes.values() for d in shape)
+    assert shapes["embeddings.token"] == (33_282 // 4, 256) == (8320, 256)
+    # TOY under --recompute at tp2, per sample: three layers' inputs (s h = 4 each), the layer being recomputed
+    # whole, its split part halved (2 x (4 h + (4 h + 2 i) / 2) = 32), the embeddings' 2 s h = 8, the head's
+    # 4 p h + 2 p V = 28: 80 values of 4 bytes
+    assert activation_bytes(TOY, Layout(tp=2, recompute=True), 0, 1) == 4 * (12 + 32 + 8 + 28)

@@ -11,6 +11,7 @@ from common.layout import Layout
 from common.predict.basis import Basis
 from common.predict.collectives import bus_factor, cost_s, message_steps
 from common.predict.hardware import Hardware, Link
+from common.predict.memory import state_bytes
 from common.predict.step import collectives, memory_per_rank, predict, sync_factor
 from common.spec import BERT_SIZES, BertSpec
 
@@ -266,3 +267,29 @@ def test_ddp_buckets_hide_behind_two_thirds_of_the_backward_and_nothing_else_doe
     # the fixed cost per micro-batch of tensor parallel with the vocabulary split: its one stage is all the model
     fixed = replace(BASIS, s_per_micro_batch=1e-3, s_per_mac_sample=0.0)
     assert predict(TOY, Layout(tp=2, vocab_emb_dp=False), 4, fixed, GPU).compute_s == pytest.approx(1e-3, rel=1e-12)
+
+
+def test_what_each_stage_holds_reaches_the_step():
+    # the prediction says which layout it is of
+    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU).layout == Layout(dp=2)
+    # the tied table's gradient all-reduce: the whole 10 x 2 table under tp2 (80 bytes), its 10 // 2 rows of a
+    # rank with the vocabulary split (40 bytes); mini's 33,282 words over tp4: 8,320 rows of 256
+    tie = {vocab: [c.nbytes for c in predict(TOY, Layout(tp=2, pp=2, micro_batches=2, vocab_emb_dp=vocab), 8,
+                                            BASIS, GPU).collectives_of_rank0 if c.dim == "tie"]
+           for vocab in (True, False)}
+    assert tie == {True: [80], False: [40]}
+    mini = predict(BERT_SIZES["mini"], Layout(tp=4, pp=2, micro_batches=2, vocab_emb_dp=False), 8, BASIS, GPU)
+    assert [c.nbytes for c in mini.collectives_of_rank0 if c.dim == "tie"] == [4 * 8320 * 256]
+    # --recompute with the layers cut 1 + 2: stage 1 recomputes its two layers' forward (160 of 240 MACs a sample
+    # forward+backward: a third more), 4 micro-batches of 2 samples
+    again = predict(TOY, Layout(pp=2, micro_batches=4, recompute=True), 8, BASIS, GPU, stage_split=[1, 2])
+    assert again.recompute_s == pytest.approx(4 * 2 * 160 / 3 * 1e-9, rel=1e-12)
+    # each stage's optimizer steps its own parameters: cut 1 + 2, stage 1 holds two layers, the head and the
+    # table's copy (108 + 20 + 20 = 148), stage 0 the embeddings and a layer (86); under dp2 and under tp2
+    cut = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, BASIS, GPU, stage_split=[1, 2])
+    assert cut.optimizer_s == pytest.approx(148e-9, rel=1e-12)
+    sharded = predict(TOY, Layout(tp=2, pp=2, micro_batches=2), 8, BASIS, GPU, stage_split=[1, 2])
+    stage1 = state_bytes(TOY, Layout(tp=2, pp=2, micro_batches=2), 2, [1, 2]).params / 4
+    assert sharded.optimizer_s == pytest.approx(stage1 * 1e-9, rel=1e-12) and stage1 > 86 / 2
+    # six micro-batches accumulated on one device: no pipeline, no bubble, exactly
+    assert predict(TOY, Layout(micro_batches=6), 12, BASIS, GPU).bubble_s == 0.0
