@@ -333,11 +333,12 @@ def test_a_compiled_step_s_own_collectives_and_the_stage_split_reach_both_predic
     [row] = validate([keras_one, keras], H100)["runs"]
     assert row["step_s"]["predicted"] == pytest.approx(_by_hand(2) + FLAT / (LINK_GBPS * 1e9), rel=1e-12)
     assert row["step_s"]["error_ignoring_load"] == row["step_s"]["error"]
-    # mini (4 layers) cut 3 + 1: the last stage holds the MLM head (a projection onto 33,282 words), so moving a
-    # layer off it shortens the slower stage: a shorter step than the even cut, with or without load
+    # mini (4 layers) cut 3 + 1 by torch_3d's auto split, as its record says (layers_per_stage; the model itself
+    # places only even and explicit splits): the last stage holds the MLM head (a projection onto 33,282 words),
+    # so moving a layer off it shortens the slower stage: a shorter step than the even cut, with or without load
     mini_one = {**one, "config": {**one["config"], "model_size": "mini"}}
     cut = {**dp2, "run_id": "cut", "global_batch": 32, "config": {**dp2["config"], "model_size": "mini"},
-           "layout": {"dp": 1, "pp": 2, "micro_batches": 4, "stage_split": "3,1"}}
+           "layout": {"dp": 1, "pp": 2, "micro_batches": 4, "stage_split": "auto", "layers_per_stage": [3, 1]}}
     [row] = validate([mini_one, cut], H100)["runs"]
     [even] = validate([mini_one, {**cut, "layout": {"dp": 1, "pp": 2, "micro_batches": 4}}], H100)["runs"]
     assert row["step_s"]["predicted"] < even["step_s"]["predicted"]
