@@ -23,7 +23,9 @@ from common.breakdown import (
 from common.calibration import bare_result, calibration_entry
 from tests.conftest import run_cli
 
-TINY = ("--steps", "4", "--warmup-steps", "1", "--skip-eval", "--data", "synthetic")
+# One thread per device: the suite's other pytest worker holds the second core, and torch's two OpenMP threads
+# beside it spin at every barrier (calibrate of torch_ddp on 1 device: 20.8 CPU-s at 2 threads, 11.6 s at 1).
+TINY = ("--steps", "4", "--warmup-steps", "1", "--skip-eval", "--data", "synthetic", "--threads-per-device", "1")
 
 
 def _records(out: Path) -> list[dict]:
