@@ -9,7 +9,7 @@ import pytest
 
 from common.layout import Layout
 from common.predict.basis import Basis
-from common.predict.collectives import bus_factor, cost_s, message_steps
+from common.predict.collectives import Collective, bus_factor, cost_s, message_steps
 from common.predict.hardware import Hardware, Link
 from common.predict.memory import state_bytes
 from common.predict.step import collectives, memory_per_rank, predict, sync_factor
@@ -183,7 +183,6 @@ def test_each_collective_a_rank_issues_in_full():
 
 
 def test_predict_s_less_travelled_paths_by_hand():
-    from common.predict.collectives import Collective
     # collectives a compiler placed (keras_jax's comm_per_step): costed over every device, across nodes at 4 on
     # nodes of 2; a pipeline ignores them
     counted = [Collective("all_reduce", "all", 1000.0, 3, 4, True, "as compiled")]
@@ -259,7 +258,6 @@ def test_ddp_buckets_hide_behind_two_thirds_of_the_backward_and_nothing_else_doe
     ddp = predict(mini, Layout(dp=2), 16, fb, overlapping, backend="torch_ddp")
     assert ddp.comm_exposed_s == pytest.approx(2 * 23_625_220e-9 - 2 / 3 * 0.03, rel=1e-12)
     # collectives placed by a compiler are not DDP's buckets: all of them exposed, whatever the backward
-    from common.predict.collectives import Collective
     counted = [Collective("all_reduce", "all", 1000.0, 3, 2, True, "as compiled")]
     slow = replace(BASIS, s_per_mac_sample=1e-3)
     placed = predict(TOY, Layout(dp=2), 8, slow, overlapping, backend="torch_ddp", counted=counted)
