@@ -50,6 +50,15 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def process_cores(allowed: list[int], first: int, wanted: int) -> list[int]:
+    """The cores a process of `wanted` threads runs on, `first` cores into those it may use: its own when the
+    sweep's processes fit the cores side by side; every core when they do not (oversubscribed: pinning would
+    stack processes on the same cores while others idle)."""
+    if wanted > len(allowed):
+        return sorted(allowed)
+    return sorted({allowed[(first + i) % len(allowed)] for i in range(wanted)})
+
+
 def default_threads_per_device(max_devices: int) -> int:
     """Fixed for a whole sweep, from its largest device count, so every N gets the same cores."""
     return max(1, cpu_cores() // max(1, max_devices))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -393,6 +394,12 @@ def test_a_layout_sweep_leaves_one_record_per_layout_and_reference(layout_sweep)
     assert by_name["tp2"].devices == 2 and next(r for r in records if r["run_id"] == by_name["tp2"].run_id)[
         "layout"]["tp"] == 2
     assert "dp2" in proc.stdout and "tp2" in proc.stdout
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:  # two ranks fit the cores side by side: rank 0 on its own, a lone rank left unpinned
+        metrics = {name: next(r for r in records if r["run_id"] == row.run_id)["backend_metrics"]
+                   for name, row in by_name.items()}
+        assert metrics["dp2"]["cores"] == metrics["tp2"]["cores"] == [cores[0]]
+        assert metrics["1 device"]["cores"] == cores
     summary = (out / "summary.csv").read_text()
     assert summary.count("\n") == 4
     assert json.loads((out / "runs" / f"{by_name['dp2'].run_id}.json").read_text())["layout"]["dp"] == 2

@@ -702,14 +702,14 @@ def test_plan_check_measures_each_size_with_bench_compare(tmp_path, capsys, monk
 def test_plan_check_defaults():
     args = plan_check.build_parser().parse_args([])
     assert (args.out, args.sizes, args.steps, args.warmup_steps, args.reuse) == \
-        ("results/plan-check", ["tiny", "mini"], 12, 4, False)
+        ("results/plan-check", ["tiny", "mini"], 24, 4, False)
 
 
 def test_plan_check_help(capsys):
     with pytest.raises(SystemExit):
         plan_check.main(["--help"])
     text = _flat(capsys.readouterr().out)
-    assert "python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 12] [--warmup-steps 4] [--reuse] " \
+    assert "python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 24] [--warmup-steps 4] [--reuse] " \
         "options:" in text
     assert text.endswith("--out OUT one folder per size under it --sizes SIZES --steps STEPS --warmup-steps "
                          "WARMUP_STEPS --reuse measure nothing: check against the records already in each size's "

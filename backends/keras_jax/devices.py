@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+from common.devices import process_cores
+
 # Read by the worker before it imports JAX: the cores its XLA thread pools may use.
 CORES_ENV = "PARBENCH_JAX_CORES"
 
@@ -15,13 +17,10 @@ def jax_env(kind: str, devices: int, threads_per_device: int, first_core: int, g
     if kind == "cpu":
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
         env["JAX_PLATFORMS"] = "cpu"
-        allowed = sorted(os.sched_getaffinity(0))
-        wanted = devices * max(1, threads_per_device)
         # XLA sizes its pools from the cores the process may run on: pinning gives each virtual device its
         # threads-per-device cores, as the other backends' thread settings do. Oversubscribed: every core.
-        chosen = ([allowed[(first_core + i) % len(allowed)] for i in range(wanted)] if wanted <= len(allowed)
-                  else allowed)
-        env[CORES_ENV] = ",".join(str(c) for c in sorted(set(chosen)))
+        chosen = process_cores(sorted(os.sched_getaffinity(0)), first_core, devices * max(1, threads_per_device))
+        env[CORES_ENV] = ",".join(str(c) for c in chosen)
     elif gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     return env
