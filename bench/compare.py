@@ -15,10 +15,12 @@ the job, one bench.run per node, and --gpus counts devices per node.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +35,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from backends import BACKENDS, layout_backend
+from bench import co_run
 from bench import run as bench_run
 from bench.cli import (
     RUN_OPTIONS,
@@ -86,6 +89,10 @@ def build_parser() -> OneLineParser:
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="run every row R times, the rows interleaved in each repeat (order reversed every other "
                         "repeat), and report each row's median and 95%% interval (docs/comparison.md)")
+    p.add_argument("--co-run-probe", action="store_true",
+                   help="on a CPU host, after the first 1-device run of each backend and workload, run it again as "
+                        "the sweep's largest device count of processes side by side, and write how much they slow "
+                        "each other into its record (bench.co_run; bench.predict uses it)")
     p.add_argument("--srun", action="store_true",
                    help="inside a SLURM job (sbatch): run each bench.run as a job step over every node of the job, "
                         "one task per node (bench.slurm's scripts do this); --gpus is then per node")
@@ -185,6 +192,32 @@ def run_one(args, backend, workload, devices, sweep_id, log_dir: Path, layout: L
         record_harness_failure(args, backend, workload, world, run_id, sweep_id, "failed",
                                f"{why}: {log_tail(log)}", layout, grad_accum)
     return run_id
+
+
+def co_run_probe(args, plan, backend: str, workload: str, sweep_id: str, layout: Layout | None, grad_accum: int,
+                 run_id: str, console: Console) -> None:
+    """--co-run-probe after a 1-device run (bench.co_run): its command again as K processes side by side, where
+    it ran ok on a CPU and the sweep holds a run of more devices of its backend and workload."""
+    largest = max(n for w, b, n, _, _ in plan if (w, b) == (workload, backend))
+    path = Path(args.out) / "runs" / f"{run_id}.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    if record.get("status") != "ok" or record.get("device_kind") != "cpu":
+        return
+    k = co_run.processes((record.get("host") or {}).get("cores"), record.get("threads_per_device"), largest)
+    if not k:
+        console.print(f"co-run probe of {run_id}: fewer than two processes fit the cores; not measured")
+        return
+
+    def command(folder: Path) -> list[str]:
+        copy = new_run_id(backend, workload, 1)
+        return [*run_command(args, backend, workload, 1, copy, sweep_id, layout, grad_accum),
+                "--out", str(folder), "--skip-eval", "--profile", "0", "--breakdown-steps", "0"]  # the window only
+    section = co_run.probe(record, k, command, Path(args.out), args.timeout + HARNESS_MARGIN_S, stop_run)
+    if section:
+        co_run.attach(path, section)
+        console.print(f"co-run probe of {run_id}: {k} copies side by side took a median "
+                      f"{statistics.median(section.step_s_p50) * 1e3:.0f} ms a step against "
+                      f"{record['step_time_s']['p50'] * 1e3:.0f} ms alone: x{section.slowdown:.3f}")
 
 
 def refusal(log: Path) -> str:
@@ -358,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     order = repeat_order(len(plan), args.repeats)
     repeats = f" ({len(plan)} rows x {args.repeats} repeats)" if args.repeats > 1 else ""
     console.print(f"{sweep_id}: {len(order)} runs{repeats}{threads_phrase(args.threads_per_device, args.device_kind)}")
-    run_ids = []
+    run_ids, probed = [], set()
     started = time.monotonic()
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -374,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                                 + (f", repeat {repeat + 1}/{args.repeats}" if args.repeats > 1 else ""))
                 run_ids.append(run_one(args, backend, workload, devices, sweep_id, log_dir, layout, grad_accum,
                                        invalid.get(i), args.job_nodes))
+                if args.co_run_probe and devices == 1 and (backend, workload) not in probed:
+                    probed.add((backend, workload))
+                    co_run_probe(args, plan, backend, workload, sweep_id, layout, grad_accum, run_ids[-1], console)
                 progress.advance(task)
         write_summary(out)
     except (Cancelled, SweepCancelled) as exc:

@@ -19,7 +19,7 @@ from rich.table import Table
 
 from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
 from bench.plan_space import backend_refusal
-from bench.predict import measured_basis, measured_peak
+from bench.predict import layout_bases, measured_basis, measured_peak
 from bench.reporting import validation as validation_report
 from bench.reporting.plan import document
 from common.config import PRECISIONS
@@ -107,9 +107,12 @@ def make_plan(args, validation: dict | None = None) -> dict:
     if args.assume_mfu is not None:
         achievable = measured_peak(source, hardware, args.precision) if source else None
         basis, where = from_mfu(args.assume_mfu, hardware, args.precision, achievable), "assumed"
+        basis_for = None
     else:
         basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision, batch)
-        where = f"{main['backend']} 1-device run at global batch {main['global_batch']}"
+        basis_for = layout_bases(source, hardware, main, basis)
+        where = (f"{main['backend']} 1-device run at global batch {main['global_batch']}, each layout from the "
+                 "1-device runs of its micro-batches and recompute where measured")
         records = [r for r in load_records(source) if r.get("device_kind") == hardware.device_kind]
         hardware, link = hardware_for({"devices": args.devices}, hardware, probed_links(records))
         where += f"; {link}"
@@ -127,7 +130,7 @@ def make_plan(args, validation: dict | None = None) -> dict:
                          f"global batch {batch}: " + "; ".join(list(space.reasons())[:3]))
     step_error, mem_error = ranking_error(validation), memory_error(validation)
     rows = rank(predicted(spec, space.valid, batch, basis, hardware, args.backend,
-                          None if args.skip_eval else EVAL_BATCH, available, mem_error), step_error)
+                          None if args.skip_eval else EVAL_BATCH, available, mem_error, basis_for), step_error)
     for r in rows:
         r.auto_split = r.layout in space.auto
     pick = rows[0] if rows and rows[0].rank == 1 else None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -137,6 +138,33 @@ def _target_kind(hardware) -> str:
     return found[0] if found else "cuda"
 
 
+def layout_bases(results: Path, hardware, main: dict, basis: Basis) -> Callable[[Layout], Basis]:
+    """Per layout, the basis `--validate` would predict a run of it from (validation.references): RESULTS' 1-device
+    runs of the layout's micro-batches and --recompute where they hold them (on a CPU a micro-batch of 8
+    sequences runs faster per sample than one of 32: the tiny MLM at 4 micro-batches of 32 took 559 ms a step
+    against 650 ms at one), else `basis` (main's)."""
+    usable = _usable(results, hardware, main["workload"])
+    spec = model_spec(main["workload"], (main.get("config") or {}).get("model_size") or "tiny")
+    cache: dict[tuple, Basis] = {}
+
+    def basis_for(layout: Layout) -> Basis:
+        run = {**main, "devices": layout.devices, "layout": asdict(layout),
+               "config": {**(main.get("config") or {}), "grad_accum": 1}}
+        refs = references(run, usable)
+        ids = tuple(r["run_id"] for r in refs)
+        if not refs or ids == basis.record_ids:
+            return basis
+        return cache.setdefault(ids, from_records(spec, refs))
+    return basis_for
+
+
+def _usable(results: Path, hardware, workload: str) -> list[dict]:
+    """RESULTS' ok 1-device runs of the workload on the hardware's kind of device."""
+    return [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
+            and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")
+            and _device_kind_of(r) == _target_kind(hardware)]
+
+
 def measured_basis(results: Path, hardware, workload: str, size: str, precision: str = "amp",
                    batch: int | None = None) -> tuple[Basis, dict]:
     """The basis from RESULTS' 1-device runs on the hardware's kind of device; ValueError (one line) when
@@ -144,12 +172,11 @@ def measured_basis(results: Path, hardware, workload: str, size: str, precision:
     the layouts), of the size and precision asked for, plain (no --recompute, no --compile), of the
     per-device `batch` or the nearest to it, the latest; its runs of the same batch at other micro-batch
     counts give the per-micro-batch cost."""
-    records = [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
-               and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")]
     target = _target_kind(hardware)
-    usable = [r for r in records if _device_kind_of(r) == target]
+    usable = _usable(results, hardware, workload)
     if not usable:
-        held = sorted({_device_kind_of(r) for r in records}) or ["none"]
+        held = sorted({_device_kind_of(r) for r in load_records(results) if r.get("status") == "ok"
+                       and r.get("devices") == 1 and r.get("workload") == workload}) or ["none"]
         raise ValueError(f"{results} has no 1-device {workload} run on {target} (its runs: {', '.join(held)}); "
                          f"compute measured on one kind of device does not predict {hardware.name}: "
                          "pass --assume-mfu MFU to predict from an assumed utilisation")

@@ -336,7 +336,32 @@ class FitCheck(RecordSection):
         return known
 
 
-RECORD_SECTIONS: tuple[type[RecordSection], ...] = (Memory, AchievablePeak, FitCheck)
+@dataclass(frozen=True)
+class CoRun(RecordSection):
+    """A CPU 1-device run's command run again as `processes` processes side by side on its host, after it
+    (bench.co_run): each one's median step (`step_s_p50`, their records' `run_ids`) and `slowdown`, the median
+    of those over this run's own median step. Ranks that share a host's cache, memory bandwidth (and on a VM,
+    maybe its cores' hyperthreads) slow each other; bench.predict applies it to the compute of a layout whose
+    ranks run side by side on a CPU host."""
+    key: ClassVar[str] = "co_run"
+    processes: int
+    step_s_p50: list[float]
+    slowdown: float
+    run_ids: list[str]
+
+    @classmethod
+    def from_value(cls, raw):
+        known = super().from_value(raw)
+        _numbers([known.processes], "processes", nullable=False)
+        _numbers(known.step_s_p50, "step_s_p50", (int, float), nullable=False)
+        _numbers([known.slowdown], "slowdown", (int, float), nullable=False)
+        if known.processes < 2 or len(known.step_s_p50) != known.processes or known.slowdown <= 0:
+            raise ValueError(f"expected {known.processes} >= 2 medians and a positive slowdown, got "
+                             f"{known.step_s_p50!r} and {known.slowdown!r}")
+        return known
+
+
+RECORD_SECTIONS: tuple[type[RecordSection], ...] = (Memory, AchievablePeak, FitCheck, CoRun)
 
 
 def record_section_problems(record: dict) -> list[str]:

@@ -112,7 +112,8 @@ def torch_sweep(tmp_path_factory, data_dir) -> tuple[subprocess.CompletedProcess
 # are test_torch_3d's reference and two of its layouts as well.
 LAYOUT_SWEEP = ("--layouts", "dp2,tp2", "--workloads", "mlm", "--model-size", "tiny", "--data", "real", "--steps", "3",
                 "--warmup-steps", "1", "--skip-eval", "--batch-size", "8", "--threads-per-device", "1",
-                "--profile", "2", "--memory-per-device", "16")  # the fit check lets them run (test_plan)
+                "--profile", "2", "--memory-per-device", "16",  # the fit check lets them run (test_plan)
+                "--co-run-probe")  # the 1-device run again as two processes side by side (test_predict)
 
 
 @pytest.fixture(scope="session")

@@ -441,11 +441,28 @@ def test_the_backend_refusal_leaves_fitting_to_the_plan(monkeypatch):
 
 # ----------------------------------------------------------------------------- a plan from records
 
+def test_each_layout_is_planned_from_the_one_device_runs_of_its_own_micro_batches(tmp_path, capsys):
+    """As --validate predicts a run: a pipeline of 4 micro-batches from the 1-device run of 4 (here twice as fast
+    as the run of one), dp2 from the run of one; the fixed cost per micro-batch fitted from the two is none."""
+    def accumulating(run_id, step_s):
+        r = _record(run_id, step_s=step_s, started="2026-11-25T00:01:00+00:00")
+        r["config"]["grad_accum"] = 4
+        return r
+    plans = {}
+    for name, step in (("fast", 0.05), ("same", 0.1)):
+        folder = _folder(tmp_path / name, _record("k1"), accumulating("k4", step))
+        plan, _ = _plan(capsys, "--devices", "2", "--from", str(folder), "--micro-batches", "4", tmp_path=tmp_path)
+        plans[name] = {r["layout"]: r["parts_s"]["compute"] for r in plan["rows"]}
+    assert plans["fast"]["dp2"] == pytest.approx(plans["same"]["dp2"])
+    assert plans["fast"]["pp2-mb4"] == pytest.approx(plans["same"]["pp2-mb4"] / 2)
+
+
 def test_a_plan_from_records_names_its_run_link_and_errors(tmp_path, capsys):
     one = _folder(tmp_path / "one", _record("r1"))
     plan, _ = _plan(capsys, "--devices", "2", "--from", str(one), "--backend", "keras_jax", tmp_path=tmp_path)
     assert plan["basis"].startswith("compute measured: torch_3d 1-device run r1")
-    assert "(torch_3d 1-device run at global batch 32; link: cpu-loopback-2core's description" in plan["basis"]
+    assert ("(torch_3d 1-device run at global batch 32, each layout from the 1-device runs of its micro-batches and "
+            "recompute where measured; link: cpu-loopback-2core's description") in plan["basis"]
     assert plan["basis"].endswith("; errors from nowhere: no multi-device run in the folder to validate the model "
                                   "on (error unknown))")
     assert plan["ranking_error"] is None and plan["available_bytes"] == 23 * GIB   # the VM's 23 GiB

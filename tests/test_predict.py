@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from common.predict.layouts import at_devices, check_name
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import collectives, pipeline_s, predict, sync_factor
 from common.results import load_records
+from common.sections import CoRun
 from common.spec import BERT_SIZES
 from tests.conftest import run_cli
 
@@ -250,7 +252,8 @@ def sweep(tmp_path_factory, layout_sweep):
 
 
 @pytest.mark.e2e
-def test_validate_predicts_each_run_of_a_real_sweep(sweep, capsys):
+def test_validate_predicts_each_run_of_a_real_sweep(sweep, layout_sweep, capsys):
+    layout_sweep_out = layout_sweep[1]
     assert predict_cli.main(["--validate", str(sweep)]) == 0
     printed = capsys.readouterr().out
     validation = json.loads((sweep / "validation.json").read_text())
@@ -263,6 +266,15 @@ def test_validate_predicts_each_run_of_a_real_sweep(sweep, capsys):
         assert r["step_s"]["predicted"] > 0 and r["step_s"]["measured"] > 0
         assert math.isfinite(r["step_s"]["error"]) and math.isfinite(r["memory_per_rank"]["error"])
         assert len(r["references"]) >= 1
+    # --co-run-probe: the 1-device run's command again as two processes at once, their records under co-run/
+    # (no reference of their own), their slowdown in the reference's record and in every prediction from it.
+    reference = next(r for r in load_records(sweep) if r["devices"] == 1)
+    probe = CoRun.from_record(reference)
+    copies = list((layout_sweep_out / "co-run" / reference["run_id"]).glob("*/runs/*.json"))
+    assert probe.processes == len(copies) == 2 and sorted(probe.run_ids) == sorted(p.stem for p in copies)
+    assert probe.slowdown == pytest.approx(statistics.median(probe.step_s_p50) / reference["step_time_s"]["p50"])
+    for r in runs.values():
+        assert any(f"side by side x{probe.slowdown:.3f}" in note for note in r["notes"]), r["notes"]
     summary = validation["summary"]["all"]
     assert summary["step_s"]["runs"] == 2 and summary["state_bytes_exact"] == 2
     # The summary is of the rows (its error bound is held on a known answer: test_validation_of_runs_whose_step_...)

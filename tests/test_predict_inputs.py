@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from bench.co_run import processes
 from common.layout import Layout
 from common.predict import hardware as hardware_files
 from common.predict.basis import (
     accumulation,
     background_load,
+    co_run_slowdown,
     evaluated,
     from_mfu,
     from_records,
@@ -134,6 +136,15 @@ def test_a_fixed_cost_per_micro_batch_from_two_accumulations_of_one_batch():
     assert main_four.s_per_mac_sample == pytest.approx(0.8 / (32 * parts(TINY).total))
     assert from_records(TINY, [_one("a", step=1.6), _one("b", step=1.0)]).s_per_micro_batch == 0.0  # one K only
     assert from_records(TINY, [_one("k1", step=1.6), _one("k4", accumulation_=4, step=1.0)]).s_per_micro_batch == 0
+
+
+def test_the_co_run_slowdown_comes_from_whichever_reference_carries_the_probe():
+    probe = {"processes": 2, "step_s_p50": [1.03, 1.05], "slowdown": 1.04, "run_ids": ["c0", "c1"]}
+    basis = from_records(TINY, [_one("k4", accumulation_=4, step=1.6), _one("k1", step=1.0, co_run=probe)])
+    assert basis.co_run == 1.04 and "side by side x1.040 (co-run probe of k1)" in basis.label
+    assert co_run_slowdown([_one("k1")]) == (1.0, None) and from_records(TINY, [_one("k1")]).co_run == 1.0
+    assert processes(2, 1, 4) == 2 and processes(8, 2, 2) == 2 and processes(16, 4, 8) == 4
+    assert processes(2, 2, 2) == 0 and processes(8, 1, 1) == 0     # fewer than two fit, or no run of two
 
 
 def test_what_a_record_says_of_its_run():

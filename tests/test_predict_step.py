@@ -122,6 +122,18 @@ def test_a_cpu_host_s_contention_and_interruptions():
     assert sync_factor(Layout(dp=3, optimizer_shard=True, tp=2)) == 6
 
 
+def test_ranks_side_by_side_on_a_cpu_host_take_the_co_run_probe_s_slowdown_and_one_rank_does_not():
+    cpu = replace(GPU, device_kind="cpu", devices_per_node=8)
+    basis = replace(BASIS, threads_per_device=1, cores=2, co_run=1.04)
+    side = predict(TOY, Layout(dp=2), 8, basis, cpu)
+    assert side.contention == pytest.approx(1.04) and side.compute_s == pytest.approx(1.04 * 4 * MACS * 1e-9)
+    assert side.notes == ["contention: 2 ranks x 1 threads on 2 cores, side by side x1.040: compute x1.04"]
+    crowded = predict(TOY, Layout(dp=4), 16, basis, cpu)               # oversubscribed, and side by side too
+    assert crowded.contention == pytest.approx(2 * 1.04)
+    assert predict(TOY, Layout(), 4, basis, cpu).contention == 1.0    # one rank: alone, as measured
+    assert predict(TOY, Layout(dp=2), 8, basis, GPU).contention == 1.0  # a GPU's ranks have devices of their own
+
+
 def test_names_at_a_device_count_and_where_their_groups_lie():
     from common.predict.collectives import crosses_nodes, group_stride
     from common.predict.layouts import at_devices, check_name

@@ -15,6 +15,7 @@ from common.sections import (
     CategoryTime,
     Collective,
     CommPerStep,
+    CoRun,
     FastPath,
     FitCheck,
     Fp32Math,
@@ -82,6 +83,7 @@ TOP_LEVEL = [
     Memory([2_300_000_000, 2_200_000_000], [150_000_000, None], "growth of VmHWM", False, [2_000_000_000, None]),
     AchievablePeak(6.1e10, "fp32", "best of 5", [512, 512, 512], [6.1e10, None]),
     FitCheck([600_000_000, 580_000_000], 1_073_741_824, "--memory-per-device 1 GiB", "fits", "state", 0.12),
+    CoRun(2, [0.659, 0.658], 1.022, ["r-a", "r-b"]),
 ]
 
 
@@ -108,6 +110,8 @@ def test_a_top_level_section_reads_back_what_was_written(section):
     ("mfu_achievable", -0.5, "mfu_achievable"),
     ("fit_check", {"predicted_per_rank": [1], "available_bytes": 2, "limit": "x", "verdict": "squeezes",
                    "counts": "y"}, "verdict"),
+    ("co_run", {"processes": 2, "step_s_p50": [0.6], "slowdown": 1.0, "run_ids": ["a"]}, "2 >= 2 medians"),
+    ("co_run", {"processes": 1, "step_s_p50": [0.6], "slowdown": 1.0, "run_ids": ["a"]}, "1 >= 2"),
 ])
 def test_a_record_with_a_malformed_top_level_section_is_refused(key, value, says):
     problems = validate_record({"status": "failed", "error": "x", key: value})

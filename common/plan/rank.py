@@ -12,6 +12,7 @@ that too.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -68,11 +69,13 @@ def memory_error(validation: dict | None) -> float | None:
 
 
 def predicted(spec: BertSpec | CnnSpec, layouts: list[Layout], global_batch: int, basis: Basis, hardware: Hardware,
-              backend: str, eval_batch: int | None, available: float, error: float | None) -> list[Ranked]:
-    """Each layout predicted, with its fit verdict against `available` bytes per device."""
+              backend: str, eval_batch: int | None, available: float, error: float | None,
+              basis_for: Callable[[Layout], Basis] | None = None) -> list[Ranked]:
+    """Each layout predicted, with its fit verdict against `available` bytes per device; `basis_for`: a layout's
+    own basis (its micro-batches' 1-device runs), else `basis` for every one."""
     out = []
     for layout in layouts:
-        p = predict(spec, layout, global_batch, basis, hardware, backend,
+        p = predict(spec, layout, global_batch, basis_for(layout) if basis_for else basis, hardware, backend,
                     stage_split=stage_split_of(spec, layout, global_batch), eval_batch=eval_batch)
         memory = max(p.memory_per_rank or p.model_per_rank)
         out.append(Ranked(layout, p, memory, verdict(memory, available, error)))

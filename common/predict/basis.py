@@ -26,7 +26,7 @@ from common.peak_flops import PRECISION_MATH, peak_flops
 from common.predict.hardware import GB, Hardware
 from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes, transient_bytes, value_bytes
 from common.predict.work import parts
-from common.sections import Breakdown, StateBytesPerRank
+from common.sections import Breakdown, CoRun, StateBytesPerRank
 from common.spec import BertSpec, CnnSpec
 
 ADAMW_BYTES_PER_ELEMENT = 28
@@ -50,6 +50,7 @@ class Basis:
     interruption_share: float = 0.0  # share of a 1-device step lost to interruptions (interruption_share())
     guesses: tuple[str, ...] = ()  # what the model needed and the records lacked, taken as a guess instead
     recompute: bool = False        # measured with --recompute: its time per multiply-add holds the recomputation
+    co_run: float = 1.0            # compute of ranks side by side on a CPU host over one alone (co_run_slowdown())
 
     @property
     def assumed(self) -> bool:
@@ -89,6 +90,17 @@ def interruption_share(record: dict) -> float:
         return 0.0
     mean = sum(times) / len(times)
     return (mean - min(times)) / mean
+
+
+def co_run_slowdown(records: list[dict]) -> tuple[float, str | None]:
+    """How much ranks side by side on a CPU host slow each other's compute, from the co-run probe a record of
+    `records` carries (record["co_run"], bench.co_run: the run's command as K processes at once); (1.0, None)
+    where none carries one: not measured, taken as none."""
+    for r in records:
+        probe = CoRun.from_record(r)
+        if probe is not None:
+            return probe.slowdown, r["run_id"]
+    return 1.0, None
 
 
 def record_layout(record: dict) -> Layout:
@@ -200,6 +212,9 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
              f"({main.get('devices_description') or main.get('device_kind')})")
     if per_micro:
         label += f", per-micro-batch cost from {', '.join(ids[1:])}"
+    co_run, co_run_id = co_run_slowdown(records)
+    if co_run_id:
+        label += f", side by side x{co_run:.3f} (co-run probe of {co_run_id})"
     guesses = tuple(UNPROBED.format(run_id=r["run_id"]) for r in records if not probed(r))
     if guesses:
         label += "; GUESSED: no --breakdown-steps probe, the whole step taken as forward+backward"
@@ -209,7 +224,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
                  interruption_share=interruption_share(main), recompute=record_layout(main).recompute,
-                 precision=(main.get("config") or {}).get("precision") or "fp32", guesses=guesses)
+                 precision=(main.get("config") or {}).get("precision") or "fp32", guesses=guesses, co_run=co_run)
 
 
 def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32", achievable: float | None = None) -> Basis:

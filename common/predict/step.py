@@ -34,7 +34,8 @@ once a step: the longest of dp, H_dp). Checked at 2 and 4 ranks on one host; on 
 kernels runs on through its host thread's interruptions, and the term is left out.
 CPU contention: a thread gets cores / max(cores, runnable threads) of a core, runnable threads being the ranks'
 (ranks x threads per device) plus, with `background`, other programs' (common.predict.basis.background_load);
-compute stretches by the 1-device run's share over this run's.
+compute stretches by the 1-device run's share over this run's, and where ranks run side by side by the co-run
+probe's slowdown (basis.co_run: the 1-device command run as that many processes at once, bench.co_run).
 """
 from __future__ import annotations
 
@@ -227,6 +228,8 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         cores, threads = basis.cores, basis.threads_per_device
         ours, theirs = (0.0, 0.0) if background is None else (background, basis.background)
         contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
+        if layout.devices > 1:  # ranks side by side share the host's cache and memory bandwidth
+            contention *= basis.co_run
     macs = stage_macs(spec, layout, stage_split)
     # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
     # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
@@ -274,7 +277,8 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     training = [g + basis.training_overhead for g in growth] if basis.training_overhead is not None else []
     notes = [f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
              + (f" + {background:.1f} other runnable" if background else "")
-             + f" on {basis.cores} cores: compute x{contention:.2f}"] if contention != 1 else []
+             + f" on {basis.cores} cores" + (f", side by side x{basis.co_run:.3f}" if basis.co_run != 1 else "")
+             + f": compute x{contention:.2f}"] if contention != 1 else []
     return Prediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=step,
                       compute_s=compute, comm_exposed_s=comm_inside + max(after), bubble_s=bubble,
                       optimizer_s=max(optimizer), overhead_s=overhead, sync_wait_s=sync_wait, idle_per_stage=idle,
