@@ -30,7 +30,7 @@ from common.plan.rank import explain, memory_error, predicted, rank, ranking_err
 from common.plan.space import enumerate_layouts
 from common.predict import hardware as hardware_files
 from common.predict.basis import from_mfu
-from common.predict.validation import hardware_for, probed_links, validate
+from common.predict.validation import hardware_for, probed_kinds, probed_links, validate
 from common.results import load_records, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, model_spec
 
@@ -114,7 +114,8 @@ def make_plan(args, validation: dict | None = None) -> dict:
         where = (f"{main['backend']} 1-device run at global batch {main['global_batch']}, each layout from the "
                  "1-device runs of its micro-batches and recompute where measured")
         records = [r for r in load_records(source) if r.get("device_kind") == hardware.device_kind]
-        hardware, link = hardware_for({"devices": args.devices}, hardware, probed_links(records))
+        hardware, link = hardware_for({"devices": args.devices}, hardware, probed_links(records),
+                                      probed_kinds(records))
         where += f"; {link}"
         if validation is None:
             validation, how = _validation(source, records, hardware)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.predict.collectives import bus_factor
 from common.sections import Breakdown, GradComm
 
 PHASES = ("forward_backward_s", "grad_comm_s", "optimizer_s", "data_s")
@@ -63,6 +64,14 @@ def grad_comm_summary(bytes_per_step: float, time_s: float, ranks: int, link_gbp
 def link_gbps_from_probe(nbytes: float, times_s: list[float], ranks: int) -> float | None:
     """The link's bandwidth from a few timed all-reduces of `nbytes`: the busbw of the fastest."""
     return bus_bandwidth_gbps(nbytes, min(times_s), ranks) if times_s else None
+
+
+def kinds_gbps_from_probe(nbytes: float, times_s: dict[str, list[float]], ranks: int) -> dict[str, float] | None:
+    """Per kind of collective, the bus bandwidth of the fastest of a few timed calls of `nbytes` (the whole
+    buffer), by nccl-tests' factor for that kind; None when nothing was probed."""
+    found = {kind: bus_factor(kind, ranks) * nbytes / min(times) / GB
+             for kind, times in times_s.items() if times and min(times) > 0 and ranks > 1}
+    return found or None
 
 
 def communication_note(record: dict, collective: str) -> str | None:

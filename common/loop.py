@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from common.achievable import achievable_section, probe_rank
-from common.breakdown import grad_comm_summary, link_gbps_from_probe, summarize_breakdown
+from common.breakdown import grad_comm_summary, kinds_gbps_from_probe, link_gbps_from_probe, summarize_breakdown
 from common.config import RunConfig
 from common.data.batches import Batch, StepBatch, TrainBatches, eval_batches, eval_samples
 from common.data.datasets import SplitData
@@ -163,8 +163,11 @@ def _breakdown(trainer: Trainer, probes: list[dict], measured_step_s: float | No
     breakdown = Breakdown(**summarize_breakdown(probes, measured_step_s, trainer.probe_source))
     nbytes = float(np.median([p.get("grad_comm_bytes") or 0 for p in probes]))
     ranks, probe_bytes, times = trainer.link_probe(nbytes) if nbytes else (1, 0, [])
+    # Every rank calls the probes (they are collectives); a trainer without kinds_probe costs others as a ring.
+    kinds = trainer.kinds_probe(nbytes) if nbytes and hasattr(trainer, "kinds_probe") else (1, 0, {})
     comm = GradComm(**grad_comm_summary(nbytes, breakdown.grad_comm_s, ranks,
-                                        link_gbps_from_probe(probe_bytes, times, ranks), trainer.probe_source))
+                                        link_gbps_from_probe(probe_bytes, times, ranks), trainer.probe_source),
+                    link_GBps_by_kind=kinds_gbps_from_probe(kinds[1], kinds[2], kinds[0]))
     return merged(breakdown, comm)
 
 

@@ -169,6 +169,7 @@ class GradComm(Section):
     ring_bound_s: float | None
     ranks: int
     source: str = ""
+    link_GBps_by_kind: dict[str, float] | None = None  # other kinds probed alike: bus bandwidth of the fastest
 
 
 # Where a profiled step goes (common.attribution): the same categories for every framework; the kinds of

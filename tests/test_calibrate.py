@@ -15,6 +15,7 @@ from common.breakdown import (
     bus_bandwidth_gbps,
     communication_note,
     grad_comm_summary,
+    kinds_gbps_from_probe,
     link_gbps_from_probe,
     ring_bound_s,
     ring_factor,
@@ -68,6 +69,10 @@ def test_breakdown_arithmetic_at_its_edges():
     assert ring_bound_s(1e9, 2, 2.0) == pytest.approx(0.5)
     assert link_gbps_from_probe(1e9, [2.0, 0.5, 1.0], 2) == pytest.approx(2.0) and \
         link_gbps_from_probe(1e9, [], 2) is None
+    # other kinds at their own nccl-tests factor: (n-1)/n of the whole buffer over the fastest call
+    assert kinds_gbps_from_probe(1e9, {"reduce_scatter": [0.5, 0.25], "all_gather": []}, 4) == \
+        {"reduce_scatter": pytest.approx(3.0)}
+    assert kinds_gbps_from_probe(1e9, {}, 2) is None and kinds_gbps_from_probe(0, {"all_gather": [1.0]}, 1) is None
     assert grad_comm_summary(1e9, 2.0, 2, None, "src") == {"bytes_per_step": 1_000_000_000, "time_s": 2.0,
                                                            "busbw_GBps": pytest.approx(0.5), "link_GBps": None,
                                                            "ring_bound_s": None, "ranks": 2, "source": "src"}
@@ -182,6 +187,10 @@ def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path, backend, worklo
     else:  # reduce-scatter of the gradients (the whole of them) + all-gathers of the parameters, more than once
         assert comm["bytes_per_step"] > 2 * 4 * record["params"]
     assert comm["busbw_GBps"] > 0 and comm["link_GBps"] > 0 and comm["ring_bound_s"] > 0
+    # FSDP's kinds timed apart after it, at their own bus bandwidth (Gloo runs them as no ring: bench.predict
+    # costs each at its probed rate)
+    assert set(comm["link_GBps_by_kind"]) == {"reduce_scatter", "all_gather"}, comm
+    assert all(gbps > 0 for gbps in comm["link_GBps_by_kind"].values())
 
 
 @pytest.mark.e2e

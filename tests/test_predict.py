@@ -56,6 +56,10 @@ def test_alpha_beta_cost_by_hand():
     assert cost_s("all_gather", 1e9, 8, LINK) == pytest.approx(0.00875 + 7e-5)
     assert cost_s("send_recv", 1e6, 2, LINK) == pytest.approx(1e-5 + 1e-5)
     assert cost_s("all_reduce", 1e9, 1, LINK) == 0.0
+    # a kind a probe timed apart goes at its own bus bandwidth, the others at the link's
+    probed = replace(LINK, busbw_by_kind={"all_gather": LINK.busbw_GBps / 4})
+    assert cost_s("all_gather", 1e9, 8, probed) == pytest.approx(4 * 0.00875 + 7e-5)
+    assert cost_s("all_reduce", 1e9, 8, probed) == cost_s("all_reduce", 1e9, 8, LINK)
 
 
 def test_placement_keeps_tensor_parallel_inside_a_node():

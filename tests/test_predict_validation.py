@@ -15,6 +15,7 @@ from common.predict.validation import (
     compiled_collectives,
     execution,
     hardware_for,
+    probed_kinds,
     probed_links,
     references,
     relative,
@@ -84,6 +85,14 @@ def test_the_link_is_the_probe_at_the_nearest_rank_count():
         assert node.busbw_GBps == {2: 1.5, 4: 3.0}[probe] and node.latency_s == H100.link(False).latency_s
         assert note == f"link: probe at {probe} ranks, {node.busbw_GBps:.3g} GB/s busbw"
         assert hw.link(True) == H100.link(True)  # across nodes: the description's
+    # kinds probed apart: the medians at the chosen rank count, each kind at its own rate, the rest at the link's
+    kinds = [{**_record(n, 2, 64, link=1.5), "backend_metrics": {"grad_comm": {
+        **_record(n, 2, 64, link=1.5)["backend_metrics"]["grad_comm"], "link_GBps_by_kind": {"all_gather": g}}}}
+        for n, g in (("a", 0.5), ("b", 0.7), ("c", 0.9))]
+    assert probed_kinds(kinds) == {2: {"all_gather": 0.7}} and probed_kinds([_record("d", 2, 64, link=1.5)]) == {}
+    hw, note = hardware_for(_record("r", 2, 64), H100, {2: 1.5}, probed_kinds(kinds))
+    assert hw.link(False).busbw("all_gather") == 0.7 and hw.link(False).busbw("all_reduce") == 1.5
+    assert note == "link: probe at 2 ranks, 1.5 GB/s busbw, all_gather 0.7"
 
 
 def test_relative_error_and_what_is_not_measured():

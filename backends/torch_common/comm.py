@@ -130,20 +130,39 @@ LINK_PROBE_REPEATS = 3
 MIN_LINK_PROBE_BYTES = 1 << 20  # small buffers measure latency, not the link
 
 
-def link_probe(nbytes: float, device: torch.device, group=None) -> tuple[int, int, list[float]]:
-    """A plain all-reduce of about `nbytes` on `group` (default: the world), timed a few times after a warm-up:
-    (ranks, bytes, seconds of each), for the link's bandwidth."""
-    ranks = dist.get_world_size(group)
-    buffer = torch.zeros(max(int(nbytes), MIN_LINK_PROBE_BYTES) // 4, dtype=torch.float32, device=device)
+def _timed(collective, device: torch.device, group) -> list[float]:
+    """Seconds of each of LINK_PROBE_REPEATS calls after a warm-up, every rank starting together."""
     times = []
     for i in range(LINK_PROBE_REPEATS + 1):
         dist.barrier(group)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        dist.all_reduce(buffer, group=group)
+        collective()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i:
             times.append(time.perf_counter() - t0)
-    return ranks, buffer.numel() * 4, times
+    return times
+
+
+def link_probe(nbytes: float, device: torch.device, group=None) -> tuple[int, int, list[float]]:
+    """A plain all-reduce of about `nbytes` on `group` (default: the world), timed a few times after a warm-up:
+    (ranks, bytes, seconds of each), for the link's bandwidth."""
+    ranks = dist.get_world_size(group)
+    buffer = torch.zeros(max(int(nbytes), MIN_LINK_PROBE_BYTES) // 4, dtype=torch.float32, device=device)
+    return ranks, buffer.numel() * 4, _timed(lambda: dist.all_reduce(buffer, group=group), device, group)
+
+
+def kinds_probe(nbytes: float, device: torch.device, group=None) -> tuple[int, int, dict[str, list[float]]]:
+    """FSDP's collectives, a reduce-scatter and an all-gather of about `nbytes` (the whole buffer) on `group`,
+    timed as link_probe times its all-reduce: (ranks, bytes, seconds of each per kind). A backend need not run
+    them as the ring nccl-tests' factors describe: Gloo on the 2-core VM, two ranks, 18.9 MB, took 14.7 ms to
+    all-reduce, 20.6 ms to reduce-scatter and 17.7 ms to all-gather (docs/prediction.md)."""
+    ranks = dist.get_world_size(group)
+    numel = max(int(nbytes), MIN_LINK_PROBE_BYTES) // 4 // ranks * ranks
+    whole = torch.zeros(numel, dtype=torch.float32, device=device)
+    shard = torch.zeros(numel // ranks, dtype=torch.float32, device=device)
+    return ranks, numel * 4, {
+        "reduce_scatter": _timed(lambda: dist.reduce_scatter_tensor(shard, whole, group=group), device, group),
+        "all_gather": _timed(lambda: dist.all_gather_into_tensor(whole, shard, group=group), device, group)}

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from backends.torch_common.comm import CommCounter, link_probe
+from backends.torch_common.comm import CommCounter, kinds_probe, link_probe
 from backends.torch_common.fast_path import adamw, fast_path
 from backends.torch_common.matmul import time_matmul
 from backends.torch_common.profile import TorchProfiler
@@ -175,6 +175,9 @@ class TorchTrainer:
 
     def link_probe(self, nbytes: float) -> tuple[int, int, list[float]]:
         return link_probe(nbytes, self.device) if self.world > 1 else (1, 0, [])
+
+    def kinds_probe(self, nbytes: float) -> tuple[int, int, dict[str, list[float]]]:
+        return kinds_probe(nbytes, self.device) if self.world > 1 else (1, 0, {})
 
     def profiler(self, directory: Path) -> TorchProfiler:
         return TorchProfiler(directory, self.device, self.rank)

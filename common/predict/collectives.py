@@ -47,7 +47,7 @@ def cost_s(kind: str, nbytes: float, ranks: int, link: Link) -> float:
     """Seconds for one collective of `nbytes` (the whole buffer) over `ranks` on `link`."""
     if ranks < 2 or nbytes <= 0:
         return 0.0
-    return message_steps(kind, ranks) * link.latency_s + bus_factor(kind, ranks) * nbytes / (link.busbw_GBps * GB)
+    return message_steps(kind, ranks) * link.latency_s + bus_factor(kind, ranks) * nbytes / (link.busbw(kind) * GB)
 
 
 def group_stride(layout: Layout, dim: str) -> int:

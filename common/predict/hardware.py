@@ -26,6 +26,11 @@ class Link:
     busbw_GBps: float     # bus bandwidth per device, 1e9 bytes/s
     latency_s: float      # per message step of a collective
     source: str = ""
+    # Kinds a probe timed apart, at their own bus bandwidth (Gloo's reduce-scatter and all-gather are no ring)
+    busbw_by_kind: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def busbw(self, kind: str) -> float:
+        return self.busbw_by_kind.get(kind, self.busbw_GBps)
 
 
 @dataclass(frozen=True)

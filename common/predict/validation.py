@@ -86,15 +86,31 @@ def probed_links(records: list[dict]) -> dict[int, float]:
     return {n: statistics.median(v) for n, v in found.items()}
 
 
-def hardware_for(run: dict, hardware: Hardware, links: dict[int, float]) -> tuple[Hardware, str]:
-    """The hardware description with its node link's bandwidth replaced by the folder's probe."""
+def probed_kinds(records: list[dict]) -> dict[int, dict[str, float]]:
+    """Rank count -> per kind of collective other than the all-reduce (reduce-scatter, all-gather), the median
+    bus bandwidth the folder's probes timed it at (grad_comm.link_GBps_by_kind)."""
+    found: dict[int, dict[str, list[float]]] = {}
+    for r in records:
+        comm = GradComm.from_metrics(r.get("backend_metrics")) if r["status"] == "ok" else None
+        if comm and comm.link_GBps_by_kind and comm.ranks > 1:
+            for kind, gbps in comm.link_GBps_by_kind.items():
+                found.setdefault(comm.ranks, {}).setdefault(kind, []).append(gbps)
+    return {n: {kind: statistics.median(v) for kind, v in kinds.items()} for n, kinds in found.items()}
+
+
+def hardware_for(run: dict, hardware: Hardware, links: dict[int, float],
+                 kinds: dict[int, dict[str, float]] | None = None) -> tuple[Hardware, str]:
+    """The hardware description with its node link's bandwidth replaced by the folder's probe (per kind of
+    collective where the probes timed kinds apart)."""
     if not links:
         return hardware, f"link: {hardware.name}'s description (no link probe in the folder)"
     n = min(links, key=lambda k: (abs(k - run["devices"]), k))
-    node = [replace(lk, busbw_GBps=links[n], source=f"median link probe at {n} ranks")
+    by_kind = (kinds or {}).get(n, {})
+    node = [replace(lk, busbw_GBps=links[n], busbw_by_kind=by_kind, source=f"median link probe at {n} ranks")
             for lk in hardware.links if lk.level == "node"]
     rest = [lk for lk in hardware.links if lk.level != "node"]
-    return replace(hardware, links=tuple(node + rest)), f"link: probe at {n} ranks, {links[n]:.3g} GB/s busbw"
+    apart = "".join(f", {kind} {gbps:.3g}" for kind, gbps in sorted(by_kind.items()))
+    return replace(hardware, links=tuple(node + rest)), f"link: probe at {n} ranks, {links[n]:.3g} GB/s busbw{apart}"
 
 
 def compiled_collectives(run: dict, layout: Layout) -> list[Collective] | None:
@@ -190,7 +206,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
     """validation.json's content: per run, then a summary (all runs, and those not oversubscribed).
     `account_load`: CPU runs' contention includes the other programs' load each record measured; each run also
     carries the prediction without it (step_s.error_ignoring_load)."""
-    links = probed_links(records)
+    links, kinds = probed_links(records), probed_kinds(records)
     runs, skipped = [], []
     for run in sorted(records, key=lambda r: (r["backend"], r["devices"], r.get("started_at") or "")):
         if run["status"] != "ok" or run["devices"] < 2 or not (run.get("step_time_s") or {}).get("p50"):
@@ -206,7 +222,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
         # Accumulated micro-batches run like a pipeline's, one after the other on every rank.
         layout = replace(layout, micro_batches=layout.micro_batches * grad_accum)
         try:
-            target, link_note = hardware_for(run, hardware, links)
+            target, link_note = hardware_for(run, hardware, links, kinds)
             basis = from_records(spec, refs)
             eval_batch = EVAL_BATCH if evaluated(run) else None
             counted = compiled_collectives(run, layout)
