@@ -158,11 +158,16 @@ def layout_bases(results: Path, hardware, main: dict, basis: Basis) -> Callable[
     return basis_for
 
 
-def _usable(results: Path, hardware, workload: str) -> list[dict]:
-    """RESULTS' ok 1-device runs of the workload on the hardware's kind of device."""
+def _one_device_runs(results: Path, workload: str) -> list[dict]:
+    """RESULTS' ok 1-device runs of the workload that measured a step."""
     return [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
-            and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")
-            and _device_kind_of(r) == _target_kind(hardware)]
+            and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")]
+
+
+def _usable(results: Path, hardware, workload: str) -> list[dict]:
+    """Those of them on the hardware's kind of device."""
+    target = _target_kind(hardware)
+    return [r for r in _one_device_runs(results, workload) if _device_kind_of(r) == target]
 
 
 def measured_basis(results: Path, hardware, workload: str, size: str, precision: str = "amp",
@@ -175,8 +180,7 @@ def measured_basis(results: Path, hardware, workload: str, size: str, precision:
     target = _target_kind(hardware)
     usable = _usable(results, hardware, workload)
     if not usable:
-        held = sorted({_device_kind_of(r) for r in load_records(results) if r.get("status") == "ok"
-                       and r.get("devices") == 1 and r.get("workload") == workload}) or ["none"]
+        held = sorted({_device_kind_of(r) for r in _one_device_runs(results, workload)}) or ["none"]
         raise ValueError(f"{results} has no 1-device {workload} run on {target} (its runs: {', '.join(held)}); "
                          f"compute measured on one kind of device does not predict {hardware.name}: "
                          "pass --assume-mfu MFU to predict from an assumed utilisation")

@@ -22,11 +22,12 @@ def ring_factor(ranks: int) -> float:
     return 2.0 * (ranks - 1) / ranks if ranks > 1 else 0.0
 
 
-def bus_bandwidth_gbps(nbytes: float, seconds: float, ranks: int) -> float | None:
-    """nccl-tests' busbw in GB/s (1e9 bytes), None when nothing crossed a link or nothing was timed."""
+def bus_bandwidth_gbps(nbytes: float, seconds: float, ranks: int, kind: str = "all_reduce") -> float | None:
+    """nccl-tests' busbw in GB/s (1e9 bytes) of a collective of that kind, None when nothing crossed a link or
+    nothing was timed."""
     if ranks < 2 or not nbytes or not seconds or seconds <= 0:
         return None
-    return ring_factor(ranks) * nbytes / seconds / GB
+    return bus_factor(kind, ranks) * nbytes / seconds / GB
 
 
 def ring_bound_s(nbytes: float, ranks: int, link_gbps: float | None) -> float | None:
@@ -69,9 +70,8 @@ def link_gbps_from_probe(nbytes: float, times_s: list[float], ranks: int) -> flo
 def kinds_gbps_from_probe(nbytes: float, times_s: dict[str, list[float]], ranks: int) -> dict[str, float] | None:
     """Per kind of collective, the bus bandwidth of the fastest of a few timed calls of `nbytes` (the whole
     buffer), by nccl-tests' factor for that kind; None when nothing was probed."""
-    found = {kind: bus_factor(kind, ranks) * nbytes / min(times) / GB
-             for kind, times in times_s.items() if times and min(times) > 0 and ranks > 1}
-    return found or None
+    found = {kind: bus_bandwidth_gbps(nbytes, min(times), ranks, kind) for kind, times in times_s.items() if times}
+    return {kind: gbps for kind, gbps in found.items() if gbps} or None
 
 
 def communication_note(record: dict, collective: str) -> str | None:
