@@ -22,6 +22,7 @@ from common.errors import EXIT_UNSUPPORTED, Cancelled, Unsupported
 from common.hostinfo import REPO_ROOT
 
 TERM_GRACE_S = 10.0
+GROUP_GONE_S = 2.0  # the longest _kill_group waits for a SIGKILLed group to stop running
 # A single-host run talks to itself only: every rendezvous, store and collective listens here.
 LOOPBACK = "127.0.0.1"
 # Ports handed out by free_port, one file per port naming the process that holds it (see _lease).
@@ -155,6 +156,24 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+    # A signal is delivered when its process next runs: on a loaded host a killed worker can run on for a moment
+    # after killpg returns. Return when none of the group runs any more.
+    deadline = time.monotonic() + GROUP_GONE_S
+    while group_running(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group `pgid` still runs: a zombie (dead, waiting for a parent or init to reap it) does
+    not. Where there is no /proc (not Linux), False."""
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            state, _, group = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue  # gone while read
+        if int(group) == pgid and state != "Z":
+            return True
+    return False
 
 
 def run_supervised(cmd: list[str], env: dict[str, str], log_path: Path, timeout_s: float,

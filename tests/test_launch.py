@@ -1,6 +1,8 @@
 """common.launch.run_supervised_group: one failing rank takes the others down; a timeout kills all."""
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from common.launch import RunFailed, child_env, is_loopback, run_supervised, run_supervised_group
+from common.launch import RunFailed, child_env, group_running, is_loopback, run_supervised, run_supervised_group
 
 
 def _py(code: str, log: Path) -> tuple[list[str], dict[str, str], Path]:
@@ -44,6 +46,23 @@ def _live_processes_naming(marker: str) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue  # not a process, or gone while read
     return found
+
+
+def test_a_group_runs_until_its_last_process_is_dead_not_until_it_is_reaped():
+    """_kill_group returns when group_running says so: a killed process the kernel has not stopped yet runs, a
+    zombie (dead, not reaped: what a killed orphan is until init reaps it) does not."""
+    sleeper = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert group_running(sleeper.pid) and not group_running(os.getpid() + 10**7)
+        os.kill(sleeper.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while Path(f"/proc/{sleeper.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not group_running(sleeper.pid)  # a zombie now: not reaped yet (no wait() below until here)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 @pytest.mark.e2e

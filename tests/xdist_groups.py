@@ -10,7 +10,8 @@ silently ignored and a file's tests spread over both workers)."""
 from __future__ import annotations
 
 SHARED_SWEEPS = {"test_torch_dp": "torch_sweep", "test_torch_ddp": "torch_sweep", "test_config_key": "torch_sweep",
-                 "test_layouts": "layout_sweep", "test_torch_3d": "layout_sweep", "test_plan": "layout_sweep"}
+                 "test_layouts": "layout_sweep", "test_torch_3d": "layout_sweep", "test_plan": "layout_sweep",
+                 "test_predict": "layout_sweep"}
 # Measured on 2 cores, longest first (docs/testing.md); a group not named here follows in the files' order.
 LONGEST_FIRST = ("test_parity", "test_calibrate", "test_mindspore_auto", "test_tf_mirrored", "torch_sweep",
                  "test_keras_jax", "layout_sweep", "test_multihost", "test_slurm", "test_faults",
