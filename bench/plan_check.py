@@ -64,7 +64,8 @@ def measure(size: str, folder: Path, args) -> None:
     cmd = compare_command({"backend": BACKEND, "workload": "mlm", "model_size": size, "global_batch": BATCH,
                            "precision": "fp32", "skip_eval": True}, names, str(folder), args.steps,
                           args.warmup_steps, data="real",
-                          extra=("--breakdown-steps", "2", "--threads-per-device", "1"))
+                          # --profile: how tensor parallelism divides the 1-device runs' compute (work.ComputeShares)
+                          extra=("--breakdown-steps", "2", "--threads-per-device", "1", "--profile", "2"))
     print(f"plan-check {size}: measuring {len(names)} layouts and their 1-device runs: {' '.join(cmd[1:])}",
           flush=True)
     subprocess.run(cmd, stdin=subprocess.DEVNULL, check=False)

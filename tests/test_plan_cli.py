@@ -694,7 +694,8 @@ def test_plan_check_measures_each_size_with_bench_compare(tmp_path, capsys, monk
     assert cmd == [sys.executable, "-m", "bench.compare", "--layouts", ",".join(names), "--backends", "torch_3d",
                    "--workloads", "mlm", "--model-size", "tiny", "--batch-size", "32", "--precision", "fp32",
                    "--repeats", "1", "--data", "real", "--out", str(out / "mlm-tiny"), "--breakdown-steps", "2",
-                   "--threads-per-device", "1", "--steps", "3", "--warmup-steps", "1", "--skip-eval"]
+                   "--threads-per-device", "1", "--profile", "2", "--steps", "3", "--warmup-steps", "1",
+                   "--skip-eval"]
     printed = capsys.readouterr().out
     assert printed.startswith(f"plan-check tiny: measuring {len(names)} layouts and their 1-device runs: "
                               f"{' '.join(cmd[1:])}\n")

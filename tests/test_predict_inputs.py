@@ -19,7 +19,8 @@ from common.predict.basis import (
 )
 from common.predict.hardware import HARDWARE_DIR, Link
 from common.predict.memory import stage_tensors, state_bytes
-from common.predict.work import parts
+from common.predict.work import ComputeShares, parts
+from common.sections import ATTRIBUTION_CATEGORIES
 from common.spec import BERT_SIZES
 
 TINY = BERT_SIZES["tiny"]
@@ -145,6 +146,29 @@ def test_the_co_run_slowdown_comes_from_whichever_reference_carries_the_probe():
     assert co_run_slowdown([_one("k1")]) == (1.0, None) and from_records(TINY, [_one("k1")]).co_run == 1.0
     assert processes(2, 1, 4) == 2 and processes(8, 2, 2) == 2 and processes(16, 4, 8) == 4
     assert processes(2, 2, 2) == 0 and processes(8, 1, 1) == 0     # fewer than two fit, or no run of two
+
+
+def _profiled(seconds: dict[str, float]) -> dict:
+    """A record's attribution section with these seconds per category, every other category at 0."""
+    categories = {c: {"seconds": seconds.get(c, 0.0), "share": 0.0} for c in ATTRIBUTION_CATEGORIES}
+    return {"step_s": 3.0, "wall_step_s": 3.0, "measured_step_s": 2.9, "steps": 2, "categories": categories,
+            "profiler": "test", "trace_dir": ""}
+
+
+def test_tensor_parallel_s_shares_come_from_the_1_device_run_s_profile():
+    """Of 2.0 s of compute (the optimizer's 0.5 s and the all-reduce's 0.4 s are not): matmuls 1.0 s (50%), the
+    attention core and the activation 0.4 s (20%, split), the loss's softmax 0.2 s (10%, split with the
+    vocabulary), norms, elementwise ops and the host's gaps 0.4 s (20%, whole)."""
+    seconds = {"matmul": 1.0, "attention": 0.3, "activation": 0.1, "softmax": 0.2, "elementwise": 0.2,
+               "normalization": 0.1, "host_idle": 0.1, "optimizer": 0.5, "all_reduce": 0.4}
+    record = _one("prof", step=2.0, backend_metrics={"attribution": _profiled(seconds)})
+    shares = ComputeShares.from_record(record)
+    assert (shares.matmul, shares.split, shares.vocab, shares.whole) == pytest.approx((0.5, 0.2, 0.1, 0.2))
+    assert shares.run_id == "prof"
+    basis = from_records(TINY, [record])
+    assert basis.compute_shares == shares and ", matmuls 50% of its compute (profile)" in basis.label
+    assert ComputeShares.from_record(_one()) is None and from_records(TINY, [_one()]).compute_shares is None
+    assert ComputeShares.from_record(_one(backend_metrics={"attribution": _profiled({"optimizer": 1.0})})) is None
 
 
 def test_what_a_record_says_of_its_run():

@@ -12,7 +12,8 @@ from common.predict.basis import Basis
 from common.predict.collectives import Collective, bus_factor, cost_s, message_steps
 from common.predict.hardware import Hardware, Link
 from common.predict.memory import state_bytes
-from common.predict.step import collectives, memory_per_rank, predict, sync_factor
+from common.predict.step import TP_UNPROFILED, collectives, memory_per_rank, predict, sync_factor
+from common.predict.work import ComputeShares, rank_macs, stage_layer_counts
 from common.spec import BERT_SIZES, BertSpec
 
 TOY = BertSpec("toy", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=10)
@@ -101,6 +102,30 @@ def test_tensor_parallel_and_fsdp_by_hand():
     ddp = predict(TOY, Layout(dp=2), 8, BASIS, overlapping, backend="torch_ddp")
     assert ddp.comm_exposed_s == pytest.approx(max(4 * PARAMS * 1e-9, 4 * PARAMS * 1e-9 - 2 / 3 * fb))
     assert predict(TOY, Layout(dp=2), 8, BASIS, overlapping).comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)
+
+
+def test_tensor_parallel_divides_what_the_profile_says_it_divides():
+    """Shares 50% matmuls, 20% split with the heads, 10% the loss's softmax, 20% whole. tp2, per sample: the
+    matmuls' 3 x 40 + 24 multiply-adds at half weight, and of the 1-device 264, 0.2 / 2 + 0.1 + 0.2; with the
+    vocabulary split the head's 20 and the softmax divide too: 0.5 x (120 + 4 + 10) + 264 x (0.1 + 0.05 + 0.2)."""
+    shares = ComputeShares(matmul=0.5, split=0.2, vocab=0.1, whole=0.2, run_id="prof")
+    profiled = replace(BASIS, compute_shares=shares, record_ids=("prof",))
+    assert predict(TOY, Layout(tp=2), 4, profiled, GPU).compute_s == pytest.approx(4 * (0.5 * 144 + 264 * 0.4) * 1e-9)
+    vocab = predict(TOY, Layout(tp=2, vocab_emb_dp=False), 4, profiled, GPU)
+    assert vocab.compute_s == pytest.approx(4 * (0.5 * 134 + 264 * 0.35) * 1e-9)
+    # without tensor parallelism the shares change nothing: every operation is the rank's own share of the samples
+    assert predict(TOY, Layout(dp=2), 8, profiled, GPU).compute_s == pytest.approx(4 * MACS * 1e-9)
+    # a pipeline stage's rest goes with its own layers: stage 0's one layer, stage 1's two and the head
+    counts = stage_layer_counts(Layout(pp=2), 3)
+    assert rank_macs(TOY, Layout(pp=2, tp=2), shares) == pytest.approx(
+        [0.5 * 40 * counts[0] + 0.4 * 80 * counts[0], 0.5 * (40 * counts[1] + 24) + 0.4 * (80 * counts[1] + 24)])
+    # recomputed: the layers' forward again, divided alike (the head is kept)
+    assert rank_macs(TOY, Layout(tp=2, recompute=True), shares, recomputed=True) == pytest.approx([
+        0.5 * 120 + 0.4 * 240])
+    # an unprofiled measured basis says its tensor parallel prediction is too fast; an assumed MFU has no profile
+    unprofiled = predict(TOY, Layout(tp=2), 4, replace(BASIS, record_ids=("plain",)), GPU)
+    assert unprofiled.notes == [TP_UNPROFILED] and unprofiled.compute_s == pytest.approx(4 * 144 * 1e-9)
+    assert predict(TOY, Layout(tp=2), 4, BASIS, GPU).notes == []
 
 
 def test_a_cpu_host_s_contention_and_interruptions():

@@ -25,7 +25,7 @@ from common.loop import EVAL_BATCH
 from common.peak_flops import PRECISION_MATH, peak_flops
 from common.predict.hardware import GB, Hardware
 from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes, transient_bytes, value_bytes
-from common.predict.work import parts
+from common.predict.work import ComputeShares, parts
 from common.sections import Breakdown, CoRun, StateBytesPerRank
 from common.spec import BertSpec, CnnSpec
 
@@ -51,6 +51,7 @@ class Basis:
     guesses: tuple[str, ...] = ()  # what the model needed and the records lacked, taken as a guess instead
     recompute: bool = False        # measured with --recompute: its time per multiply-add holds the recomputation
     co_run: float = 1.0            # compute of ranks side by side on a CPU host over one alone (co_run_slowdown())
+    compute_shares: ComputeShares | None = None  # how tensor parallelism divides its compute (--profile)
 
     @property
     def assumed(self) -> bool:
@@ -215,6 +216,9 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
     co_run, co_run_id = co_run_slowdown(records)
     if co_run_id:
         label += f", side by side x{co_run:.3f} (co-run probe of {co_run_id})"
+    shares = ComputeShares.from_record(main)
+    if shares:
+        label += f", matmuls {shares.matmul:.0%} of its compute (profile)"
     guesses = tuple(UNPROBED.format(run_id=r["run_id"]) for r in records if not probed(r))
     if guesses:
         label += "; GUESSED: no --breakdown-steps probe, the whole step taken as forward+backward"
@@ -224,7 +228,8 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
                  interruption_share=interruption_share(main), recompute=record_layout(main).recompute,
-                 precision=(main.get("config") or {}).get("precision") or "fp32", guesses=guesses, co_run=co_run)
+                 precision=(main.get("config") or {}).get("precision") or "fp32", guesses=guesses, co_run=co_run,
+                 compute_shares=shares)
 
 
 def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32", achievable: float | None = None) -> Basis:

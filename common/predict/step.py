@@ -55,7 +55,7 @@ from common.predict.memory import (
     transient_bytes,
     value_bytes,
 )
-from common.predict.work import parts, recomputed_macs, stage_layer_counts, stage_macs
+from common.predict.work import parts, rank_macs, stage_layer_counts, stage_macs
 from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
 
@@ -230,7 +230,7 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
         if layout.devices > 1:  # ranks side by side share the host's cache and memory bandwidth
             contention *= basis.co_run
-    macs = stage_macs(spec, layout, stage_split)
+    macs = rank_macs(spec, layout, basis.compute_shares, stage_split)
     # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
     # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
     whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_emb_dp=layout.vocab_emb_dp)))
@@ -240,7 +240,7 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         return contention * (basis.s_per_micro_batch * w / whole + per_mac * w * micro)
     # --recompute runs each encoder layer's forward again in the backward: its forward share of forward+backward
     # (1 - BACKWARD_SHARE) more, costed as that many more multiply-adds.
-    again = [(1 - BACKWARD_SHARE) * r for r in recomputed_macs(spec, layout, stage_split)]
+    again = [(1 - BACKWARD_SHARE) * r for r in rank_macs(spec, layout, basis.compute_shares, stage_split, True)]
     per_micro = [stage_s(w + r) for w, r in zip(macs, again)]
     recompute = [stage_s(w + r) - stage_s(w) for w, r in zip(macs, again)]
     stage_comm = [counted] if counted is not None and layout.pp == 1 else \
@@ -279,6 +279,8 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
              + (f" + {background:.1f} other runnable" if background else "")
              + f" on {basis.cores} cores" + (f", side by side x{basis.co_run:.3f}" if basis.co_run != 1 else "")
              + f": compute x{contention:.2f}"] if contention != 1 else []
+    if layout.tp > 1 and basis.compute_shares is None and not basis.assumed:
+        notes.append(TP_UNPROFILED)
     return Prediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=step,
                       compute_s=compute, comm_exposed_s=comm_inside + max(after), bubble_s=bubble,
                       optimizer_s=max(optimizer), overhead_s=overhead, sync_wait_s=sync_wait, idle_per_stage=idle,
@@ -287,6 +289,10 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
                       collectives=all_comms, collectives_of_rank0=stage_comm[0], training_model_per_rank=growth,
                       memory_overhead=basis.memory_overhead, training_overhead=basis.training_overhead,
                       contention=contention, notes=notes, recompute_s=m * recompute[busiest])
+
+
+TP_UNPROFILED = ("tensor parallel: the 1-device run has no --profile, so its norms, dropouts and loss are taken to "
+                 "divide as its matmuls do (they do not: predicted too fast)")
 
 
 def plain_share(spec: BertSpec | CnnSpec, basis: Basis) -> float:

@@ -9,15 +9,28 @@ the forward are shares of the step's compute. Under a layout (Megatron's tensor 
   - pp gives a stage its layers (common.layout's contiguous split, or a recorded `stage_split`), the MLM head
     to the last stage;
   - dp and FSDP divide the samples.
-The assumption this rests on: a rank's compute time is proportional to its matmul work. Norms, GELU and
-softmax (a few percent of the FLOPs) are taken to scale the same way; the CNN is modelled as one stage.
+The assumption this rests on: a rank's compute time is proportional to its matmul work, except under tensor
+parallelism where the 1-device run was profiled (--profile): there the time of the operations that are not
+matmuls divides as Megatron's plan divides them (ComputeShares; measured on the mini MLM, tp2: the loss's softmax
+over the vocabulary 148 ms a step on 1 device and 143 ms on each of 2 ranks, the elementwise ops 96 and 96, the
+attention core 124 and 66). The CNN is modelled as one stage.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from common.layout import Layout
+from common.sections import COMM_KINDS, Attribution
 from common.spec import BertSpec, CnnSpec
+
+# The profiler's categories (common.attribution) under Megatron's tensor parallelism, besides the matmuls: the
+# attention core and the FFN's activation run on a rank's own heads and columns; the loss's softmax runs over the
+# whole vocabulary unless the vocabulary is split; norms, residual adds, dropouts, the embeddings' gathers and the
+# host's gaps between operations are every rank's in full.
+TP_SPLIT = ("attention", "activation")
+TP_VOCAB = ("softmax",)
+NOT_COMPUTE = ("optimizer", *COMM_KINDS)
 
 
 @dataclass(frozen=True)
@@ -80,3 +93,39 @@ def recomputed_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[
         return [0.0] * layout.pp
     whole = parts(spec)
     return [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers, stage_split)]
+
+
+@dataclass(frozen=True)
+class ComputeShares:
+    """Shares of a 1-device run's forward+backward time by what tensor parallelism does with them, from its
+    profile (record backend_metrics.attribution, --profile)."""
+    matmul: float
+    split: float   # TP_SPLIT: divided by tp
+    vocab: float   # TP_VOCAB: divided by tp only with the vocabulary
+    whole: float   # the rest: every rank's in full
+    run_id: str
+
+    @classmethod
+    def from_record(cls, record: dict) -> ComputeShares | None:
+        profile = Attribution.from_metrics(record.get("backend_metrics"))
+        if profile is None:
+            return None
+        total = profile.seconds(*(c for c in profile.categories if c not in NOT_COMPUTE))
+        if total <= 0:
+            return None
+        matmul, split, vocab = (profile.seconds(*cats) / total for cats in (("matmul",), TP_SPLIT, TP_VOCAB))
+        return cls(matmul, split, vocab, 1.0 - matmul - split - vocab, record["run_id"])
+
+
+def rank_macs(spec: BertSpec | CnnSpec, layout: Layout, shares: ComputeShares | None,
+              stage_split: list[int] | None = None, recomputed: bool = False) -> list[float]:
+    """What one rank of each stage computes, in multiply-adds per sample its time goes with: its matmuls'
+    (stage_macs, or recomputed_macs with `recomputed`), and, where `shares` measured the rest, the rest of its
+    stage's 1-device time divided as ComputeShares says (without shares: the rest divides as the matmuls do)."""
+    work = recomputed_macs if recomputed else stage_macs
+    mine = work(spec, layout, stage_split)
+    if shares is None or layout.tp == 1:
+        return mine
+    whole = work(spec, dataclasses.replace(layout, tp=1), stage_split)
+    rest = shares.split / layout.tp + shares.vocab / (1 if layout.vocab_emb_dp else layout.tp) + shares.whole
+    return [shares.matmul * m + rest * w for m, w in zip(mine, whole)]
