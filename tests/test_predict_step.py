@@ -111,6 +111,10 @@ def test_tensor_parallel_divides_what_the_profile_says_it_divides():
     shares = ComputeShares(matmul=0.5, split=0.2, vocab=0.1, whole=0.2, run_id="prof")
     profiled = replace(BASIS, compute_shares=shares, record_ids=("prof",))
     assert predict(TOY, Layout(tp=2), 4, profiled, GPU).compute_s == pytest.approx(4 * (0.5 * 144 + 264 * 0.4) * 1e-9)
+    # the fixed cost per micro-batch stays one per micro-batch: a tp rank launches every kernel, shares or not
+    launches = replace(profiled, s_per_micro_batch=1e-6)
+    assert predict(TOY, Layout(tp=2), 4, launches, GPU).compute_s == pytest.approx(
+        1e-6 + 4 * (0.5 * 144 + 264 * 0.4) * 1e-9)
     vocab = predict(TOY, Layout(tp=2, vocab_emb_dp=False), 4, profiled, GPU)
     assert vocab.compute_s == pytest.approx(4 * (0.5 * 134 + 264 * 0.35) * 1e-9)
     # without tensor parallelism the shares change nothing: every operation is the rank's own share of the samples

@@ -55,7 +55,7 @@ from common.predict.memory import (
     transient_bytes,
     value_bytes,
 )
-from common.predict.work import parts, rank_macs, stage_layer_counts, stage_macs
+from common.predict.work import parts, rank_macs, recomputed_macs, stage_layer_counts, stage_macs
 from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
 
@@ -230,19 +230,22 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
         if layout.devices > 1:  # ranks side by side share the host's cache and memory bandwidth
             contention *= basis.co_run
-    macs = rank_macs(spec, layout, basis.compute_shares, stage_split)
     # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
     # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
     whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_emb_dp=layout.vocab_emb_dp)))
     per_mac = basis.s_per_mac_sample * plain_share(spec, basis)
 
-    def stage_s(w: float) -> float:
-        return contention * (basis.s_per_micro_batch * w / whole + per_mac * w * micro)
+    def stage_s(launched: float, computed: float) -> float:
+        """launched: the multiply-adds the fixed cost goes with; computed: those the time per sample goes with."""
+        return contention * (basis.s_per_micro_batch * launched / whole + per_mac * computed * micro)
     # --recompute runs each encoder layer's forward again in the backward: its forward share of forward+backward
-    # (1 - BACKWARD_SHARE) more, costed as that many more multiply-adds.
+    # (1 - BACKWARD_SHARE) more, costed as that many more multiply-adds (and their launches).
+    launched = stage_macs(spec, layout, stage_split)
+    launched_again = [(1 - BACKWARD_SHARE) * r for r in recomputed_macs(spec, layout, stage_split)]
+    macs = rank_macs(spec, layout, basis.compute_shares, stage_split)
     again = [(1 - BACKWARD_SHARE) * r for r in rank_macs(spec, layout, basis.compute_shares, stage_split, True)]
-    per_micro = [stage_s(w + r) for w, r in zip(macs, again)]
-    recompute = [stage_s(w + r) - stage_s(w) for w, r in zip(macs, again)]
+    per_micro = [stage_s(k + ka, w + r) for k, ka, w, r in zip(launched, launched_again, macs, again)]
+    recompute = [stage_s(k + ka, w + r) - stage_s(k, w) for k, ka, w, r in zip(launched, launched_again, macs, again)]
     stage_comm = [counted] if counted is not None and layout.pp == 1 else \
         [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
          for s in range(layout.pp)]
