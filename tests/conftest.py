@@ -66,14 +66,18 @@ def pytest_unconfigure(config):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread_in_process():
-    """What a test trains in this process, on one torch thread: beside the other xdist worker, torch's OpenMP
-    threads spin at every barrier (test_loop_warmup_exclusion with two busy cores beside it: 13.0 s at torch's 2
-    threads, 5.1 s at 1). The processes a test starts set their own (--threads-per-device)."""
-    torch = sys.modules.get("torch")  # collection imported it where a test trains with it
-    if torch is not None:
-        torch.set_num_threads(1)
+@pytest.fixture
+def one_torch_thread():
+    """A test that trains with torch in this process, on one torch thread: beside the other xdist worker, torch's
+    OpenMP threads spin at every barrier (test_loop_warmup_exclusion with two busy cores beside it: 13.0 s at
+    torch's 2 threads, 5.1 s at 1). Per test, not for the session: set for the whole worker it slowed
+    TensorFlow's in-process tests there (test_two_replicas_equal_one_replica[mlm] 19.5 s, then 37-97 s)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -150,6 +150,7 @@ def _in_process_config(tmp_path, **overrides) -> RunConfig:
     return RunConfig(**{**base, **overrides})
 
 
+@pytest.mark.usefixtures("one_torch_thread")
 def test_loop_warmup_exclusion(tmp_path, data_dir):
     """The common loop with the real torch trainer in one process, on a small slice of real MNIST, evaluated every
     2 steps without early stopping (--patience 0): every step runs."""
@@ -173,6 +174,7 @@ def test_loop_warmup_exclusion(tmp_path, data_dir):
 
 @pytest.mark.e2e  # trains the tiny BERT in this process, a few seconds a case
 @pytest.mark.parametrize("patience, steps_done", [(2, 3), (3, 4)])
+@pytest.mark.usefixtures("one_torch_thread")
 def test_early_stopping_waits_patience_evaluations_without_improvement(tmp_path, data_dir, monkeypatch, patience,
                                                                         steps_done):
     """A learning rate of 0 (the loop's schedule, patched) leaves the tiny BERT's weights where they are, so no
