@@ -114,6 +114,13 @@ def run_validation(console: Console, results: Path, hardware_name: str) -> int:
     for row in validation_report.rows(result):
         table.add_row(*(escape(cell) for cell in row))
     console.print(table)
+    if validation_report.repeated(result):
+        configs = Table(title="each configuration's repeats as one (medians)", title_justify="left")
+        for column in validation_report.CONFIG_COLUMNS:
+            configs.add_column(column, overflow="fold")
+        for row in validation_report.config_rows(result):
+            configs.add_row(*(escape(cell) for cell in row))
+        console.print(configs)
     for skipped in result["skipped"]:
         console.print(f"left out: {skipped['run_id']}: {escape(skipped['why'])}")
     console.print(validation_report.summary_line(result, str(results / validation_report.FILE)))

@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 import pytest
 
+from bench.reporting import validation as validation_report
 from common.layout import Layout
 from common.predict import hardware as hardware_files
 from common.predict.basis import UNPROBED, from_records
@@ -133,6 +134,48 @@ def _known_folder() -> list[dict]:
                                                 "send_recv": {"bytes": 8, "calls": 2, "time_s": 0.0}}, None]
     dp4["backend_metrics"] = {"state_bytes_per_rank": [whole] * 3 + [{**whole, "grads": 0}]}
     return [dp4, one, dp2]
+
+
+def _repeat(record: dict, sweep: str, started: str, step_s: float) -> dict:
+    return {**record, "run_id": f"{record['run_id']}-{started}", "sweep_id": sweep, "started_at": started,
+            "step_time_s": {"p50": step_s}}
+
+
+def test_repeats_are_predicted_from_the_median_reference_and_held_as_one_configuration():
+    """A sweep of 3 repeats: the 1-device runs took 1.0, 1.6 and 0.8 s (the median, 1.0 s, is by hand's basis;
+    an older sweep's faster run is not a repeat of these); dp2 measured 1x, 1.25x and 2x by hand: run by run
+    errors 0, -0.2, -0.5, as a configuration the median 1.25x, -0.2. dp4 ran once in another sweep."""
+    one, dp2 = _known_folder()[1], _known_folder()[2]
+    ones = [_repeat(one, "s", t, step) for t, step in (("1", 1.0), ("2", 1.6), ("3", 0.8))]
+    older = _repeat(one, "old", "0", 0.9)
+    runs = [_repeat(dp2, "s", t, factor * _by_hand(2)) for t, factor in (("4", 1.0), ("5", 1.25), ("6", 2.0))]
+    dp4 = _repeat(_known_folder()[0], "t", "7", _by_hand(4))
+    assert [r["run_id"] for r in references(runs[0], [older, *ones])] == ["one-1"]
+    assert [r["run_id"] for r in references(runs[0], [older, *ones[1:]])] == ["one-3"]  # of two, the faster
+    # a run of a third sweep: the latest sweep's repeats, not a median over sweeps
+    assert [r["run_id"] for r in references({**runs[0], "sweep_id": "x"}, [older, *ones])] == ["one-1"]
+    result = validate([older, *ones, *runs, dp4, {**ones[0], "run_id": "t-one", "sweep_id": "t"}], H100)
+    assert [r["step_s"]["error"] for r in result["runs"]] == pytest.approx([0.0, -0.2, -0.5, 0.0], abs=1e-12)
+    configs = {c["layout"]: c for c in result["configurations"]}
+    assert configs["dp2"]["runs"] == [r["run_id"] for r in runs] and configs["dp4"]["runs"] == ["dp4-7"]
+    assert configs["dp2"]["sweep_id"] == "s" and configs["dp2"]["devices"] == 2
+    assert configs["dp2"]["step_s"] == {"predicted": pytest.approx(_by_hand(2), rel=1e-12),
+                                        "measured": pytest.approx(1.25 * _by_hand(2)),
+                                        "error": pytest.approx(-0.2), "measured_range": [
+                                            pytest.approx(_by_hand(2)), pytest.approx(2 * _by_hand(2))]}
+    summary = result["summary"]
+    assert summary["all"]["step_s"]["max_abs_error"] == pytest.approx(0.5)
+    assert summary["configurations"]["all"] == {"step_s": {"runs": 2, "median_abs_error": pytest.approx(0.1),
+                                                           "max_abs_error": pytest.approx(0.2)}, "most_repeats": 3}
+    line = validation_report.summary_line(result, "v.json")
+    assert "median |error| 10.0%, largest 20.0% over 2 configurations" in line and "largest 50.0% over 4 runs" in line
+    assert validation_report.config_rows(result)[0][3:] == ["3", f"{_by_hand(2) * 1e3:,.0f}",
+                                                           f"{1.25 * _by_hand(2) * 1e3:,.0f}",
+                                                           f"{_by_hand(2) * 1e3:,.0f}-{2 * _by_hand(2) * 1e3:,.0f}",
+                                                           "-20.0%"]
+    # one run per configuration: the run-by-run figures are the headline, as before repeats existed
+    single = validate(_known_folder(), H100)
+    assert not validation_report.repeated(single) and "over 2 runs" in validation_report.summary_line(single, "v")
 
 
 def test_validation_of_runs_whose_answer_is_known_by_hand():

@@ -58,14 +58,41 @@ def rows(validation: dict) -> list[list[str]]:
     return body
 
 
+CONFIG_COLUMNS = ["backend", "layout", "N", "runs", "step predicted (ms)", "step measured (ms)",
+                  "measured range (ms)", "step error"]
+
+
+def repeated(validation: dict) -> bool:
+    """Whether some configuration ran more than once (bench.compare --repeats): then its median is the figure."""
+    return ((validation["summary"].get("configurations") or {}).get("all") or {}).get("most_repeats", 0) > 1
+
+
+def config_rows(validation: dict) -> list[list[str]]:
+    body = []
+    for c in validation.get("configurations") or []:
+        step = c["step_s"]
+        low, high = step["measured_range"]
+        body.append([c["backend"], c["layout"] + (" (oversubscribed)" if c["oversubscribed"] else ""),
+                     str(c["devices"]), str(len(c["runs"])), f"{step['predicted'] * 1e3:,.0f}",
+                     f"{step['measured'] * 1e3:,.0f}", f"{low * 1e3:,.0f}-{high * 1e3:,.0f}", _signed(step["error"])])
+    return body
+
+
 def summary_line(validation: dict, source: str) -> str:
-    """One sentence: the error a prediction rests on."""
+    """One sentence: the error a prediction rests on (of the configurations' medians where runs were repeated)."""
     s = validation["summary"]["all"]
     step, memory = s["step_s"], s["memory_per_rank"]
     if not step["runs"]:
         return f"Validation ({source}): no run could be predicted."
-    text = (f"Validation ({source}, hardware {validation['hardware']}): step time median |error| "
-            f"{step['median_abs_error']:.1%}, largest {step['max_abs_error']:.1%} over {step['runs']} runs")
+    text = f"Validation ({source}, hardware {validation['hardware']}): step time median |error| "
+    if repeated(validation):
+        configs = validation["summary"]["configurations"]["all"]
+        text += (f"{configs['step_s']['median_abs_error']:.1%}, largest {configs['step_s']['max_abs_error']:.1%} "
+                 f"over {configs['step_s']['runs']} configurations (the median of up to {configs['most_repeats']} "
+                 f"repeats each; run by run {step['median_abs_error']:.1%}, largest {step['max_abs_error']:.1%} "
+                 f"over {step['runs']} runs)")
+    else:
+        text += f"{step['median_abs_error']:.1%}, largest {step['max_abs_error']:.1%} over {step['runs']} runs"
     if memory["runs"]:
         text += f"; memory per rank median {memory['median_abs_error']:.1%}, largest {memory['max_abs_error']:.1%}"
     training = s.get("training_memory_per_rank") or {}
@@ -96,4 +123,7 @@ def validation_blocks(results: Path) -> list[Block]:
                  "of the median step and of each rank's peak memory (the worst rank); training memory is the growth "
                  "over the start where a record measured it (record[\"memory\"]). " +
                  summary_line(validation, FILE)),
+            *([Text("Each configuration's repeats as one: the median of their predictions against the median of "
+                    "their measured steps."), Table(CONFIG_COLUMNS, config_rows(validation))]
+              if repeated(validation) else []),
             Table(COLUMNS, rows(validation))]

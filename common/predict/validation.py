@@ -8,12 +8,18 @@ bandwidth of the folder's link probes (backend_metrics.grad_comm.link_GBps, a pl
 data-parallel run times after its measured window) at R's rank count, else the nearest rank count; the
 latency per message from the hardware description. Oversubscribed runs (ranks x threads > cores) are
 predicted with the contention model and counted apart in the summary.
+
+Repeats (bench.compare --repeats): one run's step is one sample of a machine that drifts, so a configuration
+run R times in a sweep is also held as one: the median of its runs' predictions against the median of their
+measured steps, each run predicted from the median 1-device repeat of its reference configuration (by step
+time; of two, the faster). The summary's `configurations` are those figures; `all` stays run by run.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, replace
 
+from common.config_key import config_key, sweep_of
 from common.layout import Layout
 from common.loop import EVAL_BATCH
 from common.predict.basis import (
@@ -50,10 +56,21 @@ def execution(record: dict) -> tuple[bool, str]:
     return bool((record.get("layout") or {}).get("recompute")), (record.get("config") or {}).get("compile") or ""
 
 
+def _step(record: dict) -> float:
+    return record["step_time_s"]["p50"]
+
+
+def median_repeat(candidates: list[dict]) -> dict:
+    """Of runs latest first, the median by step time of those in the first one's sweep (its repeats); of two, the
+    faster: a repeat slowed by the machine is the likelier outlier."""
+    repeats = sorted((r for r in candidates if sweep_of(r) == sweep_of(candidates[0])), key=_step)
+    return repeats[(len(repeats) - 1) // 2]
+
+
 def references(run: dict, records: list[dict]) -> list[dict]:
     """The 1-device runs a run is predicted from, the main one first (executed alike, --recompute and --compile,
-    first; then same global batch and micro-batches, else same global batch, else any; the latest of each).
-    The others: that global batch at other micro-batch counts, executed as the main one."""
+    first; then same global batch and micro-batches, else same global batch, else any; of each the latest sweep's
+    median repeat). The others: that global batch at other micro-batch counts, executed as the main one."""
     ones = [r for r in records if r["status"] == "ok" and r["devices"] == 1 and _key(r) == _key(run)
             and (r.get("step_time_s") or {}).get("p50")]
     ones.sort(key=lambda r: r.get("started_at") or "", reverse=True)
@@ -65,15 +82,13 @@ def references(run: dict, records: list[dict]) -> list[dict]:
     ones.sort(key=rank)
     if not ones:
         return []
-    main = ones[0]
-    others = [r for r in ones[1:] if r["global_batch"] == main["global_batch"]
+    main = median_repeat([r for r in ones if rank(r) == rank(ones[0])])
+    others = [r for r in ones if r["global_batch"] == main["global_batch"]
               and accumulation(r) != accumulation(main) and execution(r) == execution(main)]
-    seen, distinct = {accumulation(main)}, []
+    distinct = {}
     for r in others:
-        if accumulation(r) not in seen:
-            seen.add(accumulation(r))
-            distinct.append(r)
-    return [main, *distinct]
+        distinct.setdefault(accumulation(r), []).append(r)
+    return [main, *(median_repeat(alike) for alike in distinct.values())]
 
 
 def probed_links(records: list[dict]) -> dict[int, float]:
@@ -202,8 +217,30 @@ def _stats(values: list[float]) -> dict:
             "max_abs_error": max(absolute) if absolute else None}
 
 
+def configurations(rows: list[dict], records: list[dict]) -> list[dict]:
+    """The rows grouped by sweep, configuration key and device count (a configuration's repeats): the median of
+    their predictions against the median of their measured steps."""
+    by_id = {r["run_id"]: r for r in records}
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        run = by_id[row["run_id"]]
+        groups.setdefault((sweep_of(run), config_key(run).id, run["devices"]), []).append(row)
+    found = []
+    for (sweep, key, devices), alike in groups.items():
+        predicted = statistics.median(r["step_s"]["predicted"] for r in alike)
+        measured = [r["step_s"]["measured"] for r in alike]
+        found.append({"sweep_id": sweep, "config_key": key, "backend": alike[0]["backend"],
+                      "layout": alike[0]["layout"], "devices": devices,
+                      "oversubscribed": any(r["oversubscribed"] for r in alike), "runs": [r["run_id"] for r in alike],
+                      "step_s": {"predicted": predicted, "measured": statistics.median(measured),
+                                 "error": relative(predicted, statistics.median(measured)),
+                                 "measured_range": [min(measured), max(measured)]}})
+    return found
+
+
 def validate(records: list[dict], hardware: Hardware, account_load: bool = True) -> dict:
-    """validation.json's content: per run, then a summary (all runs, and those not oversubscribed).
+    """validation.json's content: per run, per configuration (its repeats as one), then a summary (all runs,
+    those not oversubscribed, and the configurations alike).
     `account_load`: CPU runs' contention includes the other programs' load each record measured; each run also
     carries the prediction without it (step_s.error_ignoring_load)."""
     links, kinds = probed_links(records), probed_kinds(records)
@@ -257,7 +294,15 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
                 "state_bytes_exact": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"]),
                 "state_bytes_compared": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"] is not None)}
     quiet = [r for r in runs if not r["oversubscribed"]]
+    configs = configurations(runs, records)
+
+    def of_configs(rows):
+        return {"step_s": _stats([r["step_s"]["error"] for r in rows if r["step_s"]["error"] is not None]),
+                "most_repeats": max((len(r["runs"]) for r in rows), default=0)}
     return {"hardware": hardware.name, "links_probed_GBps": {str(k): v for k, v in sorted(links.items())},
-            "runs": runs, "skipped": skipped,
+            "runs": runs, "configurations": configs, "skipped": skipped,
             "summary": {"all": summary(runs), "not_oversubscribed": summary(quiet),
+                        "configurations": {"all": of_configs(configs),
+                                           "not_oversubscribed": of_configs([c for c in configs
+                                                                             if not c["oversubscribed"]])},
                         "oversubscribed_runs": len(runs) - len(quiet), "skipped_runs": len(skipped)}}
