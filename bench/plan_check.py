@@ -1,4 +1,4 @@
-"""python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 24] [--warmup-steps 4] [--reuse]
+"""python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 24] [--warmup-steps 4] [--repeats R] [--reuse]
 
 bench.plan proven by exhaustion (nox -s plan-check; not in CI, it takes tens of minutes): every layout the planner
 enumerates for torch_3d on 2 devices (micro-batches 2, 4, 8; global batch 32; evaluation skipped) measured with
@@ -6,8 +6,10 @@ bench.compare for each size, then the plan made from each folder's 1-device runs
 common.plan.check. The errors a plan allows for (its ranking error, its memory error) come from validating the
 OTHER size's runs, never the runs it is checked against. The pick and the ranking are the plan's under no binding
 memory limit; the fit calls are its calls under every limit at which they change, set before anything measured
-is looked at from its own predicted peaks (common.plan.check.fit_limits). Exits 1 when a goal fails; the figures
-come last.
+is looked at from its own predicted peaks (common.plan.check.fit_limits). With --repeats R every layout and
+1-device run is measured R times (bench.compare --repeats): each layout's measured step is the median of its runs,
+the plan's basis the median 1-device repeat (common.predict.validation.references). Exits 1 when a goal fails; the
+figures come last.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ def build_parser() -> OneLineParser:
     # 0.789 with 20 on the same machine, docs/plan.md).
     p.add_argument("--steps", type=positive_int, default=24)
     p.add_argument("--warmup-steps", type=positive_int, default=4)
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="measure every configuration R times, the rows interleaved (bench.compare --repeats)")
     p.add_argument("--reuse", action="store_true",
                    help="measure nothing: check against the records already in each size's folder")
     return p
@@ -63,7 +67,7 @@ def measure(size: str, folder: Path, args) -> None:
     names = layouts(size)
     cmd = compare_command({"backend": BACKEND, "workload": "mlm", "model_size": size, "global_batch": BATCH,
                            "precision": "fp32", "skip_eval": True}, names, str(folder), args.steps,
-                          args.warmup_steps, data="real",
+                          args.warmup_steps, args.repeats, data="real",
                           # --profile: how tensor parallelism divides the 1-device runs' compute (work.ComputeShares)
                           extra=("--breakdown-steps", "2", "--threads-per-device", "1", "--profile", "2"))
     print(f"plan-check {size}: measuring {len(names)} layouts and their 1-device runs: {' '.join(cmd[1:])}",

@@ -687,13 +687,14 @@ def test_plan_check_measures_each_size_with_bench_compare(tmp_path, capsys, monk
         return subprocess.CompletedProcess(cmd, 1)
     monkeypatch.setattr(plan_check.subprocess, "run", run)
     out = tmp_path / "pc"
-    assert plan_check.main(["--out", str(out), "--sizes", "tiny", "--steps", "3", "--warmup-steps", "1"]) == 1
+    assert plan_check.main(["--out", str(out), "--sizes", "tiny", "--steps", "3", "--warmup-steps", "1",
+                            "--repeats", "3"]) == 1
     (cmd, kwargs), = calls
     names = plan_check.layouts("tiny")
     assert kwargs == {"stdin": subprocess.DEVNULL, "check": False}
     assert cmd == [sys.executable, "-m", "bench.compare", "--layouts", ",".join(names), "--backends", "torch_3d",
                    "--workloads", "mlm", "--model-size", "tiny", "--batch-size", "32", "--precision", "fp32",
-                   "--repeats", "1", "--data", "real", "--out", str(out / "mlm-tiny"), "--breakdown-steps", "2",
+                   "--repeats", "3", "--data", "real", "--out", str(out / "mlm-tiny"), "--breakdown-steps", "2",
                    "--threads-per-device", "1", "--profile", "2", "--steps", "3", "--warmup-steps", "1",
                    "--skip-eval"]
     printed = capsys.readouterr().out
@@ -719,23 +720,24 @@ def test_plan_check_measures_each_size_with_bench_compare(tmp_path, capsys, monk
 
 def test_plan_check_defaults():
     args = plan_check.build_parser().parse_args([])
-    assert (args.out, args.sizes, args.steps, args.warmup_steps, args.reuse) == \
-        ("results/plan-check", ["tiny", "mini"], 24, 4, False)
+    assert (args.out, args.sizes, args.steps, args.warmup_steps, args.repeats, args.reuse) == \
+        ("results/plan-check", ["tiny", "mini"], 24, 4, 1, False)
 
 
 def test_plan_check_help(capsys):
     with pytest.raises(SystemExit):
         plan_check.main(["--help"])
     text = _flat(capsys.readouterr().out)
-    assert "python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 24] [--warmup-steps 4] [--reuse] " \
-        "options:" in text
+    assert "python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 24] [--warmup-steps 4] " \
+        "[--repeats R] [--reuse] options:" in text
     assert text.endswith("--out OUT one folder per size under it --sizes SIZES --steps STEPS --warmup-steps "
-                         "WARMUP_STEPS --reuse measure nothing: check against the records already in each size's "
-                         "folder")
+                         "WARMUP_STEPS --repeats REPEATS measure every configuration R times, the rows interleaved "
+                         "(bench.compare --repeats) --reuse measure nothing: check against the records already in "
+                         "each size's folder")
 
 
-@pytest.mark.parametrize("args", [["--sizes", "huge"], ["--steps", "0"], ["--warmup-steps", "0"]],
-                         ids=["size", "steps", "warmup"])
+@pytest.mark.parametrize("args", [["--sizes", "huge"], ["--steps", "0"], ["--warmup-steps", "0"], ["--repeats", "0"]],
+                         ids=["size", "steps", "warmup", "repeats"])
 def test_plan_check_bad_input_is_one_line(args, capsys):
     with pytest.raises(SystemExit) as exit_:
         plan_check.main(args)
