@@ -34,10 +34,10 @@ from common.errors import BadInput
 from common.layout import Layout
 from common.peak_flops import device_model
 from common.predict import hardware as hardware_files
-from common.predict.basis import MEASURE_THE_SPLIT, Basis, accumulation, from_mfu, from_records
+from common.predict.basis import MEASURE_THE_SPLIT, Basis, accumulation, from_mfu
 from common.predict.layouts import at_devices, check_name
 from common.predict.step import predict
-from common.predict.validation import execution, references, validate
+from common.predict.validation import basis_of, execution, references, validate
 from common.results import load_records, write_atomic, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, BertSpec, model_spec
 from common.stage_split import layers_per_stage
@@ -161,7 +161,7 @@ def layout_bases(results: Path, hardware, main: dict, basis: Basis) -> Callable[
         ids = tuple(r["run_id"] for r in refs)
         if not refs or ids == basis.record_ids:
             return basis
-        return cache.setdefault(ids, from_records(spec, refs))
+        return cache.setdefault(ids, basis_of(spec, refs, usable))
     return basis_for
 
 
@@ -202,7 +202,7 @@ def measured_basis(results: Path, hardware, workload: str, size: str, precision:
     main = usable[0]
     spec = model_spec(workload, (main.get("config") or {}).get("model_size") or "tiny")
     refs = references(main, usable) or [main]
-    return from_records(spec, refs), main
+    return basis_of(spec, refs, usable), main
 
 
 def measured_peak(results: Path, hardware, precision: str) -> float | None:

@@ -13,6 +13,7 @@ from common.predict import hardware as hardware_files
 from common.predict.basis import UNPROBED, from_records
 from common.predict.memory import state_bytes
 from common.predict.validation import (
+    basis_of,
     compiled_collectives,
     execution,
     hardware_for,
@@ -20,6 +21,7 @@ from common.predict.validation import (
     probed_links,
     references,
     relative,
+    repeats_of,
     validate,
 )
 from common.spec import BERT_SIZES
@@ -154,6 +156,14 @@ def test_repeats_are_predicted_from_the_median_reference_and_held_as_one_configu
     assert [r["run_id"] for r in references(runs[0], [older, *ones[1:]])] == ["one-3"]  # of two, the faster
     # a run of a third sweep: the latest sweep's repeats, not a median over sweeps
     assert [r["run_id"] for r in references({**runs[0], "sweep_id": "x"}, [older, *ones])] == ["one-1"]
+    # the sweep probed its first 1-device run side by side (1.6 s alone), not the median one: the probe still
+    # reaches the basis, as its median (2.05 s) over the repeats' median alone (1.0 s), not over its one run
+    probe = {"processes": 2, "step_s_p50": [2.0, 2.1], "slowdown": 1.3, "run_ids": ["c0", "c1"]}
+    probed = [{**ones[1], "co_run": probe}, ones[0], ones[2], {**older, "co_run": {**probe, "slowdown": 9.0}}]
+    refs = references(runs[0], probed)
+    assert [r["run_id"] for r in refs] == ["one-1"] and basis_of(TINY, refs, probed).co_run == pytest.approx(2.05)
+    assert repeats_of(ones[0], probed) == probed[:3]
+    assert basis_of(TINY, [probed[0]], probed[:1]).co_run == 1.3  # no repeats: the probe's own figure
     result = validate([older, *ones, *runs, dp4, {**ones[0], "run_id": "t-one", "sweep_id": "t"}], H100)
     assert [r["step_s"]["error"] for r in result["runs"]] == pytest.approx([0.0, -0.2, -0.5, 0.0], abs=1e-12)
     configs = {c["layout"]: c for c in result["configurations"]}

@@ -18,6 +18,8 @@ framework overhead in memory (what torch.cuda.max_memory_allocated counts: tenso
 """
 from __future__ import annotations
 
+import statistics
+
 from dataclasses import dataclass
 
 from common.layout import Layout
@@ -93,13 +95,16 @@ def interruption_share(record: dict) -> float:
     return (mean - min(times)) / mean
 
 
-def co_run_slowdown(records: list[dict]) -> tuple[float, str | None]:
+def co_run_slowdown(records: list[dict], alone: list[float] = ()) -> tuple[float, str | None]:
     """How much ranks side by side on a CPU host slow each other's compute, from the co-run probe a record of
     `records` carries (record["co_run"], bench.co_run: the run's command as K processes at once); (1.0, None)
-    where none carries one: not measured, taken as none."""
+    where none carries one: not measured, taken as none. `alone`: the median steps of the probed run's repeats
+    (itself among them): the probe's median over their median, not over the one run it followed."""
     for r in records:
         probe = CoRun.from_record(r)
         if probe is not None:
+            if len(alone) > 1:
+                return statistics.median(probe.step_s_p50) / statistics.median(alone), r["run_id"]
             return probe.slowdown, r["run_id"]
     return 1.0, None
 
@@ -185,9 +190,10 @@ def _counted_memory(spec, record: dict) -> tuple[float, float]:
     return state.total + max(training, evaluation), state.grads + state.optimizer + training
 
 
-def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
+def from_records(spec: BertSpec | CnnSpec, records: list[dict], co_run_from: list[dict] = ()) -> Basis:
     """The basis of one or more ok 1-device records of one backend, workload and size (several: different
-    micro-batch counts of one global batch, for the per-micro-batch cost). The first is the main one."""
+    micro-batch counts of one global batch, for the per-micro-batch cost). The first is the main one.
+    `co_run_from`: the main one's repeats, whichever of them carries the sweep's co-run probe."""
     main = records[0]
     macs = parts(spec).total
     points = []
@@ -213,7 +219,8 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict]) -> Basis:
              f"({main.get('devices_description') or main.get('device_kind')})")
     if per_micro:
         label += f", per-micro-batch cost from {', '.join(ids[1:])}"
-    co_run, co_run_id = co_run_slowdown(records)
+    co_run, co_run_id = co_run_slowdown([*records, *co_run_from],
+                                        [r["step_time_s"]["p50"] for r in co_run_from])
     if co_run_id:
         label += f", side by side x{co_run:.3f} (co-run probe of {co_run_id})"
     shares = ComputeShares.from_record(main)

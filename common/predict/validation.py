@@ -23,6 +23,7 @@ from common.config_key import config_key, sweep_of
 from common.layout import Layout
 from common.loop import EVAL_BATCH
 from common.predict.basis import (
+    Basis,
     accumulation,
     background_load,
     evaluated,
@@ -65,6 +66,21 @@ def median_repeat(candidates: list[dict]) -> dict:
     faster: a repeat slowed by the machine is the likelier outlier."""
     repeats = sorted((r for r in candidates if sweep_of(r) == sweep_of(candidates[0])), key=_step)
     return repeats[(len(repeats) - 1) // 2]
+
+
+def repeats_of(reference: dict, records: list[dict]) -> list[dict]:
+    """The ok repeats of a 1-device reference in its sweep (itself among them): the same key, batch, micro-batches
+    and execution."""
+    return [r for r in records if r["status"] == "ok" and r["devices"] == 1 and _key(r) == _key(reference)
+            and sweep_of(r) == sweep_of(reference) and r["global_batch"] == reference["global_batch"]
+            and accumulation(r) == accumulation(reference) and execution(r) == execution(reference)
+            and (r.get("step_time_s") or {}).get("p50")]
+
+
+def basis_of(spec, refs: list[dict], records: list[dict]) -> Basis:
+    """The basis of `refs` (references()), with the co-run probe of whichever repeat of the main one carries it: a
+    sweep probes its first 1-device run only, and the median repeat need not be that one."""
+    return from_records(spec, refs, co_run_from=repeats_of(refs[0], records))
 
 
 def references(run: dict, records: list[dict]) -> list[dict]:
@@ -260,7 +276,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
         layout = replace(layout, micro_batches=layout.micro_batches * grad_accum)
         try:
             target, link_note = hardware_for(run, hardware, links, kinds)
-            basis = from_records(spec, refs)
+            basis = basis_of(spec, refs, records)
             eval_batch = EVAL_BATCH if evaluated(run) else None
             counted = compiled_collectives(run, layout)
             prediction = predict(spec, layout, run["global_batch"], basis, target, run["backend"], stage_split(run),
