@@ -19,7 +19,6 @@ framework overhead in memory (what torch.cuda.max_memory_allocated counts: tenso
 from __future__ import annotations
 
 import statistics
-
 from dataclasses import dataclass
 
 from common.layout import Layout
