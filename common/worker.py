@@ -111,9 +111,10 @@ def main(worker: Worker, argv: list[str] | None = None) -> int:
     worker.workdir = config_path.parent
     cfg = worker.config(RunConfig.load(config_path))
     process = None
+    feeds: list = []
     try:
         process = worker.start(cfg)
-        outcome = _train(worker, cfg, process)
+        outcome = _train(worker, cfg, process, feeds)
         if process.keeps_result:
             outcome["backend_metrics"] = {**(outcome["backend_metrics"] or {}), **worker.metrics(process)}
             write_json_atomic(result_path, outcome)
@@ -125,18 +126,22 @@ def main(worker: Worker, argv: list[str] | None = None) -> int:
         (config_path.parent / UNSUPPORTED_FILE).write_text(str(exc))
         return EXIT_UNSUPPORTED
     finally:
+        # The feed is closed after the result is out: deleting TensorFlow's multi-worker distributed iterator
+        # has held both ranks for 30-60 s under load (py-spy: ReplicaBatches.close), which here holds up only
+        # the exit, and the launcher stops a rank still tearing down 0.5 s after the result is complete.
+        for feed in feeds:
+            close = getattr(feed, "close", None)
+            if close is not None:
+                close()
         if process is not None:
             worker.stop(process)
     return EXIT_OK
 
 
-def _train(worker: Worker, cfg: RunConfig, process: Process) -> dict:
-    """The run on this process; its trainer and model live only inside this call (see main)."""
+def _train(worker: Worker, cfg: RunConfig, process: Process, feeds: list) -> dict:
+    """The run on this process; its trainer and model live only inside this call (see main). What feeds the
+    trainer is appended to `feeds`, for main to close."""
     data = load_data(cfg, process)
     trainer, feed = worker.trainer(cfg, process, data, run_initial_weights(cfg))
-    try:
-        return run_loop(trainer, cfg, feed, data.eval, devices_driven=process.devices_driven)
-    finally:
-        close = getattr(feed, "close", None)
-        if close is not None:
-            close()
+    feeds.append(feed)
+    return run_loop(trainer, cfg, feed, data.eval, devices_driven=process.devices_driven)
