@@ -1,5 +1,5 @@
-"""nox sessions: tests, tests-fast, slurm, mutation, lint, compare, parity, report, report-browser, and
-bench-<backend> for each backend.
+"""nox sessions: tests, tests-fast, calibrate-idioms, slurm, mutation, lint, compare, parity, report, report-browser,
+plan-check, and bench-<backend> for each backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -32,8 +32,8 @@ def _env() -> dict[str, str]:
 @nox.session(python="3.11")
 def tests(session: nox.Session) -> None:
     """The test suite, on CPU, with real data from $PARBENCH_DATA_DIR: on pytest-xdist workers, one per core up to 4
-    (tests/xdist_groups.py says how the files are shared), then the tests marked quiet alone. With arguments, pytest
-    with those instead."""
+    (tests/xdist_groups.py says how the files are shared), then the tests marked quiet alone; those marked by_hand
+    are left to their own sessions (calibrate-idioms). With arguments, pytest with those instead."""
     session.install("-e", ".[torch,tf,mindspore,jax,dev]")
     if session.posargs:
         session.run("pytest", *session.posargs, env=_env())
@@ -43,14 +43,22 @@ def tests(session: nox.Session) -> None:
     workers = str(min(4, cores))
     failed = []
     for label, args in (("the suite", ["-n", workers, "-p", "tests.xdist_groups", "--no-loadscope-reorder",
-                                       "-m", "not quiet"]),
-                        ("the quiet tests", ["-m", "quiet", *QUIET_FILES])):
+                                       "-m", "not quiet and not by_hand"]),
+                        ("the quiet tests", ["-m", "quiet and not by_hand", *QUIET_FILES])):
         try:
             session.run("pytest", "-q", *args, env=_env())
         except nox.command.CommandFailed:
             failed.append(label)  # the quiet tests still run, so that one session reports every failure
     if failed:
         session.error(f"failed: {' and '.join(failed)}")
+
+
+@nox.session(python="3.11", name="calibrate-idioms")
+def calibrate_idioms(session: nox.Session) -> None:
+    """bench.calibrate end to end against the bare loops CI leaves out for their minutes (TensorFlow's and
+    MindSpore's: about 75-105 s of the suite's CPU on 2 cores); torch's two run in `nox -s tests`."""
+    session.install("-e", ".[torch,tf,mindspore,dev]")
+    session.run("pytest", "tests/test_calibrate.py", "-m", "by_hand", *(session.posargs or ["-q"]), env=_env())
 
 
 @nox.session(python="3.11", name="tests-fast")

@@ -104,8 +104,11 @@ def two_replica_steps(data_dir: Path):
     return steps
 
 
+# The CNN only: the MLM's two replicas against one are bench.parity's "tf_mirrored: 2 devices = 1 device x 2
+# micro-batches" (tests/test_parity.py, its loss curve within float32 rounding), and one replica traced apart
+# took 20-50 s of the suite. The CNN's BatchNorm statistics per replica are what this test alone holds.
 @pytest.mark.e2e
-@pytest.mark.parametrize("workload", ["mlm", "cnn"])
+@pytest.mark.parametrize("workload", ["cnn"])
 def test_two_replicas_equal_one_replica(two_replica_steps, workload: str):
     """Two replicas of 4 samples == one replica of the same 8 samples, after two AdamW steps.
 
