@@ -68,13 +68,18 @@ def median_repeat(candidates: list[dict]) -> dict:
     return repeats[(len(repeats) - 1) // 2]
 
 
+def _one_device_alike(run: dict, records: list[dict]) -> list[dict]:
+    """The ok 1-device runs that measured a step, of the run's backend, workload, size, host and precision."""
+    return [r for r in records if r["status"] == "ok" and r["devices"] == 1 and _key(r) == _key(run)
+            and (r.get("step_time_s") or {}).get("p50")]
+
+
 def repeats_of(reference: dict, records: list[dict]) -> list[dict]:
     """The ok repeats of a 1-device reference in its sweep (itself among them): the same key, batch, micro-batches
     and execution."""
-    return [r for r in records if r["status"] == "ok" and r["devices"] == 1 and _key(r) == _key(reference)
-            and sweep_of(r) == sweep_of(reference) and r["global_batch"] == reference["global_batch"]
-            and accumulation(r) == accumulation(reference) and execution(r) == execution(reference)
-            and (r.get("step_time_s") or {}).get("p50")]
+    return [r for r in _one_device_alike(reference, records) if sweep_of(r) == sweep_of(reference)
+            and r["global_batch"] == reference["global_batch"] and accumulation(r) == accumulation(reference)
+            and execution(r) == execution(reference)]
 
 
 def basis_of(spec, refs: list[dict], records: list[dict]) -> Basis:
@@ -87,8 +92,7 @@ def references(run: dict, records: list[dict]) -> list[dict]:
     """The 1-device runs a run is predicted from, the main one first (executed alike, --recompute and --compile,
     first; then same global batch and micro-batches, else same global batch, else any; of each the latest sweep's
     median repeat). The others: that global batch at other micro-batch counts, executed as the main one."""
-    ones = [r for r in records if r["status"] == "ok" and r["devices"] == 1 and _key(r) == _key(run)
-            and (r.get("step_time_s") or {}).get("p50")]
+    ones = _one_device_alike(run, records)
     ones.sort(key=lambda r: r.get("started_at") or "", reverse=True)
 
     def rank(r):
