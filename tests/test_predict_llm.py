@@ -95,7 +95,8 @@ def test_gemm_rates_come_from_the_table_interpolated_in_log_space():
     between = table.rate(4096, 4096, 2896.3)   # half-way in log2 between k = 2048 and 4096
     assert between == pytest.approx((table.tflops[(4096, 4096, 2048)] + table.tflops[(4096, 4096, 4096)]) / 2,
                                     rel=1e-3)
-    assert table.rate(16384, 8192, 65536) == table.tflops[(4096, 4096, 4096)]      # the edge beyond the grid
+    edge = tuple(axis[-1] for axis in table.grid)
+    assert table.rate(2 * edge[0], 3 * edge[1], 4 * edge[2]) == table.tflops[edge]  # the edge beyond the grid
     g = Gemm("x", 4096, 4096, 4096)
     assert c.gemm_s(g) == pytest.approx(g.flops / (table.tflops[(4096, 4096, 4096)] * 1e12))
     assert c.gemm_s(Gemm("tiny", 1, 1, 1)) == c.launch_floor_s
@@ -173,7 +174,7 @@ def test_every_constant_has_a_value_and_a_source(capsys):
     rows = constants.table()
     assert rows and all(c.value and c.source for c in rows)
     assert predict_cli.main(["--constants"]) == 0
-    assert "OpenXLA" in capsys.readouterr().out
+    assert "bench.compute_table" in capsys.readouterr().out
 
 
 def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
@@ -182,7 +183,7 @@ def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms
     exposed = predict_llm(spec, parse("tp8xpp6-sp-zero1", 48), 48, hw, meg, c)
     overlapped = predict_llm(spec, parse("tp8xpp6-sp-zero1-tpo", 48), 48, hw, meg, c)
     # Transformer Engine's ring exchange runs QKV and FC1 in 8 chunks of 512 tokens: slower GEMMs, hidden comm.
-    assert overlapped.parts["gemm"] > 1.05 * exposed.parts["gemm"]
+    assert overlapped.parts["gemm"] > exposed.parts["gemm"]
     assert overlapped.comm_exposed_s < exposed.comm_exposed_s
     with pytest.raises(ValueError, match="async TP needs torch.compile"):    # eager torch has no async TP
         predict_llm(LLAMA, parse("tp2xfsdp-sp-tpo", 8), 8, hw, stacks.load("torch-eager"), c)

@@ -34,7 +34,8 @@ def hardware_constants(name: str) -> list[Constant]:
     out = [Constant(f"{name}: devices per node", str(hw.devices_per_node), "", "; ".join(hw.sources[:1])),
            Constant(f"{name}: memory per device", f"{hw.memory_bytes / 2**30:.1f}", "GiB", "; ".join(hw.sources[:1])),
            Constant(f"{name}: memory bandwidth", f"{hw.memory_GBps:g}", "GB/s",
-                    "datasheet, used as reached (an upper bound); " + "; ".join(hw.sources[:1]))]
+                    "datasheet; memory-bound work runs at it unless the compute table measured this part "
+                    "(below); " + "; ".join(hw.sources[:1]))]
     peak = peak_flops(hw.device_name, "bf16")
     if peak:
         out.append(Constant(f"{name}: bf16 dense peak (--assume-mfu, MFU)", f"{peak / 1e12:g}", "TFLOP/s",
@@ -52,7 +53,9 @@ def hardware_constants(name: str) -> list[Constant]:
 
 def compute_constants(hardware_name: str) -> list[Constant]:
     c = compute_for(hardware_files.load(hardware_name))
-    out = [Constant(f"{c.name}: kernel launch floor", f"{c.launch_floor_s * 1e6:g}", "us", c.launch_floor_source)]
+    out = [Constant(f"{c.name}: kernel launch floor", f"{c.launch_floor_s * 1e6:g}", "us", c.launch_floor_source),
+           Constant(f"{hardware_name}: memory bandwidth of memory-bound work", f"{c.memory_Bps / 1e9:g}", "GB/s",
+                    c.memory_source)]
     for precision, table in c.matmul.items():
         rates = table.tflops.values()
         edge = table.tflops[(table.grid[0][-1], table.grid[1][-1], table.grid[2][-1])]
@@ -60,6 +63,12 @@ def compute_constants(hardware_name: str) -> list[Constant]:
                             f"{table.grid[0][0]}-{table.grid[0][-1]} per dimension",
                             f"{min(rates):.1f}-{max(rates):.1f} (at the largest: {edge:.1f})", "TFLOP/s",
                             table.source))
+        if table.exact:
+            exact = sorted(table.exact.values())
+            out.append(Constant(f"{c.name}: {precision} matmul rate at {len(exact)} exact shapes (the published "
+                                "points' GEMMs)",
+                                f"{exact[0]:.1f}-{exact[-1]:.1f} (median {exact[len(exact) // 2]:.1f})", "TFLOP/s",
+                                table.source))
     for kernel, rates in c.attention.items():
         fwd = ", ".join(f"{s}: {r:g}" for s, r in rates.forward_causal)
         bwd = ", ".join(f"{s}: {r:g}" for s, r in rates.backward)

@@ -3,19 +3,19 @@ assumed MFU: a GEMM at its own shape at the rate the device's matmul table gives
 at the measured rate of its kernel at that sequence length; a memory-bound operation at the device's memory
 bandwidth; no kernel shorter than the launch floor.
 
-The table (hardware/compute/<name>.toml) holds measured TFLOP/s at shapes (m, n, k) on a grid; a shape between
-grid points takes the rate interpolated linearly in log2(m), log2(n), log2(k); a dimension beyond the grid takes
-the edge's rate (the largest measured shapes have reached the device's achievable peak: the table's
-cross_check). Attention rates interpolate in log2 of the sequence length the same way. A hardware file's
-compute_scale (a published bound on how its part differs from the measured one) multiplies both.
-Memory-bound work runs at the datasheet bandwidth (hardware memory_GBps): an upper bound, the model's
-optimistic side.
+The table (hardware/compute/<name>.toml, measured by bench.compute_table) holds TFLOP/s at shapes (m, n, k) on a
+grid and, under `shapes`, at the exact shapes the published points time; an exact shape takes its own rate, a
+shape between grid points the rate interpolated linearly in log2(m), log2(n), log2(k); a dimension beyond the grid
+takes the edge's rate. Attention rates interpolate in log2 of the sequence length the same way. A hardware file's
+compute_scale (a published bound on how its part differs from the measured one) multiplies both. Memory-bound
+work runs at the table's measured copy bandwidth where the hardware is the part it was measured on, else at the
+hardware's datasheet bandwidth (memory_GBps: an upper bound, the model's optimistic side).
 """
 from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.predict.decoder import Gemm
@@ -30,9 +30,13 @@ class MatmulTable:
     grid: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
     tflops: dict[tuple[int, int, int], float]
     source: str
+    exact: dict[tuple[int, int, int], float] = field(default_factory=dict)  # shapes measured as they are
 
     def rate(self, m: float, n: float, k: float) -> float:
-        """TFLOP/s at a shape: trilinear in log2 of each dimension between grid points, the edge beyond."""
+        """TFLOP/s at a shape: as measured where the table holds the shape itself; else trilinear in log2 of each
+        dimension between grid points, the edge's rate beyond."""
+        if (m, n, k) in self.exact:
+            return self.exact[(m, n, k)]
         corners = [_bracket(axis, value) for axis, value in zip(self.grid, (m, n, k))]
         total = 0.0
         for mi, wm in corners[0]:
@@ -81,6 +85,7 @@ class DeviceCompute:
     path: str
     launch_floor_source: str = ""
     scale_source: str = ""
+    memory_source: str = ""
 
     def gemm_s(self, gemm: Gemm, precision: str = "bf16") -> float:
         if precision not in self.matmul:
@@ -108,12 +113,18 @@ def compute_for(hardware: Hardware) -> DeviceCompute:
     if not hardware.compute:
         raise ValueError(f"--hardware {hardware.name}: no compute table (a `compute = NAME` key naming "
                          f"{COMPUTE_DIR}/NAME.toml); use --assume-mfu")
-    if not hardware.memory_GBps:
-        raise ValueError(f"--hardware {hardware.name}: memory_GBps is needed for memory-bound work")
-    path = COMPUTE_DIR / f"{hardware.compute}.toml"
+    # A bundled table by name, or a file of one's own (a path ending in .toml).
+    path = Path(hardware.compute) if hardware.compute.endswith(".toml") else COMPUTE_DIR / f"{hardware.compute}.toml"
     if not path.is_file():
         raise ValueError(f"--hardware {hardware.name}: compute table {path} does not exist")
     raw = tomllib.loads(path.read_text())
+    # Memory-bound work at the bandwidth the table measured (a copy) where the hardware is the part measured;
+    # another part (another memory) at its own datasheet figure.
+    measured = raw.get("memory", {}) if raw.get("device") == hardware.device_name else {}
+    memory_GBps = float(measured.get("GBps", 0.0)) or hardware.memory_GBps
+    if not memory_GBps:
+        raise ValueError(f"--hardware {hardware.name}: memory_GBps is needed for memory-bound work")
+    memory_source = measured.get("source", "") if measured.get("GBps") else f"{hardware.name}: memory_GBps"
     matmul = {}
     for precision, table in raw.get("matmul", {}).items():
         points = {(int(m), int(n), int(k)): float(t) for m, n, k, t in table["points"]}
@@ -121,12 +132,13 @@ def compute_for(hardware: Hardware) -> DeviceCompute:
         missing = [(m, n, k) for m in grid[0] for n in grid[1] for k in grid[2] if (m, n, k) not in points]
         if missing:
             raise ValueError(f"{path}: matmul.{precision} is not a full grid (missing {missing[:3]} ...)")
-        matmul[precision] = MatmulTable(grid=grid, tflops=points, source=table.get("source", ""))
+        exact = {(int(m), int(n), int(k)): float(t) for m, n, k, t in table.get("shapes", [])}
+        matmul[precision] = MatmulTable(grid=grid, tflops=points, source=table.get("source", ""), exact=exact)
     attention = {kernel: AttentionRates(tuple(map(tuple, a["forward_causal"])), tuple(map(tuple, a["backward"])),
                                         a.get("source", ""))
                  for kernel, a in raw.get("attention", {}).items()}
     return DeviceCompute(name=raw.get("name", hardware.compute), matmul=matmul, attention=attention,
-                         launch_floor_s=float(raw["launch_floor_us"]) * 1e-6, memory_Bps=hardware.memory_GBps * GB,
+                         launch_floor_s=float(raw["launch_floor_us"]) * 1e-6, memory_Bps=memory_GBps * GB,
                          scale=hardware.compute_scale, path=str(path),
                          launch_floor_source=raw.get("launch_floor_source", ""),
-                         scale_source=hardware.compute_scale_source)
+                         scale_source=hardware.compute_scale_source, memory_source=memory_source)

@@ -83,11 +83,11 @@ def interleaved_pipeline_s(per_micro_batch: list[float], micro_batches: int, vir
 class _Timer:
     """Kernel times of one rank: measured rates (DeviceCompute) or, under --assume-mfu, FLOPs at mfu x peak."""
 
-    def __init__(self, compute: DeviceCompute | None, mfu_flops: float | None):
-        self.compute, self.mfu_flops = compute, mfu_flops
+    def __init__(self, compute: DeviceCompute | None, mfu_flops: float | None, precision: str = "bf16"):
+        self.compute, self.mfu_flops, self.precision = compute, mfu_flops, precision
 
     def gemm(self, g: Gemm) -> float:
-        return g.flops / self.mfu_flops if self.mfu_flops else self.compute.gemm_s(g)
+        return g.flops / self.mfu_flops if self.mfu_flops else self.compute.gemm_s(g, self.precision)
 
     def attention(self, kernel: str, flops: float, seq: float, backward: bool) -> float:
         return flops / self.mfu_flops if self.mfu_flops else self.compute.attention_s(kernel, flops, seq, backward)
@@ -164,6 +164,13 @@ def _layer(spec: DecoderSpec, layout: LlmLayout, stack: Stack, timer: _Timer, ha
     return {"fwd": fwd, "bwd": bwd, "tp_exposed": tp_exposed, "cp_exposed": cp_exposed,
             "tp_comm": tp_fwd + tp_bwd, "gemm": sum(gemm_fwd) + gemm_bwd, "attention": attn_fwd + attn_bwd,
             "elementwise": ew_fwd + ew_bwd, "recompute": recompute}
+
+
+def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware: Hardware, micro_batch: int,
+              precision: str = "bf16") -> dict[str, float]:
+    """The model's forward and backward of one layer on one device (no parallelism, no recompute), its GEMMs at
+    `precision`'s rates, with the parts it adds up: what bench.layer_check holds against a measured layer."""
+    return _layer(spec, LlmLayout(), stack, _Timer(compute, None, precision), hardware, micro_batch * spec.seq_len)
 
 
 def _stage_layers(spec: DecoderSpec, layout: LlmLayout) -> list[int]:

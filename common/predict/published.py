@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
-from common.predict.gpu_compute import compute_for
+from common.predict.gpu_compute import DeviceCompute, compute_for
 from common.predict.hardware import tomllib
 from common.predict.llm_layout import parse
 from common.predict.llm_step import predict_llm
@@ -88,9 +88,9 @@ def metric_of(point: Point, spec: decoder.DecoderSpec, step_s: float) -> float:
     return per_gpu / 1e12 if point.metric == "tflops_per_gpu" else per_gpu / MEGATRON_PEAK
 
 
-def predict_point(point: Point) -> dict:
+def predict_point(point: Point, compute_of=compute_for) -> dict:
     """One row: the point, the prediction of its figure, the error, and the step's parts; `refused` instead where
-    the model cannot honour the layout."""
+    the model cannot honour the layout. `compute_of(hardware)` gives the device's compute (its table)."""
     row = {"name": point.name, "source": point.source, "metric": point.metric, "published": point.published,
            "model": point.model, "devices": point.devices, "layout": point.layout, "hardware": point.hardware,
            "stack": point.stack, "global_batch": point.global_batch, "quote": point.quote, "assumed": point.assumed}
@@ -102,10 +102,28 @@ def predict_point(point: Point) -> dict:
     except ValueError as exc:
         return {**row, "predicted": None, "error": None, "refused": str(exc)}
     hardware = hardware_files.load(point.hardware)
-    p = predict_llm(spec, layout, point.global_batch, hardware, stacks.load(point.stack), compute_for(hardware))
+    p = predict_llm(spec, layout, point.global_batch, hardware, stacks.load(point.stack), compute_of(hardware))
     predicted = metric_of(point, spec, p.step_s)
     return {**row, "layout_full": layout.name, "predicted": predicted, "error": predicted / point.published - 1,
             "step_s": p.step_s, "parts_s": p.parts_s, "memory_per_rank": p.memory_per_rank}
+
+
+def gemm_shapes(points: list[Point] | None = None) -> list[tuple[int, int, int]]:
+    """Every (m, n, k) the predictions of the points time, sorted: the shapes a device's probe measures exactly
+    (bench.compute_table), so that no published point's GEMM is read off the grid by interpolation."""
+    shapes: set[tuple[int, int, int]] = set()
+
+    class Recording(DeviceCompute):
+        def gemm_s(self, gemm, precision="bf16"):
+            shapes.add((gemm.m, gemm.n, gemm.k))
+            return super().gemm_s(gemm, precision)
+
+    def recording(hardware):
+        return Recording(**vars(compute_for(hardware)))
+
+    for p in points if points is not None else all_points():
+        predict_point(p, recording)
+    return sorted(s for s in shapes if min(s) > 0)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float | None:

@@ -52,11 +52,13 @@ def _torch_eager(spec: DecoderSpec) -> tuple[float, float]:
     # multiply (4+4), type_as (4+2): 20 per element; repeat_kv copies K and V to all heads (2 x (2kv + 2q));
     # the attention output's transpose().contiguous() copies it (4q); silu (4f) and the product with the up
     # projection (6f).
+    # A LayerNorm model (GPT) takes torch's fused nn.LayerNorm instead: one kernel reading and writing (4h).
     h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
+    norm = 36 * h if spec.norm == "rmsnorm" else 4 * h
     rope = 20 * (q + kv) if spec.position == "rope" else 0
     repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
     ffn = 10 * f if spec.ffn_kind == "swiglu" else 4 * f
-    return 2 * 36 * h + 2 * 6 * h, rope + repeat + 4 * q + ffn
+    return 2 * norm + 2 * 6 * h, rope + repeat + 4 * q + ffn
 
 
 def _torch_compile(spec: DecoderSpec) -> tuple[float, float]:
@@ -90,10 +92,11 @@ MEGATRON_TE = Stack(
            "(12 B)")
 TORCH_EAGER = Stack(
     "torch-eager", "PyTorch eager (torchtitan without torch.compile): FSDP2, SDPA flash attention",
-    attention_kernel="fa2", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
+    attention_kernel="torch_flash", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
     backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
     fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
-    elementwise_formula="84h + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f (SwiGLU) or 4f",
+    elementwise_formula="84h (RMSNorm; 20h LayerNorm) + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f "
+                        "(SwiGLU) or 4f",
     source="torchtitan 9dec370: models/llama/model.py, models/norms.py (RMSNorm in eager ops), "
            "F.scaled_dot_product_attention (FLASH_ATTENTION backend on H100 in torch of 2024-12), "
            "cross_entropy on float32 logits (6 + 8 forward, 22 backward per logit), foreach AdamW "

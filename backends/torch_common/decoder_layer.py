@@ -1,0 +1,132 @@
+"""One decoder layer of a bench.predict model (common/predict/decoder.py), written the way torchtitan's eager Llama
+writes it (models/llama/model.py at 9dec370: RMSNorm in eager ops, RoPE through complex numbers, repeat_kv,
+SDPA, SwiGLU; a GPT model's LayerNorm and GELU where the spec says so), timed forward and backward on one
+device: what bench.layer_check holds the model's prediction of one layer against.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from backends.torch_common.compute_probe import DTYPES, sdpa_backend
+from common.predict.decoder import DecoderSpec
+
+
+class RMSNorm(nn.Module):
+    """torchtitan's eager RMSNorm: computed in float32, cast back, then scaled."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_frequencies(head_dim: int, seq: int, device, theta: float = 500000.0) -> torch.Tensor:
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device).float() / head_dim))
+    return torch.polar(torch.ones(seq, head_dim // 2, device=device), torch.outer(torch.arange(seq, device=device),
+                                                                                  freqs).float())
+
+
+def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(xc * freqs[None, :, None, :]).flatten(3).type_as(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: DecoderSpec):
+        super().__init__()
+        h, d = spec.hidden, spec.head_dim
+        self.spec = spec
+        bias = spec.biases
+        norm = RMSNorm if spec.norm == "rmsnorm" else nn.LayerNorm
+        self.attention_norm, self.ffn_norm = norm(h), norm(h)
+        self.wq, self.wk, self.wv = (nn.Linear(h, w, bias=bias) for w in (spec.q_width, spec.kv_width,
+                                                                          spec.kv_width))
+        self.wo = nn.Linear(spec.q_width, h, bias=bias)
+        self.w1, self.w2 = nn.Linear(h, spec.ffn, bias=bias), nn.Linear(spec.ffn, h, bias=bias)
+        self.w3 = nn.Linear(h, spec.ffn, bias=bias) if spec.ffn_kind == "swiglu" else None
+        self.head_dim = d
+
+    def attention(self, x, freqs):
+        b, s, _ = x.shape
+        spec = self.spec
+        q = self.wq(x).view(b, s, spec.heads, self.head_dim)
+        k = self.wk(x).view(b, s, spec.kv_heads, self.head_dim)
+        v = self.wv(x).view(b, s, spec.kv_heads, self.head_dim)
+        if spec.position == "rope":
+            q, k = apply_rope(q, freqs), apply_rope(k, freqs)
+        repeats = spec.heads // spec.kv_heads
+        if repeats > 1:  # torchtitan's repeat_kv: K and V copied out to every query head
+            k, v = (t[:, :, :, None, :].expand(b, s, spec.kv_heads, repeats, self.head_dim)
+                    .reshape(b, s, spec.heads, self.head_dim) for t in (k, v))
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).contiguous().view(b, s, -1))
+
+    def feed_forward(self, x):
+        if self.w3 is not None:
+            return self.w2(nn.functional.silu(self.w1(x)) * self.w3(x))
+        return self.w2(nn.functional.gelu(self.w1(x)))
+
+    def forward(self, x, freqs):
+        h = x + self.attention(self.attention_norm(x), freqs)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def _sdpa(kernel: str):
+    from torch.nn.attention import sdpa_kernel
+    return sdpa_kernel(sdpa_backend(kernel))
+
+
+def time_layer(spec: DecoderSpec, device: torch.device, precision: str, micro_batch: int, kernel: str,
+               steps: int, compile: bool = False) -> dict:
+    """Forward and backward seconds of one layer on `micro_batch` sequences (median over `steps` after one
+    untimed step, which compiles), the layer's weights in `precision` as FSDP's mixed precision computes with
+    them; `compile`: the layer through torch.compile, as torchtitan's --training.compile compiles each block."""
+    torch.manual_seed(0)
+    dtype = DTYPES[precision]
+    module = DecoderLayer(spec).to(device=device, dtype=dtype)
+    layer = torch.compile(module) if compile else module
+    x = torch.randn(micro_batch, spec.seq_len, spec.hidden, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(x)
+    freqs = rope_frequencies(spec.head_dim, spec.seq_len, device)
+    cuda = device.type == "cuda"
+    with _sdpa(kernel):
+        forward, backward = _timed_steps(layer, module, x, grad, freqs, steps, cuda)
+    return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
+            "forward_runs_s": forward, "backward_runs_s": backward, "compiled": compile,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}
+
+
+def _timed_steps(layer, module, x, grad, freqs, steps: int, cuda: bool) -> tuple[list[float], list[float]]:
+    """(forward, backward) seconds of each step after the first; on a GPU from CUDA events around each half."""
+    forward, backward = [], []
+    for step in range(steps + 1):
+        for p in module.parameters():
+            p.grad = None
+        x.grad = None
+        if cuda:
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            marks[0].record()
+            out = layer(x, freqs)
+            marks[1].record()
+            out.backward(grad)
+            marks[2].record()
+            marks[2].synchronize()
+            fwd, bwd = marks[0].elapsed_time(marks[1]) / 1e3, marks[1].elapsed_time(marks[2]) / 1e3
+        else:
+            t0 = time.perf_counter()
+            out = layer(x, freqs)
+            t1 = time.perf_counter()
+            out.backward(grad)
+            fwd, bwd = t1 - t0, time.perf_counter() - t1
+        if step:
+            forward.append(fwd)
+            backward.append(bwd)
+    return forward, backward

@@ -1,0 +1,156 @@
+"""python -m bench.compute_table --json FILE [--toml FILE --name NAME] [--device cuda|cpu] [--precisions bf16,fp8]
+
+Measures one device's compute table for bench.predict's first-principles model (common/predict/gpu_compute.py):
+matmul TFLOP/s over a grid of shapes and at every GEMM shape the published points time, causal attention TFLOP/s
+of torch's SDPA kernels over sequence lengths, device-to-device copy bandwidth, and the shortest kernel's time.
+Writes the measurement as JSON and, with --toml, the compute table made from it. Takes a few minutes on a GPU;
+on a CPU the same code runs on small sizes (the tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from common.predict.compute_table import (
+    ATTENTION_HEAD_DIM,
+    ATTENTION_HEADS,
+    ATTENTION_SEQS,
+    ATTENTION_TOKENS,
+    COPY_BYTES,
+    GRID,
+    grid_shapes,
+    toml_text,
+)
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _sig(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v for v in text.split(",") if v)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench.compute_table", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", required=True, help="the measurement, written as JSON")
+    p.add_argument("--toml", help="also write the compute table (hardware/compute/NAME.toml's format)")
+    p.add_argument("--name", default="measured", help="the compute table's name (default: %(default)s)")
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees one, else cpu")
+    p.add_argument("--precisions", type=_names, help="matmul precisions (bf16, fp16, fp32, fp8); "
+                   "default bf16,fp8 on cuda, fp32 on cpu")
+    p.add_argument("--grid", type=_ints, default=GRID, help="each of m, n, k over these (default: 256 ... 16384)")
+    p.add_argument("--published-shapes", action=argparse.BooleanOptionalAction,
+                   help="also the exact GEMM shapes of bench.predict --published's points (default: on cuda)")
+    p.add_argument("--attention", type=_names, help="SDPA kernels: torch_flash, torch_cudnn, torch_efficient, "
+                   "torch_math (default: torch_flash,torch_cudnn on cuda, torch_math on cpu)")
+    p.add_argument("--attention-seqs", type=_ints, default=ATTENTION_SEQS, help="default: 512 ... 32768")
+    p.add_argument("--attention-tokens", type=int, default=ATTENTION_TOKENS)
+    p.add_argument("--attention-heads", type=int, default=ATTENTION_HEADS)
+    p.add_argument("--copy-bytes", type=_ints, default=COPY_BYTES)
+    p.add_argument("--target-ms", type=float, default=2.0, help="each timed batch lasts about this long")
+    return p
+
+
+def measure(args, console: Console) -> dict:
+    import torch
+
+    from backends.torch_common import compute_probe as probe
+    from common.predict.published import gemm_shapes
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    precisions = args.precisions or (("bf16", "fp8") if cuda else ("fp32",))
+    kernels = args.attention or (("torch_flash", "torch_cudnn") if cuda else ("torch_math",))
+    target = args.target_ms / 1e3
+    failed: dict[str, str] = {}
+    out = {"device": probe.device_name(device), "device_kind": device.type, "software": probe.software(),
+           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
+           "launch_us": probe.launch_us(device), "copy_GBps": {}, "matmul": {}, "attention": {}, "failed": failed}
+    for nbytes in args.copy_bytes:
+        out["copy_GBps"][str(nbytes)] = probe.copy_GBps(device, nbytes, target)
+    exact = gemm_shapes() if (cuda if args.published_shapes is None else args.published_shapes) else []
+    for precision in precisions:
+        table = {"grid": [], "shapes": []}
+        try:
+            for part, shapes in (("grid", grid_shapes(args.grid)), ("shapes", exact)):
+                for m, n, k in shapes:
+                    table[part].append([m, n, k, _sig(probe.gemm_tflops(device, precision, m, n, k, target))])
+            out["matmul"][precision] = table
+        except Exception as exc:  # noqa: BLE001 - a precision the device lacks (fp8 before Hopper) is noted, not fatal
+            failed[f"matmul.{precision}"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        console.print(f"matmul {precision}: {len(table['grid'])} grid shapes, {len(table['shapes'])} exact")
+    for kernel in kernels:
+        rates = {"forward_causal": [], "backward": []}
+        try:
+            for seq in args.attention_seqs:
+                fwd, bwd = probe.attention_tflops(device, kernel, "bf16" if cuda else "fp32", seq,
+                                                  args.attention_tokens, args.attention_heads, ATTENTION_HEAD_DIM,
+                                                  target)
+                rates["forward_causal"].append([seq, _sig(fwd)])
+                rates["backward"].append([seq, _sig(bwd)])
+            out["attention"][kernel] = rates
+        except Exception as exc:  # noqa: BLE001 - a kernel this torch or device cannot run is noted, not fatal
+            failed[f"attention.{kernel}"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return out
+
+
+def summary(measured: dict) -> Table:
+    t = Table(title=f"{measured['device']} ({measured['software']})")
+    t.add_column("what")
+    t.add_column("measured", justify="right")
+    launch = measured["launch_us"]
+    t.add_row("shortest kernel from Python (us)", f"{launch['eager']:.2f}")
+    if launch.get("graph"):
+        t.add_row("shortest kernel from a CUDA graph (us)", f"{launch['graph']:.2f}")
+    for nbytes, rate in measured["copy_GBps"].items():
+        t.add_row(f"copy {int(nbytes) >> 20} MiB (GB/s, read + written)", f"{rate:,.0f}")
+    for precision, table in measured["matmul"].items():
+        best = max(table["grid"], key=lambda r: r[3])
+        t.add_row(f"matmul {precision}: best of the grid (TFLOP/s)", f"{best[3]:,.1f} at {best[0]}x{best[1]}x{best[2]}")
+        if table["shapes"]:
+            rates = sorted(r[3] for r in table["shapes"])
+            t.add_row(f"matmul {precision}: published points' {len(rates)} shapes (TFLOP/s, min / median / max)",
+                      f"{rates[0]:,.0f} / {rates[len(rates) // 2]:,.0f} / {rates[-1]:,.0f}")
+    for kernel, rates in measured["attention"].items():
+        fwd = ", ".join(f"{s}: {r:.0f}" for s, r in rates["forward_causal"])
+        t.add_row(f"attention {kernel} forward (TFLOP/s by sequence)", fwd)
+    for what, why in measured["failed"].items():
+        t.add_row(f"failed: {what}", why)
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    started = time.perf_counter()
+    measured = measure(args, console)
+    measured["seconds"] = round(time.perf_counter() - started, 1)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(measured, indent=1) + "\n")
+    if args.toml:
+        Path(args.toml).write_text(toml_text(measured, args.name, Path(args.json).name))
+    console.print(summary(measured))
+    console.print(f"measured in {measured['seconds']} s: {args.json}" + (f", {args.toml}" if args.toml else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

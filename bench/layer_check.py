@@ -1,0 +1,100 @@
+"""python -m bench.layer_check --model NAME|FILE --hardware NAME|FILE [--stack torch-eager] [--micro-batch B]
+
+One decoder layer of a bench.predict model, built in torch as torchtitan's eager Llama builds it
+(backends/torch_common/decoder_layer.py), timed forward and backward on this machine's device, beside what
+bench.predict's first-principles model (the hardware's compute table) says the same layer takes, with the
+model's parts (GEMMs, attention, memory-bound work). It checks the compute model on a real device where no
+published point can separate compute from communication.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from common.predict import decoder, stacks
+from common.predict import hardware as hardware_files
+from common.predict.gpu_compute import compute_for
+from common.predict.llm_step import one_layer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench.layer_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a bundled decoder (common/predict/models) or a TOML file")
+    p.add_argument("--hardware", required=True, help="the hardware whose compute table predicts the layer")
+    p.add_argument("--stack", default="torch-eager", choices=("torch-eager", "torch-compile"),
+                   help="the software the layer runs as: torch eager, or through torch.compile (default: %(default)s)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per step (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, help="instead of the model's sequence length")
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees one, else cpu")
+    p.add_argument("--precision", choices=("bf16", "fp32"), help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--attention", help="the SDPA kernel the layer runs and the compute table's rates for it "
+                   "(default: torch_flash on cuda, torch_math on cpu)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps after one untimed (default: %(default)s)")
+    p.add_argument("--json", help="write the measurement and the prediction here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        spec = decoder.load(args.model)
+        if args.seq_len:
+            spec = replace(spec, seq_len=args.seq_len)
+        hardware = hardware_files.load(args.hardware)
+        stack = stacks.load(args.stack)
+        compute = compute_for(hardware)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    import torch
+
+    from backends.torch_common import compute_probe
+    from backends.torch_common.decoder_layer import time_layer
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = device.type == "cuda"
+    precision = args.precision or ("bf16" if cuda else "fp32")
+    kernel = args.attention or ("torch_flash" if cuda else "torch_math")
+    if kernel not in compute.attention:
+        console.print(f"[red]--attention {kernel}: {compute.path} has no rates for it "
+                      f"(has {', '.join(compute.attention) or 'none'})[/red]")
+        return 2
+    measured = time_layer(spec, device, precision, args.micro_batch, kernel, args.steps,
+                          compile=stack.name == "torch-compile")
+    # The model times the attention at the measured rates of the kernel the layer runs.
+    predicted = one_layer(spec, replace(stack, attention_kernel=kernel), compute, hardware, args.micro_batch,
+                          precision)
+    out = {"model": spec.name, "seq_len": spec.seq_len, "micro_batch": args.micro_batch, "stack": stack.name,
+           "hardware": hardware.name, "compute_table": compute.path, "device": compute_probe.device_name(device),
+           "software": compute_probe.software(), "precision": precision, "sdpa_kernel": kernel,
+           "measured": measured, "predicted": predicted,
+           "error": {"forward": predicted["fwd"] / measured["forward_s"] - 1,
+                     "backward": predicted["bwd"] / measured["backward_s"] - 1,
+                     "layer": (predicted["fwd"] + predicted["bwd"]) / (measured["forward_s"] + measured["backward_s"])
+                     - 1}}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    t = Table(title=f"one {spec.name} layer, {args.micro_batch} x {spec.seq_len} tokens, {out['device']} "
+                    f"({out['software']}, {stack.name}, {precision}, SDPA {kernel})")
+    for col in ("", "measured (ms)", "predicted (ms)", "error"):
+        t.add_column(col, justify="right" if col else "left")
+    for name, m, p in (("forward", measured["forward_s"], predicted["fwd"]),
+                       ("backward", measured["backward_s"], predicted["bwd"]),
+                       ("layer", measured["forward_s"] + measured["backward_s"], predicted["fwd"] + predicted["bwd"])):
+        t.add_row(name, f"{m * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / m - 1:+.1%}")
+    console.print(t)
+    console.print("predicted parts (ms, forward + backward): " + ", ".join(
+        f"{part} {predicted[part] * 1e3:.3f}" for part in ("gemm", "attention", "elementwise")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""A device's compute table (hardware/compute/<name>.toml) from parbench's own measurement: what bench.compute_table
+measures, and the file gpu_compute reads, written from it.
+
+The measurement (JSON, kept as the record beside the table): the device and software; the shortest kernel's time
+from Python (eager) and from a CUDA graph; device-to-device copy bandwidth; matmul TFLOP/s over a grid of shapes
+(every m, n, k of GRID) and at the exact shapes bench.predict's published points time; causal attention TFLOP/s
+of each SDPA kernel over sequence lengths (the FlashAttention-3 paper's setting: 16k tokens, hidden 2,048, head
+dimension 128); what failed, in a line each. Nothing here imports a framework.
+"""
+from __future__ import annotations
+
+import json
+
+GRID = (256, 512, 1024, 2048, 4096, 8192, 16384)
+ATTENTION_SEQS = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+ATTENTION_TOKENS, ATTENTION_HEADS, ATTENTION_HEAD_DIM = 16384, 16, 128
+COPY_BYTES = (64 << 20, 256 << 20, 1 << 30)
+
+
+def attention_flops(batch: int, seq: int, heads: int, head_dim: int) -> float:
+    """Causal forward FLOPs in the flash-attention papers' convention: 4 s^2 d per head and sequence, halved by the
+    mask (the backward counts 2.5 x this)."""
+    return 4.0 * batch * heads * seq * seq * head_dim / 2
+
+
+def grid_shapes(axis: tuple[int, ...] = GRID) -> list[tuple[int, int, int]]:
+    return [(m, n, k) for m in axis for n in axis for k in axis]
+
+
+def _q(text: str) -> str:
+    return json.dumps(text)  # a TOML basic string is a JSON string for the characters used here
+
+
+def _rows(points: list[list[float]]) -> str:
+    body = ",\n".join("  [" + ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in p) + "]"
+                      for p in points)
+    return "[\n" + body + ",\n]" if points else "[]"
+
+
+def toml_text(measured: dict, name: str, record: str) -> str:
+    """The compute table of a measurement; `record` names the JSON it was written from (each section's source)."""
+    where = f"parbench's probe (python -m bench.compute_table), {measured['device']}, {measured['software']}, " \
+            f"{measured['date']}: {record}"
+    launch = measured["launch_us"]
+    floor, how = (launch["graph"], "from a CUDA graph") if launch.get("graph") else (launch["eager"], "from Python")
+    copy_what = "a {} MiB device-to-device copy, bytes read and written"
+    attention_what = f"SDPA causal, {ATTENTION_TOKENS} tokens, {ATTENTION_HEADS} heads of {ATTENTION_HEAD_DIM}"
+    lines = [f"# How fast {measured['device']} computes, measured by parbench (python -m bench.compute_table);",
+             "# bench.predict's first-principles compute (common/predict/gpu_compute.py) reads it.",
+             f"name = {_q(name)}", f"device = {_q(measured['device'])}", "",
+             f"launch_floor_us = {floor:.3g}",
+             f"launch_floor_source = {_q(f'{where}: back-to-back one-element adds {how}')}",
+             f"eager_launch_us = {launch['eager']:.3g}   # the same adds issued one by one from Python", ""]
+    if measured.get("copy_GBps"):
+        largest = max(measured["copy_GBps"], key=int)
+        lines += ["[memory]", f"GBps = {measured['copy_GBps'][largest]:.4g}",
+                  f"source = {_q(where + ': ' + copy_what.format(int(largest) >> 20))}",
+                  ""]
+    for precision, table in measured["matmul"].items():
+        lines += [f"[matmul.{precision}]",
+                  f"source = {_q(where + ': C[m, n] = A[m, k] B[k, n], row-major operands, median of 5 batches')}",
+                  f"points = {_rows(table['grid'])}"]
+        if table.get("shapes"):
+            lines.append(f"shapes = {_rows(table['shapes'])}")
+        lines.append("")
+    for kernel, rates in measured["attention"].items():
+        lines += [f"[attention.{kernel}]",
+                  f"source = {_q(where + ': ' + attention_what)}",
+                  f"forward_causal = {json.dumps(rates['forward_causal'])}",
+                  f"backward = {json.dumps(rates['backward'])}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""bench.compute_table and bench.layer_check on this machine's CPU: the same code that measured the H100's table
+(results/reference/h100x1/compute) and held one layer against it, at small sizes."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from bench import compute_table, layer_check
+from common.predict import decoder, published
+from common.predict import hardware as hardware_files
+from common.predict.gpu_compute import MatmulTable, compute_for
+
+TINY = """name = "tiny-llama"
+layers = 2
+hidden = 64
+heads = 4
+kv_heads = 2
+ffn = 128
+ffn_kind = "swiglu"
+vocab = 100
+seq_len = 32
+tied_embeddings = false
+"""
+
+
+def _hardware(path, table, device_name: str) -> str:
+    path.write_text(f'name = "here"\ndescription = "this CPU"\ndevice_kind = "cpu"\ndevice_name = "{device_name}"\n'
+                    f'devices_per_node = 1\nmemory_GiB = 4\nmemory_GBps = 1234\ncompute = "{table}"\n'
+                    '[[link]]\nlevel = "node"\nbusbw_GBps = 1\nlatency_us = 1\nsource = "one device"\n')
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compute")
+    argv = ["--json", str(out / "m.json"), "--toml", str(out / "m.toml"), "--name", "cpu-here", "--device", "cpu",
+            "--grid", "16,32", "--attention-seqs", "16,32", "--attention-tokens", "64", "--attention-heads", "2",
+            "--copy-bytes", "65536", "--target-ms", "0.2"]
+    assert compute_table.main(argv) == 0
+    return out, json.loads((out / "m.json").read_text())
+
+
+def test_the_probe_writes_the_table_the_model_reads(measured, tmp_path):
+    out, m = measured
+    assert len(m["matmul"]["fp32"]["grid"]) == 8 and not m["matmul"]["fp32"]["shapes"] and not m["failed"]
+    assert set(m["attention"]) == {"torch_math"} and m["launch_us"]["graph"] is None
+    c = compute_for(hardware_files.load(_hardware(tmp_path / "hw.toml", out / "m.toml", m["device"])))
+    table = c.matmul["fp32"]
+    for mm, n, k, tflops in m["matmul"]["fp32"]["grid"]:
+        assert table.rate(mm, n, k) == pytest.approx(tflops)
+    backward_at_32 = m["attention"]["torch_math"]["backward"][1][1]
+    assert c.attention["torch_math"].rate(32, backward=True) == pytest.approx(backward_at_32)
+    assert c.launch_floor_s == pytest.approx(m["launch_us"]["eager"] * 1e-6, rel=1e-2)
+    # The measured copy is this part's bandwidth; another part keeps its datasheet figure.
+    assert c.memory_Bps == pytest.approx(m["copy_GBps"]["65536"] * 1e9, rel=1e-3)
+    other = compute_for(hardware_files.load(_hardware(tmp_path / "other.toml", out / "m.toml", "another part")))
+    assert other.memory_Bps == 1234e9
+
+
+def test_a_shape_measured_as_it_is_wins_over_the_grid():
+    grid = (256, 1024)
+    table = MatmulTable(grid=(grid, grid, grid), tflops={(m, n, k): 100.0 for m in grid for n in grid for k in grid},
+                        source="", exact={(512, 512, 512): 40.0})
+    assert table.rate(512, 512, 512) == 40.0
+    assert table.rate(512, 512, 513) == pytest.approx(100.0)
+
+
+def test_the_exact_shapes_are_the_gemms_the_published_points_time():
+    point = next(p for p in published.all_points() if p.layout == "fsdp8-mbs2-sel")
+    shapes = published.gemm_shapes([point])
+    spec = decoder.load(point.model)
+    forward = {(g.m, g.n, g.k) for g in spec.layer_gemms(2 * spec.seq_len)}
+    backward = {(b.m, b.n, b.k) for g in spec.layer_gemms(2 * spec.seq_len) for b in spec.backward_gemms(g)}
+    head = spec.head_gemm(2 * spec.seq_len)
+    assert set(shapes) == forward | backward | {(head.m, head.n, head.k), (head.m, head.k, head.n),
+                                                (head.k, head.n, head.m)}
+
+
+def test_the_bundled_h100_table_holds_every_published_gemm():
+    table = compute_for(hardware_files.load("h100-sxm-8")).matmul["bf16"]
+    assert set(published.gemm_shapes()) <= set(table.exact)
+
+
+def test_the_timed_layer_has_the_model_s_parameters(tmp_path):
+    torch = pytest.importorskip("torch")
+    from backends.torch_common.decoder_layer import DecoderLayer
+    (tmp_path / "tiny.toml").write_text(TINY)
+    spec = decoder.load(str(tmp_path / "tiny.toml"))
+    for s in (spec, replace(spec, ffn_kind="gelu", norm="layernorm", biases=True, position="learned")):
+        layer = DecoderLayer(s)
+        assert sum(p.numel() for p in layer.parameters()) == s.layer_params()
+        x = torch.randn(2, s.seq_len, s.hidden)
+        from backends.torch_common.decoder_layer import rope_frequencies
+        assert layer(x, rope_frequencies(s.head_dim, s.seq_len, "cpu")).shape == x.shape
+
+
+def test_layer_check_holds_a_measured_layer_against_the_model(measured, tmp_path):
+    out, m = measured
+    (tmp_path / "tiny.toml").write_text(TINY)
+    hw = _hardware(tmp_path / "hw.toml", out / "m.toml", m["device"])
+    argv = ["--model", str(tmp_path / "tiny.toml"), "--hardware", hw, "--micro-batch", "2", "--steps", "2",
+            "--json", str(tmp_path / "l.json")]
+    assert layer_check.main(argv) == 0
+    r = json.loads((tmp_path / "l.json").read_text())
+    assert r["sdpa_kernel"] == "torch_math" and r["precision"] == "fp32"
+    meas, pred = r["measured"], r["predicted"]
+    assert len(meas["forward_runs_s"]) == 2 and meas["forward_s"] > 0 and meas["backward_s"] > 0
+    assert pred["gemm"] > 0 and pred["attention"] > 0 and pred["elementwise"] > 0
+    assert pred["fwd"] + pred["bwd"] == pytest.approx(pred["gemm"] + pred["attention"] + pred["elementwise"])
+    assert r["error"]["layer"] == pytest.approx((pred["fwd"] + pred["bwd"]) / (meas["forward_s"] + meas["backward_s"])
+                                                - 1)
+    assert layer_check.main(argv[:-2] + ["--attention", "torch_flash"]) == 2  # no rates for it: refused in a line
