@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("bf16", "fp32"), help="default: bf16 on cuda, fp32 on cpu")
     p.add_argument("--attention", help="the SDPA kernel the layer runs and the compute table's rates for it "
                    "(default: torch_flash on cuda, torch_math on cpu)")
+    p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
+                   help="activation recomputation: selective is torchtitan's op policy (default: %(default)s)")
     p.add_argument("--steps", type=int, default=5, help="timed steps after one untimed (default: %(default)s)")
     p.add_argument("--json", help="write the measurement and the prediction here")
     return p
@@ -67,11 +69,12 @@ def main(argv: list[str] | None = None) -> int:
                       f"(has {', '.join(compute.attention) or 'none'})[/red]")
         return 2
     measured = time_layer(spec, device, precision, args.micro_batch, kernel, args.steps,
-                          compile=stack.name == "torch-compile")
+                          compile=stack.name == "torch-compile", recompute=args.recompute)
     # The model times the attention at the measured rates of the kernel the layer runs.
     predicted = one_layer(spec, replace(stack, attention_kernel=kernel), compute, hardware, args.micro_batch,
-                          precision)
+                          precision, args.recompute)
     out = {"model": spec.name, "seq_len": spec.seq_len, "micro_batch": args.micro_batch, "stack": stack.name,
+           "recompute": args.recompute,
            "hardware": hardware.name, "compute_table": compute.path, "device": compute_probe.device_name(device),
            "software": compute_probe.software(), "precision": precision, "sdpa_kernel": kernel,
            "measured": measured, "predicted": predicted,
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     t = Table(title=f"one {spec.name} layer, {args.micro_batch} x {spec.seq_len} tokens, {out['device']} "
-                    f"({out['software']}, {stack.name}, {precision}, SDPA {kernel})")
+                    f"({out['software']}, {stack.name}, {precision}, SDPA {kernel}, recompute {args.recompute})")
     for col in ("", "measured (ms)", "predicted (ms)", "error"):
         t.add_column(col, justify="right" if col else "left")
     for name, m, p in (("forward", measured["forward_s"], predicted["fwd"]),
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         t.add_row(name, f"{m * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / m - 1:+.1%}")
     console.print(t)
     console.print("predicted parts (ms, forward + backward): " + ", ".join(
-        f"{part} {predicted[part] * 1e3:.3f}" for part in ("gemm", "attention", "elementwise")))
+        f"{part} {predicted[part] * 1e3:.3f}" for part in ("gemm", "attention", "elementwise", "recompute")))
     return 0
 
 

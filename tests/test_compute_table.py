@@ -112,3 +112,36 @@ def test_layer_check_holds_a_measured_layer_against_the_model(measured, tmp_path
     assert r["error"]["layer"] == pytest.approx((pred["fwd"] + pred["bwd"]) / (meas["forward_s"] + meas["backward_s"])
                                                 - 1)
     assert layer_check.main(argv[:-2] + ["--attention", "torch_flash"]) == 2  # no rates for it: refused in a line
+
+
+def test_selective_recompute_redoes_every_second_matmul_and_keeps_the_gradients(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from backends.torch_common.decoder_layer import Checkpointed, DecoderLayer, rope_frequencies
+
+    class CountMatmuls(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.calls += func == torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+
+    (tmp_path / "tiny.toml").write_text(TINY)
+    spec = decoder.load(str(tmp_path / "tiny.toml"))
+    torch.manual_seed(0)
+    plain = DecoderLayer(spec)
+    x = torch.randn(2, spec.seq_len, spec.hidden, requires_grad=True)
+    freqs = rope_frequencies(spec.head_dim, spec.seq_len, "cpu")
+    seen = {}
+    for recompute in ("none", "selective"):
+        layer = plain if recompute == "none" else Checkpointed(plain, recompute)
+        x.grad, plain.wq.weight.grad = None, None
+        out = layer(x, freqs)
+        with CountMatmuls() as counted:
+            out.sum().backward()
+        seen[recompute] = counted.calls, x.grad.clone(), plain.wq.weight.grad.clone()
+    linears = len(spec.linears())
+    assert seen["none"][0] == 2 * linears                          # dgrad and wgrad of each
+    assert seen["selective"][0] == 2 * linears + linears // 2      # wk, wo, w3 again: every second forward matmul
+    assert torch.allclose(seen["none"][1], seen["selective"][1]) and torch.allclose(seen["none"][2], seen["selective"][2])

@@ -79,20 +79,61 @@ class DecoderLayer(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+# torchtitan's op-level selective activation checkpointing (9dec370 parallelize_llama._apply_ac_to_transformer_block):
+# the outputs of these ops are kept, every other one recomputed in the backward, except every second matmul.
+def _saved_ops() -> set:
+    ops = torch.ops.aten
+    return {ops.mm.default, ops._scaled_dot_product_flash_attention.default,
+            ops._scaled_dot_product_efficient_attention.default, ops._scaled_dot_product_cudnn_attention.default,
+            ops.max.default}
+
+
+def selective_context():
+    """A fresh pair of checkpoint contexts under torchtitan's policy (a matmul count per forward and recompute)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    saved, counts = _saved_ops(), {"forward": 0, "recompute": 0}
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            counts[mode] += 1
+        keep = func in saved and not (func == torch.ops.aten.mm.default and counts[mode] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+class Checkpointed(nn.Module):
+    """A layer whose activations are recomputed in the backward: all of them (`full`), or what torchtitan's
+    selective policy does not keep (`selective`)."""
+
+    def __init__(self, layer: nn.Module, recompute: str):
+        super().__init__()
+        self.layer, self.recompute = layer, recompute
+
+    def forward(self, x, freqs):
+        from torch.utils.checkpoint import checkpoint, noop_context_fn
+        context = selective_context if self.recompute == "selective" else noop_context_fn
+        return checkpoint(self.layer, x, freqs, use_reentrant=False, context_fn=context, preserve_rng_state=False)
+
+
 def _sdpa(kernel: str):
     from torch.nn.attention import sdpa_kernel
     return sdpa_kernel(sdpa_backend(kernel))
 
 
 def time_layer(spec: DecoderSpec, device: torch.device, precision: str, micro_batch: int, kernel: str,
-               steps: int, compile: bool = False) -> dict:
+               steps: int, compile: bool = False, recompute: str = "none") -> dict:
     """Forward and backward seconds of one layer on `micro_batch` sequences (median over `steps` after one
     untimed step, which compiles), the layer's weights in `precision` as FSDP's mixed precision computes with
-    them; `compile`: the layer through torch.compile, as torchtitan's --training.compile compiles each block."""
+    them; `compile`: the layer through torch.compile, as torchtitan's --training.compile compiles each block;
+    `recompute`: none, selective (torchtitan's op policy) or full activation recomputation, applied before the
+    compile as torchtitan applies it."""
     torch.manual_seed(0)
     dtype = DTYPES[precision]
     module = DecoderLayer(spec).to(device=device, dtype=dtype)
-    layer = torch.compile(module) if compile else module
+    layer = module if recompute == "none" else Checkpointed(module, recompute)
+    layer = torch.compile(layer) if compile else layer
     x = torch.randn(micro_batch, spec.seq_len, spec.hidden, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(x)
     freqs = rope_frequencies(spec.head_dim, spec.seq_len, device)
@@ -100,7 +141,7 @@ def time_layer(spec: DecoderSpec, device: torch.device, precision: str, micro_ba
     with _sdpa(kernel):
         forward, backward = _timed_steps(layer, module, x, grad, freqs, steps, cuda)
     return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
-            "forward_runs_s": forward, "backward_runs_s": backward, "compiled": compile,
+            "forward_runs_s": forward, "backward_runs_s": backward, "compiled": compile, "recompute": recompute,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}
 
 

@@ -167,10 +167,11 @@ def _layer(spec: DecoderSpec, layout: LlmLayout, stack: Stack, timer: _Timer, ha
 
 
 def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware: Hardware, micro_batch: int,
-              precision: str = "bf16") -> dict[str, float]:
-    """The model's forward and backward of one layer on one device (no parallelism, no recompute), its GEMMs at
-    `precision`'s rates, with the parts it adds up: what bench.layer_check holds against a measured layer."""
-    return _layer(spec, LlmLayout(), stack, _Timer(compute, None, precision), hardware, micro_batch * spec.seq_len)
+              precision: str = "bf16", recompute: str = "none") -> dict[str, float]:
+    """The model's forward and backward of one layer on one device (no parallelism), its GEMMs at `precision`'s
+    rates, with the parts it adds up: what bench.layer_check holds against a measured layer."""
+    return _layer(spec, LlmLayout(recompute=recompute), stack, _Timer(compute, None, precision), hardware,
+                  micro_batch * spec.seq_len)
 
 
 def _stage_layers(spec: DecoderSpec, layout: LlmLayout) -> list[int]:
