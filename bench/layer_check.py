@@ -1,9 +1,10 @@
-"""python -m bench.layer_check --model NAME|FILE --hardware NAME|FILE [--stack torch-eager] [--micro-batch B]
+"""python -m bench.layer_check --model NAME|FILE --hardware NAME|FILE [--part layer|head|optimizer] [--micro-batch B]
 
 One decoder layer of a bench.predict model, built in torch as torchtitan's eager Llama builds it
 (backends/torch_common/decoder_layer.py), timed forward and backward on this machine's device, beside what
 bench.predict's first-principles model (the hardware's compute table) says the same layer takes, with the
-model's parts (GEMMs, attention, memory-bound work). It checks the compute model on a real device where no
+model's parts (GEMMs, attention, memory-bound work); `--part head` the final norm, output layer and loss,
+`--part optimizer` the optimizer's step over a shard. It checks the compute model on a real device where no
 published point can separate compute from communication.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rich.table import Table
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import compute_for
-from common.predict.llm_step import one_layer
+from common.predict.llm_step import one_head, one_layer, optimizer_s
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("bf16", "fp32"), help="default: bf16 on cuda, fp32 on cpu")
     p.add_argument("--attention", help="the SDPA kernel the layer runs and the compute table's rates for it "
                    "(default: torch_flash on cuda, torch_math on cpu)")
+    p.add_argument("--part", choices=("layer", "head", "optimizer"), default="layer",
+                   help="one decoder layer, the final norm + output layer + loss, or the optimizer's step over "
+                        "a shard (default: %(default)s)")
+    p.add_argument("--shards", type=int, default=8,
+                   help="--part optimizer: the FSDP degree whose 1/N of the parameters a rank updates")
     p.add_argument("--recompute", choices=("none", "selective", "full"), default="none",
                    help="activation recomputation: selective is torchtitan's op policy (default: %(default)s)")
     p.add_argument("--steps", type=int, default=5, help="timed steps after one untimed (default: %(default)s)")
@@ -58,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from backends.torch_common import compute_probe
-    from backends.torch_common.decoder_layer import time_layer
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
@@ -68,35 +73,59 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]--attention {kernel}: {compute.path} has no rates for it "
                       f"(has {', '.join(compute.attention) or 'none'})[/red]")
         return 2
+    out = {"model": spec.name, "seq_len": spec.seq_len, "micro_batch": args.micro_batch, "stack": stack.name,
+           "part": args.part, "recompute": args.recompute, "hardware": hardware.name, "compute_table": compute.path,
+           "device": compute_probe.device_name(device), "software": compute_probe.software(), "precision": precision,
+           "sdpa_kernel": kernel}
+    what = {"layer": _layer, "head": _head, "optimizer": _optimizer}[args.part]
+    title, rows, parts = what(args, spec, stack, compute, hardware, device, precision, kernel, out)
+    out["error"] = {name: p / m - 1 for name, m, p in rows}
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    t = Table(title=f"{title}, {out['device']} ({out['software']}, {stack.name}, {precision})")
+    for col in ("", "measured (ms)", "predicted (ms)", "error"):
+        t.add_column(col, justify="right" if col else "left")
+    for name, m, p in rows:
+        t.add_row(name, f"{m * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / m - 1:+.1%}")
+    console.print(t)
+    console.print("predicted parts (ms): " + ", ".join(f"{part} {v * 1e3:.3f}" for part, v in parts.items()))
+    return 0
+
+
+def _layer(args, spec, stack, compute, hardware, device, precision, kernel, out):
+    from backends.torch_common.decoder_layer import time_layer
     measured = time_layer(spec, device, precision, args.micro_batch, kernel, args.steps,
                           compile=stack.name == "torch-compile", recompute=args.recompute)
     # The model times the attention at the measured rates of the kernel the layer runs.
     predicted = one_layer(spec, replace(stack, attention_kernel=kernel), compute, hardware, args.micro_batch,
                           precision, args.recompute)
-    out = {"model": spec.name, "seq_len": spec.seq_len, "micro_batch": args.micro_batch, "stack": stack.name,
-           "recompute": args.recompute,
-           "hardware": hardware.name, "compute_table": compute.path, "device": compute_probe.device_name(device),
-           "software": compute_probe.software(), "precision": precision, "sdpa_kernel": kernel,
-           "measured": measured, "predicted": predicted,
-           "error": {"forward": predicted["fwd"] / measured["forward_s"] - 1,
-                     "backward": predicted["bwd"] / measured["backward_s"] - 1,
-                     "layer": (predicted["fwd"] + predicted["bwd"]) / (measured["forward_s"] + measured["backward_s"])
-                     - 1}}
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    t = Table(title=f"one {spec.name} layer, {args.micro_batch} x {spec.seq_len} tokens, {out['device']} "
-                    f"({out['software']}, {stack.name}, {precision}, SDPA {kernel}, recompute {args.recompute})")
-    for col in ("", "measured (ms)", "predicted (ms)", "error"):
-        t.add_column(col, justify="right" if col else "left")
-    for name, m, p in (("forward", measured["forward_s"], predicted["fwd"]),
-                       ("backward", measured["backward_s"], predicted["bwd"]),
-                       ("layer", measured["forward_s"] + measured["backward_s"], predicted["fwd"] + predicted["bwd"])):
-        t.add_row(name, f"{m * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / m - 1:+.1%}")
-    console.print(t)
-    console.print("predicted parts (ms, forward + backward): " + ", ".join(
-        f"{part} {predicted[part] * 1e3:.3f}" for part in ("gemm", "attention", "elementwise", "recompute")))
-    return 0
+    out.update(measured=measured, predicted=predicted)
+    m_fwd, m_bwd, p_fwd, p_bwd = measured["forward_s"], measured["backward_s"], predicted["fwd"], predicted["bwd"]
+    rows = [("forward", m_fwd, p_fwd), ("backward", m_bwd, p_bwd), ("layer", m_fwd + m_bwd, p_fwd + p_bwd)]
+    title = (f"one {spec.name} layer, {args.micro_batch} x {spec.seq_len} tokens, SDPA {kernel}, "
+             f"recompute {args.recompute}")
+    return title, rows, {k: predicted[k] for k in ("gemm", "attention", "elementwise", "recompute")}
+
+
+def _head(args, spec, stack, compute, hardware, device, precision, kernel, out):
+    from backends.torch_common.decoder_layer import time_head
+    measured = time_head(spec, device, precision, args.micro_batch, args.steps)
+    predicted = one_head(spec, stack, compute, args.micro_batch, precision)
+    out.update(measured=measured, predicted=predicted)
+    total = measured["forward_s"] + measured["backward_s"]
+    return (f"{spec.name}'s final norm, output layer and loss, {args.micro_batch} x {spec.seq_len} tokens",
+            [("head", total, sum(predicted.values()))], predicted)
+
+
+def _optimizer(args, spec, stack, compute, hardware, device, precision, kernel, out):
+    from backends.torch_common.decoder_layer import time_optimizer
+    measured = time_optimizer(spec, device, args.shards, args.steps)
+    predicted = optimizer_s(spec.param_count() / args.shards, stack, compute)
+    out.update(measured=measured, predicted={"optimizer": predicted}, shards=args.shards)
+    return (f"{spec.name}'s clipping and AdamW over 1/{args.shards} of its parameters "
+            f"({measured['elements'] / 1e6:,.0f} M elements)",
+            [("optimizer", measured["step_s"], predicted)], {"optimizer": predicted})
 
 
 if __name__ == "__main__":

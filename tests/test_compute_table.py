@@ -145,3 +145,20 @@ def test_selective_recompute_redoes_every_second_matmul_and_keeps_the_gradients(
     assert seen["none"][0] == 2 * linears                          # dgrad and wgrad of each
     assert seen["selective"][0] == 2 * linears + linears // 2      # wk, wo, w3 again: every second forward matmul
     assert torch.allclose(seen["none"][1], seen["selective"][1]) and torch.allclose(seen["none"][2], seen["selective"][2])
+
+
+def test_the_rest_of_a_rank_s_step_is_checked_by_part(measured, tmp_path):
+    out, m = measured
+    (tmp_path / "tiny.toml").write_text(TINY)
+    spec = decoder.load(str(tmp_path / "tiny.toml"))
+    hw = _hardware(tmp_path / "hw.toml", out / "m.toml", m["device"])
+    base = ["--model", str(tmp_path / "tiny.toml"), "--hardware", hw, "--steps", "2"]
+    assert layer_check.main(base + ["--part", "optimizer", "--shards", "4", "--json", str(tmp_path / "o.json")]) == 0
+    opt = json.loads((tmp_path / "o.json").read_text())
+    # A rank updates its shard of every parameter: the model's count, each tensor rounded up.
+    tensors = len(spec.linears()) * spec.layers + 2 * spec.layers + 1 + 2
+    assert spec.param_count() / 4 <= opt["measured"]["elements"] < spec.param_count() / 4 + tensors
+    assert opt["error"]["optimizer"] == pytest.approx(opt["predicted"]["optimizer"] / opt["measured"]["step_s"] - 1)
+    assert layer_check.main(base + ["--part", "head", "--json", str(tmp_path / "h.json")]) == 0
+    head = json.loads((tmp_path / "h.json").read_text())
+    assert set(head["predicted"]) == {"gemm", "loss", "norm"} and head["measured"]["backward_s"] > 0

@@ -1,7 +1,8 @@
 """One decoder layer of a bench.predict model (common/predict/decoder.py), written the way torchtitan's eager Llama
 writes it (models/llama/model.py at 9dec370: RMSNorm in eager ops, RoPE through complex numbers, repeat_kv,
 SDPA, SwiGLU; a GPT model's LayerNorm and GELU where the spec says so), timed forward and backward on one
-device: what bench.layer_check holds the model's prediction of one layer against.
+device; and the rest of a rank's step the same way (the final norm, output layer and float32 loss; the
+optimizer's step over a shard of the parameters): what bench.layer_check holds the model's prediction against.
 """
 from __future__ import annotations
 
@@ -138,36 +139,109 @@ def time_layer(spec: DecoderSpec, device: torch.device, precision: str, micro_ba
     grad = torch.randn_like(x)
     freqs = rope_frequencies(spec.head_dim, spec.seq_len, device)
     cuda = device.type == "cuda"
+    def zero():
+        for p in module.parameters():
+            p.grad = None
+        x.grad = None
+
     with _sdpa(kernel):
-        forward, backward = _timed_steps(layer, module, x, grad, freqs, steps, cuda)
+        forward, backward = _timed_steps(lambda: layer(x, freqs), lambda out: out.backward(grad), zero, steps, cuda)
     return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
             "forward_runs_s": forward, "backward_runs_s": backward, "compiled": compile, "recompute": recompute,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if cuda else None}
 
 
-def _timed_steps(layer, module, x, grad, freqs, steps: int, cuda: bool) -> tuple[list[float], list[float]]:
+def _timed_steps(forward_fn, backward_fn, zero, steps: int, cuda: bool) -> tuple[list[float], list[float]]:
     """(forward, backward) seconds of each step after the first; on a GPU from CUDA events around each half."""
     forward, backward = [], []
     for step in range(steps + 1):
-        for p in module.parameters():
-            p.grad = None
-        x.grad = None
+        zero()
         if cuda:
             marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
             marks[0].record()
-            out = layer(x, freqs)
+            out = forward_fn()
             marks[1].record()
-            out.backward(grad)
+            backward_fn(out)
             marks[2].record()
             marks[2].synchronize()
             fwd, bwd = marks[0].elapsed_time(marks[1]) / 1e3, marks[1].elapsed_time(marks[2]) / 1e3
         else:
             t0 = time.perf_counter()
-            out = layer(x, freqs)
+            out = forward_fn()
             t1 = time.perf_counter()
-            out.backward(grad)
+            backward_fn(out)
             fwd, bwd = t1 - t0, time.perf_counter() - t1
         if step:
             forward.append(fwd)
             backward.append(bwd)
     return forward, backward
+
+
+class Head(nn.Module):
+    """torchtitan's last stage: the final norm, the untied output layer, and the loss over float32 logits
+    (train.py: cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1)))."""
+
+    def __init__(self, spec: DecoderSpec):
+        super().__init__()
+        self.norm = RMSNorm(spec.hidden) if spec.norm == "rmsnorm" else nn.LayerNorm(spec.hidden)
+        self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
+
+    def forward(self, x, labels):
+        logits = self.output(self.norm(x))
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
+
+
+def time_head(spec: DecoderSpec, device: torch.device, precision: str, micro_batch: int, steps: int) -> dict:
+    """Forward and backward seconds of the head and loss on `micro_batch` sequences (medians as time_layer's)."""
+    torch.manual_seed(0)
+    dtype = DTYPES[precision]
+    head = Head(spec).to(device=device, dtype=dtype)
+    x = torch.randn(micro_batch, spec.seq_len, spec.hidden, device=device, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, spec.vocab, (micro_batch, spec.seq_len), device=device)
+
+    def zero():
+        for p in head.parameters():
+            p.grad = None
+        x.grad = None
+
+    forward, backward = _timed_steps(lambda: head(x, labels), lambda loss: loss.backward(), zero, steps,
+                                     device.type == "cuda")
+    return {"forward_s": statistics.median(forward), "backward_s": statistics.median(backward),
+            "forward_runs_s": forward, "backward_runs_s": backward}
+
+
+def time_optimizer(spec: DecoderSpec, device: torch.device, shards: int, steps: int) -> dict:
+    """Seconds of one optimizer step over a rank's 1/`shards` of every parameter (float32, as FSDP2 keeps the
+    sharded master weights): gradient-norm clipping and AdamW, both foreach, as torchtitan runs them
+    (optimizer.fused false; clip_grad_norm_ with foreach)."""
+    torch.manual_seed(0)
+    sizes = [lin.inputs * lin.outputs for lin in spec.linears()] * spec.layers
+    sizes += [lin.outputs for lin in spec.linears()] * spec.layers if spec.biases else []
+    sizes += [spec.norm_params()] * (2 * spec.layers + 1) + [spec.embedding_params()]
+    sizes += [] if spec.tied_embeddings else [spec.vocab * spec.hidden]
+    params = [torch.randn(-(-n // shards), device=device, requires_grad=True) for n in sizes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, foreach=True)
+
+    def step():
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        optimizer.step()
+
+    seconds = []
+    cuda = device.type == "cuda"
+    for i in range(steps + 1):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            step()
+            elapsed = time.perf_counter() - t0
+        if i:
+            seconds.append(elapsed)
+    return {"step_s": statistics.median(seconds), "runs_s": seconds, "elements": sum(p.numel() for p in params)}

@@ -166,6 +166,26 @@ def _layer(spec: DecoderSpec, layout: LlmLayout, stack: Stack, timer: _Timer, ha
             "elementwise": ew_fwd + ew_bwd, "recompute": recompute}
 
 
+def _head(spec: DecoderSpec, tp: int, stack: Stack, timer: _Timer, tokens: int) -> dict[str, float]:
+    """The last stage's own work, forward and backward: the final norm, the output layer's GEMMs (vocabulary split
+    over tp) and the loss over the logits."""
+    head = spec.head_gemm(tokens, tp)
+    return {"gemm": timer.gemm(head) + sum(timer.gemm(b) for b in spec.backward_gemms(head)),
+            "loss": timer.memory(tokens * spec.vocab / tp * stack.logit_bytes, 4),
+            "norm": timer.memory(tokens * spec.hidden * 4 * (1 + stack.backward_factor), 2)}
+
+
+def one_head(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, micro_batch: int,
+             precision: str = "bf16") -> dict[str, float]:
+    """The model's final norm, output layer and loss on one device, forward and backward, by part."""
+    return _head(spec, 1, stack, _Timer(compute, None, precision), micro_batch * spec.seq_len)
+
+
+def optimizer_s(elements: float, stack: Stack, compute: DeviceCompute) -> float:
+    """The optimizer's step (clipping included) over `elements` parameters a rank updates: memory-bound."""
+    return _Timer(compute, None).memory(elements * stack.optimizer_bytes, 8)
+
+
 def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware: Hardware, micro_batch: int,
               precision: str = "bf16", recompute: str = "none") -> dict[str, float]:
     """The model's forward and backward of one layer on one device (no parallelism), its GEMMs at `precision`'s
@@ -206,10 +226,7 @@ def predict_llm(spec: DecoderSpec, layout: LlmLayout, global_batch: int, hardwar
     counts = _stage_layers(spec, layout)
     # First stage: the embedding's look-up and its gradient (memory-bound); last: final norm, output layer, loss.
     embed = timer.memory(tokens * spec.hidden * BF16 * 4 / (layout.tp if layout.sp else 1), 2)
-    head = spec.head_gemm(tokens, layout.tp)
-    head_s = timer.gemm(head) + sum(timer.gemm(b) for b in spec.backward_gemms(head)) \
-        + timer.memory(tokens * spec.vocab / layout.tp * stack.logit_bytes, 4) \
-        + timer.memory(tokens * spec.hidden * 4 * (1 + stack.backward_factor), 2)
+    head_s = sum(_head(spec, layout.tp, stack, timer, tokens).values())
     send = 0.0
     collectives = []
     if layout.pp > 1:
@@ -244,7 +261,7 @@ def predict_llm(spec: DecoderSpec, layout: LlmLayout, global_batch: int, hardwar
                                                              layer_params, n, m, window_fwd, window_bwd)
     collectives += dp_colls
     updated = stage_params / (layout.shard if layout.shard > 1 else layout.dp if layout.zero1 else 1)
-    optimizer = timer.memory(updated * stack.optimizer_bytes, 8)
+    optimizer = 0.0 if mfu_flops else optimizer_s(updated, stack, compute)
     step = pipe + dp_exposed + optimizer + copies
     memory = per_rank(spec, layout, tokens, stage_params, layer_params, n, m, busiest == layout.pp - 1,
                       stack.selective)
