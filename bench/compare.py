@@ -90,9 +90,9 @@ def build_parser() -> OneLineParser:
                    help="run every row R times, the rows interleaved in each repeat (order reversed every other "
                         "repeat), and report each row's median and 95%% interval (docs/comparison.md)")
     p.add_argument("--co-run-probe", action="store_true",
-                   help="on a CPU host, after the first 1-device run of each backend and workload, run it again as "
-                        "the sweep's largest device count of processes side by side, and write how much they slow "
-                        "each other into its record (bench.co_run; bench.predict uses it)")
+                   help="on a CPU host, after the first 1-device run of each backend and workload (in each repeat), "
+                        "run it again as the sweep's largest device count of processes side by side, and write how "
+                        "much they slow each other into its record (bench.co_run; bench.predict uses their median)")
     p.add_argument("--srun", action="store_true",
                    help="inside a SLURM job (sbatch): run each bench.run as a job step over every node of the job, "
                         "one task per node (bench.slurm's scripts do this); --gpus is then per node")
@@ -407,8 +407,10 @@ def main(argv: list[str] | None = None) -> int:
                                 + (f", repeat {repeat + 1}/{args.repeats}" if args.repeats > 1 else ""))
                 run_ids.append(run_one(args, backend, workload, devices, sweep_id, log_dir, layout, grad_accum,
                                        invalid.get(i), args.job_nodes))
-                if args.co_run_probe and devices == 1 and (backend, workload) not in probed:
-                    probed.add((backend, workload))
+                # Each repeat probes its own first 1-device run: one sample per sweep moved a prediction by
+                # 10-20 points between sweeps; bench.predict takes the probes' median.
+                if args.co_run_probe and devices == 1 and (backend, workload, repeat) not in probed:
+                    probed.add((backend, workload, repeat))
                     co_run_probe(args, plan, backend, workload, sweep_id, layout, grad_accum, run_ids[-1], console)
                 progress.advance(task)
         write_summary(out)

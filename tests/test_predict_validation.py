@@ -10,7 +10,7 @@ import pytest
 from bench.reporting import validation as validation_report
 from common.layout import Layout
 from common.predict import hardware as hardware_files
-from common.predict.basis import UNPROBED, from_records
+from common.predict.basis import UNPROBED, co_run_slowdown, from_records
 from common.predict.memory import state_bytes
 from common.predict.validation import (
     basis_of,
@@ -164,6 +164,14 @@ def test_repeats_are_predicted_from_the_median_reference_and_held_as_one_configu
     assert [r["run_id"] for r in refs] == ["one-1"] and basis_of(TINY, refs, probed).co_run == pytest.approx(2.05)
     assert repeats_of(ones[0], probed) == probed[:3]
     assert basis_of(TINY, [probed[0]], probed[:1]).co_run == 1.3  # no repeats: the probe's own figure
+    # each repeat probed (--repeats with --co-run-probe): every probe's copies pooled, 2.0, 2.4, 1.0, 1.2, 1.6, 3.0,
+    # their median 1.8 over the repeats' median alone, 1.0 s (the first probe's alone: 2.2; the median of the
+    # probes' medians: 2.2); without repeats, the probes' median slowdown, 1.2 (the first's: 1.3)
+    probes = [{**ones[i], "co_run": {**probe, "step_s_p50": copies, "slowdown": slow}}
+              for i, copies, slow in ((1, [2.0, 2.4], 1.3), (0, [1.0, 1.2], 1.1), (2, [1.6, 3.0], 1.2))]
+    assert basis_of(TINY, refs, probes).co_run == pytest.approx(1.8)
+    assert "co-run probes of one-2, one-1, one-3" in basis_of(TINY, refs, probes).label
+    assert co_run_slowdown(probes) == (1.2, "one-2, one-1, one-3")
     result = validate([older, *ones, *runs, dp4, {**ones[0], "run_id": "t-one", "sweep_id": "t"}], H100)
     assert [r["step_s"]["error"] for r in result["runs"]] == pytest.approx([0.0, -0.2, -0.5, 0.0], abs=1e-12)
     configs = {c["layout"]: c for c in result["configurations"]}

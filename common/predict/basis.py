@@ -95,17 +95,19 @@ def interruption_share(record: dict) -> float:
 
 
 def co_run_slowdown(records: list[dict], alone: list[float] = ()) -> tuple[float, str | None]:
-    """How much ranks side by side on a CPU host slow each other's compute, from the co-run probe a record of
-    `records` carries (record["co_run"], bench.co_run: the run's command as K processes at once); (1.0, None)
-    where none carries one: not measured, taken as none. `alone`: the median steps of the probed run's repeats
-    (itself among them): the probe's median over their median, not over the one run it followed."""
-    for r in records:
-        probe = CoRun.from_record(r)
-        if probe is not None:
-            if len(alone) > 1:
-                return statistics.median(probe.step_s_p50) / statistics.median(alone), r["run_id"]
-            return probe.slowdown, r["run_id"]
-    return 1.0, None
+    """How much ranks side by side on a CPU host slow each other's compute, from the co-run probes the records
+    carry (record["co_run"], bench.co_run: a run's command as K processes at once); (1.0, None) where none
+    carries one: not measured, taken as none. `alone`: the median steps of the probed run's repeats (the probed
+    runs among them): the median of every probe's copies over their median, not over the one run a probe
+    followed; a sweep with repeats probes each repeat, and one probe is one sample of a noisy machine."""
+    probes = {r["run_id"]: probe for r in records if (probe := CoRun.from_record(r)) is not None}
+    if not probes:
+        return 1.0, None
+    ids = ", ".join(probes)
+    if len(alone) > 1:
+        copies = [s for probe in probes.values() for s in probe.step_s_p50]
+        return statistics.median(copies) / statistics.median(alone), ids
+    return statistics.median(probe.slowdown for probe in probes.values()), ids
 
 
 def record_layout(record: dict) -> Layout:
@@ -221,7 +223,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict], co_run_from: lis
     co_run, co_run_id = co_run_slowdown([*records, *co_run_from],
                                         [r["step_time_s"]["p50"] for r in co_run_from])
     if co_run_id:
-        label += f", side by side x{co_run:.3f} (co-run probe of {co_run_id})"
+        label += f", side by side x{co_run:.3f} (co-run probe{'s' if ', ' in co_run_id else ''} of {co_run_id})"
     shares = ComputeShares.from_record(main)
     if shares:
         label += f", matmuls {shares.matmul:.0%} of its compute (profile)"

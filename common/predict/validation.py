@@ -83,8 +83,8 @@ def repeats_of(reference: dict, records: list[dict]) -> list[dict]:
 
 
 def basis_of(spec, refs: list[dict], records: list[dict]) -> Basis:
-    """The basis of `refs` (references()), with the co-run probe of whichever repeat of the main one carries it: a
-    sweep probes its first 1-device run only, and the median repeat need not be that one."""
+    """The basis of `refs` (references()), with the co-run probes of whichever repeats of the main one carry them:
+    a sweep probes its first 1-device run in each repeat, and the median repeat need not be one of those."""
     return from_records(spec, refs, co_run_from=repeats_of(refs[0], records))
 
 
