@@ -144,7 +144,8 @@ def test_selective_recompute_redoes_every_second_matmul_and_keeps_the_gradients(
     linears = len(spec.linears())
     assert seen["none"][0] == 2 * linears                          # dgrad and wgrad of each
     assert seen["selective"][0] == 2 * linears + linears // 2      # wk, wo, w3 again: every second forward matmul
-    assert torch.allclose(seen["none"][1], seen["selective"][1]) and torch.allclose(seen["none"][2], seen["selective"][2])
+    for plain_grad, recomputed_grad in zip(seen["none"][1:], seen["selective"][1:]):
+        assert torch.allclose(plain_grad, recomputed_grad)
 
 
 def test_the_rest_of_a_rank_s_step_is_checked_by_part(measured, tmp_path):
