@@ -228,20 +228,6 @@ def time_optimizer(spec: DecoderSpec, device: torch.device, shards: int, steps: 
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
         optimizer.step()
 
-    seconds = []
-    cuda = device.type == "cuda"
-    for i in range(steps + 1):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step()
-            end.record()
-            end.synchronize()
-            elapsed = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            step()
-            elapsed = time.perf_counter() - t0
-        if i:
-            seconds.append(elapsed)
+    # The step timed as a forward with nothing after it: _timed_steps' events and untimed first step.
+    seconds, _ = _timed_steps(step, lambda _: None, lambda: None, steps, device.type == "cuda")
     return {"step_s": statistics.median(seconds), "runs_s": seconds, "elements": sum(p.numel() for p in params)}
