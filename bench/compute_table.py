@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from datetime import datetime, timezone
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attention-heads", type=int, default=ATTENTION_HEADS)
     p.add_argument("--copy-bytes", type=_ints, default=COPY_BYTES)
     p.add_argument("--target-ms", type=float, default=2.0, help="each timed batch lasts about this long")
+    p.add_argument("--sustain-s", type=float, default=0.0,
+                   help="first run one bf16 GEMM back to back this long, its rate sampled every half second, so "
+                   "that the table after it is measured at the clocks a long run holds (default: 0, off)")
+    p.add_argument("--sustain-shape", type=_ints, default=(8192, 8192, 8192), help="m,n,k of that GEMM "
+                   "(default: 8192,8192,8192)")
     return p
 
 
@@ -83,7 +89,10 @@ def measure(args, console: Console) -> dict:
     failed: dict[str, str] = {}
     out = {"device": probe.device_name(device), "device_kind": device.type, "software": probe.software(),
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-           "launch_us": probe.launch_us(device), "copy_GBps": {}, "matmul": {}, "attention": {}, "failed": failed}
+           "launch_us": None, "copy_GBps": {}, "matmul": {}, "attention": {}, "failed": failed}
+    if args.sustain_s > 0:
+        out["sustained"] = sustained(probe, device, "bf16" if cuda else "fp32", args.sustain_shape, args.sustain_s)
+    out["launch_us"] = probe.launch_us(device)
     for nbytes in args.copy_bytes:
         out["copy_GBps"][str(nbytes)] = probe.copy_GBps(device, nbytes, target)
     exact = gemm_shapes() if (cuda if args.published_shapes is None else args.published_shapes) else []
@@ -112,6 +121,17 @@ def measure(args, console: Console) -> dict:
     return out
 
 
+def sustained(probe, device, precision: str, shape: tuple[int, ...], seconds: float) -> dict:
+    """One GEMM's rate over a long run: its first half second against the median of its last third."""
+    if len(shape) != 3:
+        raise SystemExit(f"--sustain-shape takes m,n,k, got {shape}")
+    series = probe.sustained_gemm(device, precision, *shape, seconds, 0.5)
+    steady = statistics.median(r for _, r in series[-max(1, len(series) // 3):])
+    return {"precision": precision, "shape": list(shape), "seconds": seconds, "first_tflops": _sig(series[0][1]),
+            "steady_tflops": _sig(steady), "steady_over_first": round(steady / series[0][1], 4),
+            "series": [[t, _sig(r)] for t, r in series]}
+
+
 def summary(measured: dict) -> Table:
     t = Table(title=f"{measured['device']} ({measured['software']})")
     t.add_column("what")
@@ -122,6 +142,11 @@ def summary(measured: dict) -> Table:
         t.add_row("shortest kernel from a CUDA graph (us)", f"{launch['graph']:.2f}")
     for nbytes, rate in measured["copy_GBps"].items():
         t.add_row(f"copy {int(nbytes) >> 20} MiB (GB/s, read + written)", f"{rate:,.0f}")
+    if "sustained" in measured:
+        run = measured["sustained"]
+        t.add_row(f"matmul {run['precision']} {'x'.join(map(str, run['shape']))} run {run['seconds']:g} s: first half "
+                  "second / last third (TFLOP/s)", f"{run['first_tflops']:,.1f} / {run['steady_tflops']:,.1f} "
+                  f"(x{run['steady_over_first']:.3f})")
     for precision, table in measured["matmul"].items():
         best = max(table["grid"], key=lambda r: r[3])
         t.add_row(f"matmul {precision}: best of the grid (TFLOP/s)", f"{best[3]:,.1f} at {best[0]}x{best[1]}x{best[2]}")

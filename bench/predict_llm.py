@@ -112,7 +112,8 @@ def run_model(console: Console, args) -> int:
     compute = None if args.assume_mfu is not None else compute_for(hardware)
     label = (f"compute ASSUMED: MFU {args.assume_mfu:g} of {hardware.name}'s datasheet bf16 peak"
              if args.assume_mfu is not None else
-             f"compute from first principles: {compute.path} (published kernel rates; see --constants)")
+             f"compute from first principles: {compute.path} "
+             "(measured and published kernel rates, each with its source: --constants)")
     names = [e.strip() for e in args.layouts.split(",") if e.strip()]
     for name in names:   # what no device count can change is refused before anything is predicted
         try:

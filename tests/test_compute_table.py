@@ -163,3 +163,21 @@ def test_the_rest_of_a_rank_s_step_is_checked_by_part(measured, tmp_path):
     assert layer_check.main(base + ["--part", "head", "--json", str(tmp_path / "h.json")]) == 0
     head = json.loads((tmp_path / "h.json").read_text())
     assert set(head["predicted"]) == {"gemm", "loss", "norm"} and head["measured"]["backward_s"] > 0
+
+
+def test_a_sustained_run_is_sampled_through_its_length_and_noted_in_the_table(measured, tmp_path):
+    argv = ["--json", str(tmp_path / "s.json"), "--toml", str(tmp_path / "s.toml"), "--device", "cpu", "--grid", "16",
+            "--attention-seqs", "16", "--attention-tokens", "64", "--attention-heads", "2", "--copy-bytes", "65536",
+            "--target-ms", "0.2", "--sustain-s", "2.6", "--sustain-shape", "64,32,16"]
+    assert compute_table.main(argv) == 0
+    run = json.loads((tmp_path / "s.json").read_text())["sustained"]
+    times = [t for t, _ in run["series"]]
+    assert run["shape"] == [64, 32, 16] and len(times) >= 4 and 1.5 < times[-1] < 2.6
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    assert 0.3 < gaps[len(gaps) // 2] < 0.8  # a sample each half second (one may stretch on a busy machine)
+    rates = sorted(r for _, r in run["series"][-(len(times) // 3):])
+    assert run["first_tflops"] == run["series"][0][1]
+    assert run["steady_tflops"] == pytest.approx(rates[len(rates) // 2] if len(rates) % 2 else
+                                                 (rates[len(rates) // 2 - 1] + rates[len(rates) // 2]) / 2, rel=1e-3)
+    assert "in its first half second" in (tmp_path / "s.toml").read_text()
+    assert "Measured without a sustained load first" in (measured[0] / "m.toml").read_text()

@@ -51,9 +51,11 @@ def seconds_per_call(device: torch.device, fn: Callable[[], object], target_s: f
     return statistics.median(samples)
 
 
-def gemm_tflops(device: torch.device, precision: str, m: int, n: int, k: int, target_s: float) -> float:
+def _gemm(device: torch.device, precision: str, m: int, n: int, k: int) -> Callable[[], object]:
     """C[m, n] = A[m, k] B[k, n] at `precision` (bf16/fp16/fp32: torch.matmul; fp8: torch._scaled_mm, e4m3
-    operands with per-tensor scales and a bf16 result, as Float8 training runs its linear layers)."""
+    operands with per-tensor scales and a bf16 result, as Float8 training runs its linear layers). Random
+    normal operands: a GPU draws less power, and so clocks higher, on zeros or repeated values than on data
+    like a training step's."""
     if precision == "fp8":
         a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
         b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
@@ -61,15 +63,36 @@ def gemm_tflops(device: torch.device, precision: str, m: int, n: int, k: int, ta
 
         def product():
             return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
-    else:
-        dtype = DTYPES[precision]
-        a = torch.randn(m, k, device=device, dtype=dtype)
-        b = torch.randn(k, n, device=device, dtype=dtype)
-        out = torch.empty(m, n, device=device, dtype=dtype)
+        return product
+    dtype = DTYPES[precision]
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    out = torch.empty(m, n, device=device, dtype=dtype)
+    return lambda: torch.matmul(a, b, out=out)
 
-        def product():
-            return torch.matmul(a, b, out=out)
-    return 2.0 * m * n * k / seconds_per_call(device, product, target_s) / 1e12
+
+def gemm_tflops(device: torch.device, precision: str, m: int, n: int, k: int, target_s: float) -> float:
+    """TFLOP/s of one GEMM (`_gemm`), the median of BATCHES timed batches."""
+    return 2.0 * m * n * k / seconds_per_call(device, _gemm(device, precision, m, n, k), target_s) / 1e12
+
+
+def sustained_gemm(device: torch.device, precision: str, m: int, n: int, k: int, seconds: float,
+                   interval_s: float) -> list[list[float]]:
+    """[seconds since the start, TFLOP/s] of one GEMM run back to back for `seconds`, one sample per
+    `interval_s`: how its rate moves from the first fraction of a second (where a short timing lives) to the
+    clocks a device holds under a long run's power and heat."""
+    product = _gemm(device, precision, m, n, k)
+    per_call = seconds_per_call(device, product, interval_s / 10)
+    calls = max(1, round(interval_s / per_call))
+    series, start = [], time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            product()
+        _sync(device)
+        elapsed = time.perf_counter() - t0
+        series.append([round(t0 - start, 3), 2.0 * m * n * k * calls / elapsed / 1e12])
+    return series
 
 
 def sdpa_backend(kernel: str):

@@ -37,6 +37,16 @@ def _rows(points: list[list[float]]) -> str:
     return "[\n" + body + ",\n]" if points else "[]"
 
 
+def _sustained_note(run: dict | None) -> list[str]:
+    if not run:
+        return ["# Measured without a sustained load first (no --sustain-s): a long run's clocks may be lower."]
+    shape = "x".join(map(str, run["shape"]))
+    return [f"# Measured straight after {run['seconds']:g} s of one {run['precision']} {shape} GEMM back to back, at "
+            "the clocks a long run holds: that GEMM",
+            f"# ran at {run['first_tflops']:g} TFLOP/s in its first half second, {run['steady_tflops']:g} in its "
+            f"last third (x{run['steady_over_first']:.3f})."]
+
+
 def toml_text(measured: dict, name: str, record: str) -> str:
     """The compute table of a measurement; `record` names the JSON it was written from (each section's source)."""
     where = f"parbench's probe (python -m bench.compute_table), {measured['device']}, {measured['software']}, " \
@@ -47,6 +57,7 @@ def toml_text(measured: dict, name: str, record: str) -> str:
     attention_what = f"SDPA causal, {ATTENTION_TOKENS} tokens, {ATTENTION_HEADS} heads of {ATTENTION_HEAD_DIM}"
     lines = [f"# How fast {measured['device']} computes, measured by parbench (python -m bench.compute_table);",
              "# bench.predict's first-principles compute (common/predict/gpu_compute.py) reads it.",
+             *_sustained_note(measured.get("sustained")),
              f"name = {_q(name)}", f"device = {_q(measured['device'])}", "",
              f"launch_floor_us = {floor:.3g}",
              f"launch_floor_source = {_q(f'{where}: back-to-back one-element adds {how}')}",
