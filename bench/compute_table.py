@@ -100,8 +100,8 @@ def measure(args, console: Console) -> dict:
         table = {"grid": [], "shapes": []}
         try:
             for part, shapes in (("grid", grid_shapes(args.grid)), ("shapes", exact)):
-                for m, n, k in shapes:
-                    table[part].append([m, n, k, _sig(probe.gemm_tflops(device, precision, m, n, k, target))])
+                rates = probe.gemm_tflops(device, precision, list(shapes), target)
+                table[part] = [[m, n, k, _sig(rate)] for (m, n, k), rate in zip(shapes, rates)]
             out["matmul"][precision] = table
         except Exception as exc:  # noqa: BLE001 - a precision the device lacks (fp8 before Hopper) is noted, not fatal
             failed[f"matmul.{precision}"] = f"{type(exc).__name__}: {exc}".splitlines()[0]

@@ -24,31 +24,36 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def seconds_per_call(device: torch.device, fn: Callable[[], object], target_s: float) -> float:
-    """Median seconds of one call of `fn` over BATCHES timed batches, after an untimed warm-up call."""
+def _calls_for(device: torch.device, fn: Callable[[], object], target_s: float) -> int:
+    """How many back-to-back calls of `fn` last about `target_s`, after an untimed warm-up call."""
     fn()
     _sync(device)
     t0 = time.perf_counter()
     fn()
     _sync(device)
-    first = max(time.perf_counter() - t0, 1e-7)
-    calls = max(1, min(1000, round(target_s / first)))
-    samples = []
-    for _ in range(BATCHES):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(calls):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3 / calls)
-        else:
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples.append((time.perf_counter() - t0) / calls)
-    return statistics.median(samples)
+    return max(1, min(1000, round(target_s / max(time.perf_counter() - t0, 1e-7))))
+
+
+def _batch_s(device: torch.device, fn: Callable[[], object], calls: int) -> float:
+    """Seconds of one call of `fn`, over a batch of `calls` back-to-back calls (CUDA events on a GPU)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / calls
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def seconds_per_call(device: torch.device, fn: Callable[[], object], target_s: float) -> float:
+    """Median seconds of one call of `fn` over BATCHES timed batches, after an untimed warm-up call."""
+    calls = _calls_for(device, fn, target_s)
+    return statistics.median(_batch_s(device, fn, calls) for _ in range(BATCHES))
 
 
 def _gemm(device: torch.device, precision: str, m: int, n: int, k: int) -> Callable[[], object]:
@@ -71,9 +76,21 @@ def _gemm(device: torch.device, precision: str, m: int, n: int, k: int) -> Calla
     return lambda: torch.matmul(a, b, out=out)
 
 
-def gemm_tflops(device: torch.device, precision: str, m: int, n: int, k: int, target_s: float) -> float:
-    """TFLOP/s of one GEMM (`_gemm`), the median of BATCHES timed batches."""
-    return 2.0 * m * n * k / seconds_per_call(device, _gemm(device, precision, m, n, k), target_s) / 1e12
+def gemm_tflops(device: torch.device, precision: str, shapes: list[tuple[int, int, int]], target_s: float,
+                rounds: int = BATCHES) -> list[float]:
+    """TFLOP/s of each GEMM (`_gemm`) of `shapes`, the median of `rounds` timed batches taken in passes through
+    all the shapes, not one shape's batches back to back: a transient (a host stall that drains the launch
+    queue, a clock dip) then costs one batch of a few neighbouring shapes instead of every batch of one shape.
+    The first measured table timed shapes one after the other; a repeat found seven neighbouring shapes 2-5
+    times slow, and they moved one published point by 10%."""
+    calls = [_calls_for(device, _gemm(device, precision, *shape), target_s) for shape in shapes]
+    batches: list[list[float]] = [[] for _ in shapes]
+    for _ in range(rounds):
+        for i, shape in enumerate(shapes):
+            product = _gemm(device, precision, *shape)  # operands made again: the shapes do not all fit at once
+            product()
+            batches[i].append(_batch_s(device, product, calls[i]))
+    return [2.0 * m * n * k / statistics.median(b) / 1e12 for (m, n, k), b in zip(shapes, batches)]
 
 
 def sustained_gemm(device: torch.device, precision: str, m: int, n: int, k: int, seconds: float,
@@ -82,8 +99,7 @@ def sustained_gemm(device: torch.device, precision: str, m: int, n: int, k: int,
     `interval_s`: how its rate moves from the first fraction of a second (where a short timing lives) to the
     clocks a device holds under a long run's power and heat."""
     product = _gemm(device, precision, m, n, k)
-    per_call = seconds_per_call(device, product, interval_s / 10)
-    calls = max(1, round(interval_s / per_call))
+    calls = _calls_for(device, product, interval_s)
     series, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
@@ -92,6 +108,7 @@ def sustained_gemm(device: torch.device, precision: str, m: int, n: int, k: int,
         _sync(device)
         elapsed = time.perf_counter() - t0
         series.append([round(t0 - start, 3), 2.0 * m * n * k * calls / elapsed / 1e12])
+        calls = max(1, round(calls * interval_s / elapsed))  # the next sample as long, whatever the clocks do now
     return series
 
 
