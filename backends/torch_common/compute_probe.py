@@ -103,10 +103,7 @@ def sustained_gemm(device: torch.device, precision: str, m: int, n: int, k: int,
     series, start = [], time.perf_counter()
     while time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
-        for _ in range(calls):
-            product()
-        _sync(device)
-        elapsed = time.perf_counter() - t0
+        elapsed = _batch_s(device, product, calls) * calls
         series.append([round(t0 - start, 3), 2.0 * m * n * k * calls / elapsed / 1e12])
         calls = max(1, round(calls * interval_s / elapsed))  # the next sample as long, whatever the clocks do now
     return series
