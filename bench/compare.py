@@ -90,9 +90,10 @@ def build_parser() -> OneLineParser:
                    help="run every row R times, the rows interleaved in each repeat (order reversed every other "
                         "repeat), and report each row's median and 95%% interval (docs/comparison.md)")
     p.add_argument("--co-run-probe", action="store_true",
-                   help="on a CPU host, after the first 1-device run of each backend and workload (in each repeat), "
-                        "run it again as the sweep's largest device count of processes side by side, and write how "
-                        "much they slow each other into its record (bench.co_run; bench.predict uses their median)")
+                   help="on a CPU host, after the plan's first 1-device run of each backend and workload (every "
+                        "repeat of it), run it again as the sweep's largest device count of processes side by side, "
+                        "and write how much they slow each other into its record (bench.co_run; bench.predict uses "
+                        "their median)")
     p.add_argument("--srun", action="store_true",
                    help="inside a SLURM job (sbatch): run each bench.run as a job step over every node of the job, "
                         "one task per node (bench.slurm's scripts do this); --gpus is then per node")
@@ -319,6 +320,19 @@ def sweep_plan(args) -> list[tuple[str, str, int, Layout | None, int]]:
     return [(w, b, lay.devices, lay, accum) for w in args.workloads for b in args.backends for lay, accum in runs]
 
 
+def probed_runs(plan: list[tuple[str, str, int, Layout | None, int]], order: list[tuple[int, int]]) \
+        -> set[tuple[int, int]]:
+    """The (repeat, row) runs --co-run-probe probes: each backend and workload's first 1-device row of the plan,
+    after every repeat of it. Every repeat, since one probe per sweep moved a prediction by 10-20 points between
+    sweeps; the same row each time, since bench.predict pools a run's probes over its own repeats (probing each
+    repeat's first 1-device run in the order it ran mixed micro-batch counts: a repeat runs the rows in reverse)."""
+    first: dict[tuple[str, str], int] = {}
+    for i, (workload, backend, devices, _, _) in enumerate(plan):
+        if devices == 1:
+            first.setdefault((workload, backend), i)
+    return {(repeat, i) for repeat, i in order if i in first.values()}
+
+
 def repeat_order(rows: int, repeats: int) -> list[tuple[int, int]]:
     """(repeat, row) in the order they run: every row once per repeat, so that a drift of the machine
     spreads over all rows instead of landing on the last ones; every other repeat in reverse, so that
@@ -391,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     order = repeat_order(len(plan), args.repeats)
     repeats = f" ({len(plan)} rows x {args.repeats} repeats)" if args.repeats > 1 else ""
     console.print(f"{sweep_id}: {len(order)} runs{repeats}{threads_phrase(args.threads_per_device, args.device_kind)}")
-    run_ids, probed = [], set()
+    run_ids, probed = [], probed_runs(plan, order) if args.co_run_probe else set()
     started = time.monotonic()
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -407,10 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                                 + (f", repeat {repeat + 1}/{args.repeats}" if args.repeats > 1 else ""))
                 run_ids.append(run_one(args, backend, workload, devices, sweep_id, log_dir, layout, grad_accum,
                                        invalid.get(i), args.job_nodes))
-                # Each repeat probes its own first 1-device run: one sample per sweep moved a prediction by
-                # 10-20 points between sweeps; bench.predict takes the probes' median.
-                if args.co_run_probe and devices == 1 and (backend, workload, repeat) not in probed:
-                    probed.add((backend, workload, repeat))
+                if (repeat, i) in probed:
                     co_run_probe(args, plan, backend, workload, sweep_id, layout, grad_accum, run_ids[-1], console)
                 progress.advance(task)
         write_summary(out)

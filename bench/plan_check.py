@@ -4,9 +4,10 @@ bench.plan proven by exhaustion (nox -s plan-check; not in CI, it takes tens of 
 enumerates for torch_3d on 2 devices (micro-batches 2, 4, 8; global batch 32; evaluation skipped) measured with
 bench.compare for each size, then the plan made from each folder's 1-device runs held to the goals of
 common.plan.check. The errors a plan allows for (its ranking error, its memory error) come from validating the
-OTHER size's runs, never the runs it is checked against. The pick and the ranking are the plan's under no binding
-memory limit; the fit calls are its calls under every limit at which they change, set before anything measured
-is looked at from its own predicted peaks (common.plan.check.fit_limits). With --repeats R every layout and
+OTHER size's runs (measured by this check, else left under --out by an earlier one), never the runs it is
+checked against. The pick and the ranking are the plan's under no binding memory limit; the fit calls are its
+calls under every limit at which they change, set before anything measured is looked at from its own predicted
+peaks (common.plan.check.fit_limits). With --repeats R every layout and
 1-device run is measured R times (bench.compare --repeats): each layout's measured step is the median of its runs,
 the plan's basis the median 1-device repeat (common.predict.validation.references). Exits 1 when a goal fails; the
 figures come last.
@@ -111,12 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reuse:
         for size, folder in folders.items():
             measure(size, folder, args)
+    # A size checked alone takes its allowances from another size's folder an earlier check left under --out.
+    earlier = {size: out / f"mlm-{size}" for size in BERT_SIZES
+               if size not in folders and (out / f"mlm-{size}" / "runs").is_dir()}
     validations = {size: validate(load_records(folder), hardware_files.load(DEFAULT_HARDWARE))
-                   for size, folder in folders.items()}
+                   for size, folder in {**folders, **earlier}.items()}
     lines, ok = [], True
     for size, folder in folders.items():
-        others = [v for s, v in validations.items() if s != size]
-        plan, result, load = check(size, folder, others[0] if others else {})
+        other = next((s for s in validations if s != size), None)
+        plan, result, load = check(size, folder, validations[other] if other else {})
         pick, rank, fit = result["pick"], result["ranking"], result["fit"]
         ok = ok and pick["holds"] and rank["holds"] and fit["holds"]
         lines += [f"== mlm {size}, {DEVICES} devices, global batch {BATCH}: {rank['configurations']} layouts "
@@ -132,11 +136,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"layouts, of which measured within their limit: {', '.join(fit['wrong']) or 'none'}; not "
                   f"measured: {', '.join(fit['unmeasured']) or 'none'}; closest: {_closest(fit['closest'])}: "
                   f"{_verdict(fit['holds'])}",
-                  f"errors allowed (from the other size's validation): ranking {_share(plan['ranking_error'])}, "
-                  f"memory {_share(plan['memory_error'])}"]
+                  f"errors allowed (from {_source(other, {**folders, **earlier})}): ranking "
+                  f"{_share(plan['ranking_error'])}, memory {_share(plan['memory_error'])}"]
     print("\n".join(lines))
     print("PLAN CHECK HOLDS" if ok else "PLAN CHECK FAILS")
     return 0 if ok else 1
+
+
+def _source(size: str | None, folders: dict[str, Path]) -> str:
+    return f"the {size} runs' validation, {folders[size]}" if size else "no other size's runs: none allowed"
 
 
 def _closest(closest: dict | None) -> str:

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from bench import parity_checks as pc
 from bench.compare import build_parser as compare_parser
-from bench.compare import check_layout_options, run_command, sweep_plan
+from bench.compare import check_layout_options, probed_runs, repeat_order, run_command, sweep_plan
 from bench.layouts import parse_layout
 from bench.reporting.compose import build_report
 from bench.reporting.document import to_markdown
@@ -113,6 +113,21 @@ def test_a_layout_sweep_runs_each_layout_after_its_one_device_references():
     assert cmd[cmd.index("--scaling") + 1] == "strong" and cmd[cmd.index("--batch-size") + 1] == "8"
     ref = run_command(args, "torch_ddp", "mlm", 1, "rid", "layouts-x", plan[1][3], plan[1][4])
     assert ref[ref.index("--grad-accum") + 1] == "4" and "--pipeline-stages" not in ref
+
+
+def test_every_repeat_probes_the_same_one_device_run_side_by_side():
+    """--co-run-probe with --repeats 3: bench.predict pools a run's probes over its own repeats, so each repeat
+    probes the same row, the plan's first 1-device one, although the second repeat runs the rows in reverse
+    (where the accumulating 1-device run comes first); one row per backend and workload."""
+    args = compare_parser().parse_args(["--layouts", "dp2,pp2-mb4", "--backends", "torch_3d,torch_ddp",
+                                        "--workloads", "mlm", "--batch-size", "8"])
+    args.scaling = "strong"
+    plan = sweep_plan(args)
+    order = repeat_order(len(plan), 3)
+    assert [(b, n, accum) for _, b, n, _, accum in plan[:4]] == [
+        ("torch_3d", 1, 1), ("torch_3d", 1, 4), ("torch_3d", 2, 1), ("torch_3d", 2, 1)]
+    assert order[len(plan)] == (1, len(plan) - 1)  # the second repeat starts from the last row
+    assert probed_runs(plan, order) == {(repeat, row) for repeat in range(3) for row in (0, 4)}
 
 
 # ----------------------------------------------------------------------------- report

@@ -715,7 +715,7 @@ def test_plan_check_measures_each_size_with_bench_compare(tmp_path, capsys, monk
     assert "fsdp2" in unmeasured and set(unmeasured) <= set(names) - {"dp2"} and len(unmeasured) >= 2
     assert unmeasured == sorted(unmeasured)
     assert lines[4].split("; closest: ")[1].startswith("dp2 measured 0.00x the 0.") and lines[4].endswith(": FAILS")
-    assert lines[5] == "errors allowed (from the other size's validation): ranking n/a, memory n/a"
+    assert lines[5] == "errors allowed (from no other size's runs: none allowed): ranking n/a, memory n/a"
 
 
 def test_plan_check_defaults():
@@ -881,7 +881,7 @@ def test_plan_check_reuse_prints_each_goal(reused):
                         f"{fit['layouts_called']} layouts, of which measured within their limit: none; not "
                         f"measured: none; closest: {closest['layout']} measured {closest['measured_over_limit']:.2f}x "
                         f"the {closest['limit_bytes'] / GIB:.3f} GiB limit: holds")
-    assert lines[5] == "errors allowed (from the other size's validation): ranking n/a, memory n/a"
+    assert lines[5] == "errors allowed (from no other size's runs: none allowed): ranking n/a, memory n/a"
     assert lines[6] == "PLAN CHECK HOLDS" and len(lines) == 7
 
 
@@ -900,3 +900,10 @@ def test_plan_check_takes_the_errors_of_the_other_size(tmp_path):
     # tiny's errors from mini's two validated runs (a ranking error), mini's from tiny's.
     errors = [line for line in printed.splitlines() if line.startswith("errors allowed")]
     assert len(errors) == 2 and all("ranking n/a" not in e and "memory n/a" not in e for e in errors)
+    assert errors[0].startswith(f"errors allowed (from the mini runs' validation, {mini}): ")
+    # tiny checked alone: the mini folder an earlier check left under --out still gives its allowances
+    stdout = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "stdout", stdout)
+        plan_check.main(["--reuse", "--out", str(tmp_path), "--sizes", "tiny"])
+    assert stdout.getvalue().count("== mlm ") == 1 and stdout.getvalue().splitlines()[-2] == errors[0]

@@ -172,6 +172,13 @@ def test_repeats_are_predicted_from_the_median_reference_and_held_as_one_configu
     assert basis_of(TINY, refs, probes).co_run == pytest.approx(1.8)
     assert "co-run probes of one-2, one-1, one-3" in basis_of(TINY, refs, probes).label
     assert co_run_slowdown(probes) == (1.2, "one-2, one-1, one-3")
+    # a reference of another micro-batch count probed after its own, faster run (copies 0.5 s, x1.25 of it): its
+    # copies are not pooled over the main one's steps (they would make 1.4); with the main one's repeats
+    # unprobed, its own x1.25 (not 0.5 over the main one's 1.0 s)
+    four = {**ones[0], "run_id": "four", "config": {**ones[0]["config"], "grad_accum": 4},
+            "co_run": {**probe, "step_s_p50": [0.5, 0.5], "slowdown": 1.25}}
+    assert basis_of(TINY, [refs[0], four], probes).co_run == pytest.approx(1.8)
+    assert basis_of(TINY, [refs[0], four], ones).co_run == 1.25
     result = validate([older, *ones, *runs, dp4, {**ones[0], "run_id": "t-one", "sweep_id": "t"}], H100)
     assert [r["step_s"]["error"] for r in result["runs"]] == pytest.approx([0.0, -0.2, -0.5, 0.0], abs=1e-12)
     configs = {c["layout"]: c for c in result["configurations"]}

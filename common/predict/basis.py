@@ -94,20 +94,23 @@ def interruption_share(record: dict) -> float:
     return (mean - min(times)) / mean
 
 
-def co_run_slowdown(records: list[dict], alone: list[float] = ()) -> tuple[float, str | None]:
+def co_run_slowdown(references: list[dict], repeats: list[dict] = ()) -> tuple[float, str | None]:
     """How much ranks side by side on a CPU host slow each other's compute, from the co-run probes the records
     carry (record["co_run"], bench.co_run: a run's command as K processes at once); (1.0, None) where none
-    carries one: not measured, taken as none. `alone`: the median steps of the probed run's repeats (the probed
-    runs among them): the median of every probe's copies over their median, not over the one run a probe
-    followed; a sweep with repeats probes each repeat, and one probe is one sample of a noisy machine."""
-    probes = {r["run_id"]: probe for r in records if (probe := CoRun.from_record(r)) is not None}
+    carries one: not measured, taken as none. `repeats`: the main reference's repeats in its sweep (itself among
+    them). Where they carry probes, every one of those probes' copies pooled over the repeats' median step alone:
+    a sweep with repeats probes each repeat, and one probe is one sample of a noisy machine. Else the median of
+    the references' probes, each over the one run it followed: another micro-batch count's run takes another
+    time a step, so its copies are never held against the main one's steps."""
+    own = {r["run_id"]: probe for r in repeats if (probe := CoRun.from_record(r)) is not None}
+    if own and len(repeats) > 1:
+        copies = [s for probe in own.values() for s in probe.step_s_p50]
+        alone = statistics.median(r["step_time_s"]["p50"] for r in repeats)
+        return statistics.median(copies) / alone, ", ".join(own)
+    probes = {r["run_id"]: probe for r in [*references, *repeats] if (probe := CoRun.from_record(r)) is not None}
     if not probes:
         return 1.0, None
-    ids = ", ".join(probes)
-    if len(alone) > 1:
-        copies = [s for probe in probes.values() for s in probe.step_s_p50]
-        return statistics.median(copies) / statistics.median(alone), ids
-    return statistics.median(probe.slowdown for probe in probes.values()), ids
+    return statistics.median(probe.slowdown for probe in probes.values()), ", ".join(probes)
 
 
 def record_layout(record: dict) -> Layout:
@@ -220,8 +223,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict], co_run_from: lis
              f"({main.get('devices_description') or main.get('device_kind')})")
     if per_micro:
         label += f", per-micro-batch cost from {', '.join(ids[1:])}"
-    co_run, co_run_id = co_run_slowdown([*records, *co_run_from],
-                                        [r["step_time_s"]["p50"] for r in co_run_from])
+    co_run, co_run_id = co_run_slowdown(records, co_run_from)
     if co_run_id:
         label += f", side by side x{co_run:.3f} (co-run probe{'s' if ', ' in co_run_id else ''} of {co_run_id})"
     shares = ComputeShares.from_record(main)
