@@ -92,9 +92,8 @@ def measure(args, console: Console) -> dict:
         if args.sustain_s > 0 else None
     out = {"device": probe.device_name(device), "device_kind": device.type, "software": probe.software(),
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-           "launch_us": probe.launch_us(device), "copy_GBps": {}, "matmul": {}, "attention": {}, "failed": failed}
-    if run:
-        out["sustained"] = run
+           "launch_us": probe.launch_us(device), "copy_GBps": {}, "matmul": {}, "attention": {}, "failed": failed,
+           **({"sustained": run} if run else {})}
     for nbytes in args.copy_bytes:
         out["copy_GBps"][str(nbytes)] = probe.copy_GBps(device, nbytes, target)
     exact = gemm_shapes() if (cuda if args.published_shapes is None else args.published_shapes) else []

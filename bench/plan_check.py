@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         for size, folder in folders.items():
             measure(size, folder, args)
     # A size checked alone takes its allowances from another size's folder an earlier check left under --out.
-    earlier = {size: out / f"mlm-{size}" for size in BERT_SIZES
-               if size not in folders and (out / f"mlm-{size}" / "runs").is_dir()}
+    validated = {**folders, **{size: out / f"mlm-{size}" for size in BERT_SIZES
+                               if size not in folders and (out / f"mlm-{size}" / "runs").is_dir()}}
     validations = {size: validate(load_records(folder), hardware_files.load(DEFAULT_HARDWARE))
-                   for size, folder in {**folders, **earlier}.items()}
+                   for size, folder in validated.items()}
     lines, ok = [], True
     for size, folder in folders.items():
         other = next((s for s in validations if s != size), None)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"layouts, of which measured within their limit: {', '.join(fit['wrong']) or 'none'}; not "
                   f"measured: {', '.join(fit['unmeasured']) or 'none'}; closest: {_closest(fit['closest'])}: "
                   f"{_verdict(fit['holds'])}",
-                  f"errors allowed (from {_source(other, {**folders, **earlier})}): ranking "
+                  f"errors allowed (from {_source(other, validated)}): ranking "
                   f"{_share(plan['ranking_error'])}, memory {_share(plan['memory_error'])}"]
     print("\n".join(lines))
     print("PLAN CHECK HOLDS" if ok else "PLAN CHECK FAILS")
