@@ -19,9 +19,9 @@ class Entry:
     pending: str = ""    # the issue that builds it, while module is None
     # Run options only this backend takes (bench.cli declares them; bench.run refuses them elsewhere).
     options: tuple[str, ...] = ()
-    # Runs layouts beyond data parallelism (common.layout: tensor, pipeline, sharded state...); the others
-    # refuse those flags by name.
-    layouts: bool = False
+    # What it executes of a layout beyond data parallelism (common.layout.FEATURES: tensor, pipeline, sharded
+    # state...); it refuses the rest by flag, in one line (common.layout.refuse_layout). Empty: data parallel only.
+    layouts: frozenset[str] = frozenset()
     # Runs every layout common.layout defines, pipelines included, wherever it runs (CPU and CUDA): what
     # `--layouts` sweeps and checks when no --backends is given.
     every_layout: bool = False
@@ -30,13 +30,20 @@ class Entry:
 BACKENDS = {
     "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",)),
-    "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", layouts=True, every_layout=True),
+    "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", every_layout=True,
+                      layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split",
+                                         "stage_split"})),
     "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
-                            options=("parallel_mode",), layouts=True),
-    "keras_jax": Entry("backends.keras_jax.backend", "KerasJax", "jax", "jax", options=("jax_mode",), layouts=True),
+                            options=("parallel_mode",),
+                            layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute",
+                                               "vocab_split"})),
+    "keras_jax": Entry("backends.keras_jax.backend", "KerasJax", "jax", "jax", options=("jax_mode",),
+                       layouts=frozenset({"tp", "fsdp", "recompute", "vocab_split"})),
 }
 # Every run option that belongs to one backend.
+EXECUTED_BY = {f: [name for name, e in BACKENDS.items() if f in e.layouts] for f in
+               sorted({f for e in BACKENDS.values() for f in e.layouts})}
 BACKEND_ONLY = frozenset(option for entry in BACKENDS.values() for option in entry.options)
 
 

@@ -138,12 +138,14 @@ def _argument_type(parse, name: str):
 def _layout_option(o: LayoutOption) -> RunOption:
     if isinstance(o.default, bool):
         kind = {"action": argparse.BooleanOptionalAction if o.default else "store_true"}
+    elif o.field == "recompute":   # a bare --recompute recomputes every layer's forward
+        kind = {"choices": o.choices, "nargs": "?", "const": "full"}
     elif o.choices:
         kind = {"choices": o.choices}
     elif o.parse is not None:
         kind = {"type": _argument_type(o.parse, o.flag[2:])}
-    else:
-        kind = {"type": positive_int}
+    else:   # a count; 0 where its default says "not given" (--micro-batch-size)
+        kind = {"type": _int_at_least(min(1, o.default))}
     return RunOption((o.flag,), {**kind, "default": o.default, "dest": o.field, "help": o.help}, layout=True)
 
 

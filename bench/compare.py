@@ -1,5 +1,5 @@
 """python -m bench.compare --gpus 1,2,4 [--backends a,b] [--workloads cnn,mlm] [run options]
-python -m bench.compare --layouts dp2,tp2,pp2-mb4-1f1b [--backends torch_3d] [--workloads mlm] [run options]
+python -m bench.compare --layouts dp2,tp2,pp2-nmb4-1f1b [--backends torch_3d] [--workloads mlm] [run options]
 
 A sweep: every (workload, backend, device count) as its own `bench.run` subprocess, all with the
 same threads per device. Every run leaves a record whatever its status; the sweep goes on, prints
@@ -7,7 +7,7 @@ a table and writes summary.csv. Exit 0 when the sweep itself completed.
 
 With --layouts (names: bench/layouts.py) the sweep runs each layout at the devices it implies, all at
 one global batch (--scaling strong: --batch-size is the global batch), plus the 1-device run of that
-global batch for each micro-batch count among them (pp<N>-mb<K> <-> 1 device --grad-accum K).
+global batch for each micro-batch count among them (pp<N>-nmb<K> <-> 1 device --grad-accum K).
 
 With --srun (inside a SLURM job; bench.slurm writes such scripts) each run is a job step over every node of
 the job, one bench.run per node, and --gpus counts devices per node.
@@ -81,7 +81,7 @@ def build_parser() -> OneLineParser:
                    help="device counts to sweep, e.g. 1,2,4 (default 1,2; CUDA when present, else virtual CPU "
                         "devices)")
     p.add_argument("--layouts", type=layout_list,
-                   help="parallel layouts to sweep instead of device counts, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2 "
+                   help="parallel layouts to sweep instead of device counts, e.g. dp2,tp2,pp2-nmb4-1f1b,fsdp2,dp2xtp2 "
                         "(docs/layouts.md); each at the devices it implies, one global batch for all")
     p.add_argument("--backends", type=name_list(backend_names()),
                    help=f"default: every backend; with --layouts, the one that runs every layout ({layout_backend()})")
@@ -312,7 +312,7 @@ def check_layout_options(parser: OneLineParser, args) -> None:
 
 def sweep_plan(args) -> list[tuple[str, str, int, Layout | None, int]]:
     """(workload, backend, devices, layout, grad_accum) per run: device counts, or the layouts, each after
-    the 1-device runs it is measured against (one per micro-batch count: pp<N>-mb<K> <-> --grad-accum K)."""
+    the 1-device runs it is measured against (one per micro-batch count: pp<N>-nmb<K> <-> --grad-accum K)."""
     if not args.layouts:
         return [(w, b, n, None, args.grad_accum) for w in args.workloads for b in args.backends for n in args.devices]
     runs = [(one, args.grad_accum * k) for one, k in one_device_references(args.layouts)]

@@ -76,13 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def measure(args, console: Console) -> dict:
-    import torch
-
-    from backends.torch_common import compute_probe as probe
+    from backends.probes import load_probes
     from common.predict.published import gemm_shapes
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = device.type == "cuda"
+    probes = load_probes(args.device)
+    probe, device, cuda = probes.rates, probes.device, probes.kind == "cuda"
     precisions = args.precisions or (("bf16", "fp8") if cuda else ("fp32",))
     kernels = args.attention or (("torch_flash", "torch_cudnn") if cuda else ("torch_math",))
     target = args.target_ms / 1e3
@@ -90,7 +88,7 @@ def measure(args, console: Console) -> dict:
     # The sustained run goes first: what follows it is measured at the clocks it leaves.
     run = sustained(probe, device, "bf16" if cuda else "fp32", args.sustain_shape, args.sustain_s) \
         if args.sustain_s > 0 else None
-    out = {"device": probe.device_name(device), "device_kind": device.type, "software": probe.software(),
+    out = {"device": probes.device_name, "device_kind": probes.kind, "software": probes.software,
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
            "launch_us": probe.launch_us(device), "copy_GBps": {}, "matmul": {}, "attention": {}, "failed": failed,
            **({"sustained": run} if run else {})}

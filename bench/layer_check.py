@@ -61,12 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         console.print(f"[red]{exc}[/red]")
         return 2
-    import torch
+    from backends.probes import load_probes
 
-    from backends.torch_common import compute_probe
-
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = device.type == "cuda"
+    probes = load_probes(args.device)
+    cuda = probes.kind == "cuda"
     precision = args.precision or ("bf16" if cuda else "fp32")
     kernel = args.attention or ("torch_flash" if cuda else "torch_math")
     if kernel not in compute.attention:
@@ -75,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = {"model": spec.name, "seq_len": spec.seq_len, "micro_batch": args.micro_batch, "stack": stack.name,
            "part": args.part, "recompute": args.recompute, "hardware": hardware.name, "compute_table": compute.path,
-           "device": compute_probe.device_name(device), "software": compute_probe.software(), "precision": precision,
+           "device": probes.device_name, "software": probes.software, "precision": precision,
            "sdpa_kernel": kernel}
     what = {"layer": _layer, "head": _head, "optimizer": _optimizer}[args.part]
-    title, rows, parts = what(args, spec, stack, compute, hardware, device, precision, kernel, out)
+    title, rows, parts = what(args, spec, stack, compute, hardware, probes, precision, kernel, out)
     out["error"] = {name: p / m - 1 for name, m, p in rows}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -93,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _layer(args, spec, stack, compute, hardware, device, precision, kernel, out):
-    from backends.torch_common.decoder_layer import time_layer
-    measured = time_layer(spec, device, precision, args.micro_batch, kernel, args.steps,
+def _layer(args, spec, stack, compute, hardware, probes, precision, kernel, out):
+    measured = probes.layers.time_layer(spec, probes.device, precision, args.micro_batch, kernel, args.steps,
                           compile=stack.name == "torch-compile", recompute=args.recompute)
     # The model times the attention at the measured rates of the kernel the layer runs.
     predicted = one_layer(spec, replace(stack, attention_kernel=kernel), compute, hardware, args.micro_batch,
@@ -108,9 +105,8 @@ def _layer(args, spec, stack, compute, hardware, device, precision, kernel, out)
     return title, rows, {k: predicted[k] for k in ("gemm", "attention", "elementwise", "recompute")}
 
 
-def _head(args, spec, stack, compute, hardware, device, precision, kernel, out):
-    from backends.torch_common.decoder_layer import time_head
-    measured = time_head(spec, device, precision, args.micro_batch, args.steps)
+def _head(args, spec, stack, compute, hardware, probes, precision, kernel, out):
+    measured = probes.layers.time_head(spec, probes.device, precision, args.micro_batch, args.steps)
     predicted = one_head(spec, stack, compute, args.micro_batch, precision)
     out.update(measured=measured, predicted=predicted)
     total = measured["forward_s"] + measured["backward_s"]
@@ -118,9 +114,8 @@ def _head(args, spec, stack, compute, hardware, device, precision, kernel, out):
             [("head", total, sum(predicted.values()))], predicted)
 
 
-def _optimizer(args, spec, stack, compute, hardware, device, precision, kernel, out):
-    from backends.torch_common.decoder_layer import time_optimizer
-    measured = time_optimizer(spec, device, args.shards, args.steps)
+def _optimizer(args, spec, stack, compute, hardware, probes, precision, kernel, out):
+    measured = probes.layers.time_optimizer(spec, probes.device, args.shards, args.steps)
     predicted = optimizer_s(spec.param_count() / args.shards, stack, compute)
     out.update(measured=measured, predicted={"optimizer": predicted}, shards=args.shards)
     return (f"{spec.name}'s clipping and AdamW over 1/{args.shards} of its parameters "

@@ -1,29 +1,11 @@
-"""Layout names, as bench.compare --layouts and bench.parity --layouts take them, and their bench.run flags.
+"""Layout names, as bench.compare --layouts and bench.parity --layouts take them, and the 1-device runs a set of
+layouts is measured against.
 
-A name is DIMS[-OPTION]..., no spaces:
-
-  DIMS     dp<N>, fsdp<N>, tp<N>, pp<N> joined by 'x', each dimension at most once, N >= 2
-           dp<N>    N data-parallel replicas (gradients all-reduced)
-           fsdp<N>  the same replicas with parameters, gradients and optimizer state sharded (--optimizer-shard)
-           tp<N>    tensor parallel over N devices (--model-parallel N)
-           pp<N>    N pipeline stages (--pipeline-stages N)
-  OPTION   mb<K>    K micro-batches per step (pipelines only; default 2 x stages)
-           gpipe    all forwards, then all backwards (pipelines only; the default)
-           1f1b     one forward, one backward (--pipeline-schedule 1f1b; pipelines only)
-           rc       recompute layer activations in the backward pass (--recompute)
-           vocab    split the token embedding and the tied MLM head over the vocabulary (--no-vocab-emb-dp;
-                    needs tp)
-           split<S> encoder layers per pipeline stage (--stage-split; pipelines only): splitauto balances the
-                    stages by cost, split3+1 gives the counts ('+' for the flag's ',')
-
-e.g. dp2, tp2, pp2, fsdp2, dp2xtp2, pp2-mb4-1f1b, pp2-mb4-1f1b-splitauto, tp2-vocab-rc, fsdp2xtp2xpp2-mb8.
-
-A layout runs at the devices it implies (dp x tp x pp) with the same global batch as every other layout
-of its sweep; its reference is one device training that global batch as the same number of accumulated
-micro-batches (pp<N>-mb<K> <-> 1 device --grad-accum K), recomputing where the layout does (-rc). This
-module only reads names: whether a layout fits a model (heads, hidden size, vocabulary, layers, batch) is
-common/layout.py's one validation, which bench.run applies to every run. The words and flags themselves are
-declared once, in common.layout.OPTIONS.
+The grammar is common.layout's, the one every tool reads (docs/layouts.md, "The grammar"). A layout runs at the
+devices it implies with the same global batch as every other layout of its sweep; its reference is one device
+training that global batch as the same number of accumulated micro-batches (pp<N>-nmb<K> <-> 1 device
+--grad-accum K), recomputing where the layout does (-rc). Whether a layout fits a model (heads, hidden size,
+vocabulary, layers, batch) is Layout.validate, which bench.run applies to every run.
 """
 from __future__ import annotations
 
@@ -66,4 +48,4 @@ def one_device_references(layouts: list[Layout]) -> list[tuple[Layout, int]]:
     """The 1-device runs (layout, micro-batches) a set of layouts is measured against for efficiency: one per
     distinct micro-batch count, recomputing where the layout does (common.config_key.reference_key)."""
     return sorted({(Layout(recompute=lay.recompute), lay.accumulation()) for lay in layouts},
-                  key=lambda ref: (ref[0].recompute, ref[1]))
+                  key=lambda ref: (ref[0].recomputes, ref[1]))

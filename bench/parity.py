@@ -14,7 +14,7 @@ DIR/parity.json, exits 0 only if every check holds; the last line is the summary
 
 With --layouts (names: bench/layouts.py; backends default torch_3d) it checks layouts instead: each
 layout trains the global batch 2b, against the same backend on 1 device with that global batch as
-the same number of accumulated micro-batches (pp<N>-mb<K> <-> --grad-accum K); the perturbed runs
+the same number of accumulated micro-batches (pp<N>-nmb<K> <-> --grad-accum K); the perturbed runs
 are that 1-device run's. A layout must leave step 0's loss, the curve and the final parameters as
 they were. With several backends (--backends torch_3d,keras_jax) each framework's run of a layout is
 also held against the first backend's run of the same layout.
@@ -63,7 +63,7 @@ def build_parser() -> OneLineParser:
                    help=f"default: every data-parallel backend (the data parallel of {layout_backend()}, which runs "
                         "every layout, is the dp2 of --layouts); with --layouts, that one")
     p.add_argument("--layouts", type=layout_list,
-                   help="check these layouts against 1 device instead, e.g. dp2,tp2,pp2-mb4-1f1b,fsdp2,dp2xtp2")
+                   help="check these layouts against 1 device instead, e.g. dp2,tp2,pp2-nmb4-1f1b,fsdp2,dp2xtp2")
     p.add_argument("--probes", choices=("auto", "always"), default="auto",
                    help="the reference's runs from perturbed initial weights that measure its sensitivity: auto "
                         "(default) only where a curve or final weight is off by more than float32 rounding, which "

@@ -1,16 +1,23 @@
 """python -m bench.plan --devices N [--hardware NAME|FILE] (--from RESULTS | --assume-mfu MFU) [--workload W]
                        [--model-size S] [--global-batch B] [--memory-per-device GIB] [--top K]
                        [--backend torch_3d|keras_jax] [--json FILE] [--run [--steps S] [--repeats R] [--out DIR]]
+python -m bench.plan --model NAME|FILE --hardware GPU --devices N --global-batch B [--seq-len S] [--stack STACK]
+                       [--memory-per-device GIB] [--top K] [--layout NAME] [--assume-mfu MFU] [--json FILE]
+python -m bench.plan --published [--json FILE]
 
 Which layout to run on N devices, chosen without trial runs: every layout the backend can execute on N devices
 (common.plan.space) predicted by bench.predict's model (common.predict), those predicted not to fit the device
 memory dropped, the rest ranked by predicted step time with what decides between them (exposed communication,
 bubble, recompute cost). Layouts the model cannot separate within its measured error are said to be so. --run
-measures the top K with bench.compare and prints predicted against measured. docs/plan.md.
+measures the top K with bench.compare and prints predicted against measured. With --model, a decoder LLM on a GPU
+cluster: every layout the decoders' model costs (common.plan.decoders), from the device's compute table; --layout
+says where one layout stands; --published ranks each published run's layout in the plan for its cluster.
+docs/plan.md.
 """
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -24,12 +31,17 @@ from bench.reporting import validation as validation_report
 from bench.reporting.plan import document
 from common.config import PRECISIONS
 from common.errors import BadInput, Unsupported
+from common.layout import Layout
 from common.loop import EVAL_BATCH
+from common.plan import decoders
 from common.plan.fit import GIB
 from common.plan.rank import explain, memory_error, predicted, rank, ranking_error
 from common.plan.space import enumerate_layouts
+from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
+from common.predict import published as published_points
 from common.predict.basis import from_mfu
+from common.predict.gpu_compute import compute_for
 from common.predict.validation import hardware_for, probed_kinds, probed_links, validate
 from common.results import load_records, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, model_spec
@@ -40,7 +52,7 @@ PLAN_BACKENDS = ("torch_3d", "keras_jax")   # the backends that execute layouts 
 
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog="bench.plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--devices", type=positive_int, required=True, help="devices to lay the model out on (>= 2)")
+    p.add_argument("--devices", type=positive_int, help="devices to lay the model out on (>= 2)")
     p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="NAME|FILE",
                    help=f"a bundled description ({', '.join(hardware_files.available())}) or a TOML file "
                         f"(default {DEFAULT_HARDWARE}, this development VM)")
@@ -62,6 +74,16 @@ def build_parser() -> OneLineParser:
     p.add_argument("--skip-eval", action="store_true",
                    help="the runs do not evaluate: memory without the evaluation's logits (passed on with --run)")
     p.add_argument("--json", metavar="FILE", help="write the ranked list, with the measured points after --run")
+    d = p.add_argument_group("--model: a decoder LLM on a GPU cluster (the decoders' model, a device compute table)")
+    d.add_argument("--model", metavar="NAME|FILE",
+                   help=f"a bundled decoder ({', '.join(decoder.available())}) or a TOML file of yours")
+    d.add_argument("--seq-len", type=positive_int, help="the sequence length (default: the model file's)")
+    d.add_argument("--stack", choices=sorted(stacks.STACKS), default="megatron-te",
+                   help="the software running the step (kernels, fusions, tensor-parallel overlap)")
+    d.add_argument("--layout", metavar="NAME", help="say where this layout stands (docs/layouts.md's grammar)")
+    d.add_argument("--published", action="store_true",
+                   help="every published run's layout ranked in the plan for its model, devices, batch, hardware and "
+                        "stack, with how much faster the plan's pick is predicted (minutes: millions of layouts)")
     r = p.add_argument_group("--run: measure the top K with bench.compare (one global batch, strong scaling)")
     r.add_argument("--run", action="store_true", help="run the top K and print predicted against measured")
     r.add_argument("--steps", type=positive_int, help="bench.run's --steps")
@@ -76,6 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console(width=200)
+    if args.published or args.model:
+        return _decoders(parser, console, args)
+    if args.layout:
+        parser.error("--layout goes with --model (a decoder's plan); an executed workload's plan runs with --run")
+    if args.devices is None:
+        parser.error("the following arguments are required: --devices")
     if args.devices < 2:
         parser.error("--devices 1: a plan lays a model out over 2 or more devices")
     if not args.source and args.assume_mfu is None:
@@ -138,6 +166,120 @@ def make_plan(args, validation: dict | None = None) -> dict:
     return document(args, hardware, basis.label + f" ({where})", available, step_error, mem_error, space, rows,
                     [explain(r, pick, step_error, rows[i - 1] if i else None) if pick and r.rank else ""
                      for i, r in enumerate(rows)], batch)
+
+
+def _decoders(parser, console: Console, args) -> int:
+    """bench.plan --model and --published: decoder LLMs on GPU clusters."""
+    try:
+        if args.published:
+            result = published_ranking()
+            console.print(published_markdown(result))
+        else:
+            if args.devices is None or args.global_batch is None or args.hardware == DEFAULT_HARDWARE:
+                parser.error("--model needs --devices, --global-batch and --hardware (a GPU with a compute table)")
+            result = decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
+                                  args.seq_len, args.memory_per_device, args.assume_mfu, args.top, args.layout)
+            show_decoder_plan(console, result)
+    except (ValueError, BadInput) as exc:
+        parser.error(str(exc))
+    if args.json:
+        write_json_atomic(Path(args.json), result)
+        console.print(f"plan: {args.json}")
+    asked = result.get("asked") or {}
+    if asked.get("fit") == "does not fit":
+        parser.error(f"--layout {asked['layout']}: does not fit: predicted {asked['memory_per_rank_max'] / GIB:,.1f} "
+                     f"GiB on its fullest rank, {result['available_bytes'] / GIB:,.1f} GiB available")
+    return 0
+
+
+def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack_name: str, seq_len: int | None,
+                 memory_gib: float | None, mfu: float | None, top: int, asked: str | None = None) -> dict:
+    """The plan document of a decoder on `devices` GPUs: the top rows, the counts, and the asked layout's row."""
+    hardware, stack = hardware_files.load(hardware_name), stacks.load(stack_name)
+    spec = decoder.load(model)
+    spec = replace(spec, seq_len=seq_len) if seq_len else spec
+    compute = None if mfu is not None else compute_for(hardware)
+    layout = None
+    if asked:   # what no plan can change is refused before the search
+        layout = Layout.parse(asked, devices)
+        layout.validate(spec, batch)
+    available = memory_gib * GIB if memory_gib else hardware.memory_bytes
+    rows, space = decoders.plan(spec, devices, batch, hardware, stack, compute, mfu, available)
+    ranked = [r for r in rows if r.rank]
+    pick = ranked[0] if ranked else None
+    explained = [(r, explain(r, pick, None, ranked[i - 1] if i else None)) for i, r in enumerate(ranked[:top])]
+    doc = {"title": f"{spec.name} on {devices} x {hardware.name} ({stack.name}), global batch {batch}, sequence "
+                    f"{spec.seq_len}", "model": spec.name, "devices": devices, "hardware": hardware.name,
+           "stack": stack.name, "global_batch": batch, "seq_len": spec.seq_len, "available_bytes": available,
+           "compute": (f"ASSUMED: MFU {mfu:g} of the datasheet bf16 peak" if mfu is not None else
+                       f"first principles: {compute.path}"),
+           "candidates": {"enumerated": space.candidates, "valid": len(rows), "fit": len(ranked),
+                          "refused": space.refused},
+           "pick": pick.layout.name if pick else None,
+           "rows": [_decoder_row(r, text, spec) for r, text in explained]}
+    if layout is not None:
+        row = decoders.rank_of(rows, layout) or decoders.standing(rows, decoders.plan_one(
+            spec, layout, batch, hardware, stack, compute, mfu, available))
+        doc["asked"] = _decoder_row(row, explain(row, pick, None) if pick and row.rank else "", spec)
+    return doc
+
+
+def _decoder_row(r, explanation: str, spec) -> dict:
+    p = r.prediction
+    return {"rank": r.rank, "layout": r.layout.name, "step_s": r.step_s,
+            "tokens_per_s_per_device": p.global_batch * spec.seq_len / r.step_s / p.devices,
+            "memory_per_rank_max": r.memory, "fit": r.fit, "parts_s": r.parts, "explanation": explanation}
+
+
+def show_decoder_plan(console: Console, plan: dict) -> None:
+    table = Table(title=escape(f"{plan['title']}\ncompute {plan['compute']}"), title_justify="left")
+    for col in ("#", "layout", "step (s)", "tokens/s/device", "memory/rank (GiB)", "exposed comm", "bubble",
+                "recompute", "what decides"):
+        table.add_column(col, overflow="fold")
+    for r in plan["rows"] + ([plan["asked"]] if plan.get("asked") else []):
+        parts = r["parts_s"]
+        table.add_row(str(r["rank"] or "-"), r["layout"], f"{r['step_s']:,.3f}",
+                      f"{r['tokens_per_s_per_device']:,.0f}", f"{r['memory_per_rank_max'] / GIB:,.1f}",
+                      f"{parts['comm_exposed'] / r['step_s']:.0%}", f"{parts['bubble'] / r['step_s']:.0%}",
+                      f"{parts['recompute'] / r['step_s']:.0%}", escape(r["explanation"] or r["fit"]))
+    console.print(table)
+    c = plan["candidates"]
+    refused = sorted(c["refused"].items(), key=lambda kv: -kv[1])[:3]
+    console.print(f"space: {c['enumerated']:,} layouts enumerated, {c['valid']:,} valid for the model and batch, "
+                  f"{c['fit']:,} predicted to fit {plan['available_bytes'] / GIB:,.1f} GiB per device (a point "
+                  "comparison: the decoders' memory model is checked against no measurement); refused: "
+                  + ("; ".join(f"{n:,} x {why}" for why, n in refused) or "none"))
+    if plan["pick"]:
+        console.print(f"pick: {plan['pick']}")
+
+
+def published_ranking(points: list | None = None) -> dict:
+    """Each published point the model predicts (all of them, or `points`): where its publisher's layout ranks in the
+    plan for the same model, devices, batch, hardware and stack, and how much faster the plan predicts its pick."""
+    out = []
+    for point in published_points.all_points() if points is None else points:
+        try:
+            Layout.parse(point.layout, point.devices)
+        except ValueError:
+            continue   # refused by the model (fp8): --published says why
+        plan = decoder_plan(point.model, point.devices, point.global_batch, point.hardware, point.stack,
+                            point.seq_len, None, None, 1, point.layout)
+        asked, pick = plan["asked"], plan["rows"][0] if plan["rows"] else None
+        out.append({"point": point.name, "published_layout": asked["layout"], "rank": asked["rank"],
+                    "fit": asked["fit"], "fitting": plan["candidates"]["fit"], "pick": pick and pick["layout"],
+                    "pick_faster": pick and asked["step_s"] / pick["step_s"] - 1,
+                    "published_memory_gib": asked["memory_per_rank_max"] / GIB})
+    return {"points": out}
+
+
+def published_markdown(result: dict) -> str:
+    lines = ["| published run | its layout | rank in the plan | of | the plan's pick | pick predicted faster by |",
+             "|---|---|---|---|---|---|"]
+    for r in result["points"]:
+        rank = str(r["rank"]) if r["rank"] else f"- ({r['fit']}: {r['published_memory_gib']:,.1f} GiB)"
+        lines.append(f"| {r['point']} | `{r['published_layout']}` | {rank} | {r['fitting']:,} | `{r['pick']}` | "
+                     f"{r['pick_faster']:+.1%} |")
+    return "\n".join(lines)
 
 
 def _validation(source: Path, records: list[dict], hardware) -> tuple[dict | None, str]:

@@ -30,13 +30,12 @@ def backend_refusal(backend: str, workload: str, size: str, devices: int, global
         try:
             # fit=False: whether a layout fits is the plan's own question, against the plan's memory limit.
             checked = bench_run.check_run(parser.parse_args(argv), fit=False)
-            bench_run.check_layout_supported(backend, checked.layout)
             cfg = RunConfig(run_id="plan", backend=backend, workload=workload, devices=devices,
                             device_kind=devices_plan.kind, threads_per_device=devices_plan.threads_per_device,
                             scaling="strong", batch_size=global_batch, per_device_batch=checked.per_device_batch,
                             grad_accum=1, data="synthetic", data_dir="", seed=0, total_steps=1, warmup_steps=0,
                             out="", model_size=size, precision=precision, layout=checked.layout)
-            runner.check(cfg, devices_plan)
+            bench_run.check_supported(backend, runner, cfg, devices_plan)
         except (BadInput, Unsupported) as exc:
             return str(exc)
         return None

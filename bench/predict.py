@@ -31,11 +31,10 @@ from bench.reporting.prediction_table import prediction_table
 from common.config import PRECISIONS
 from common.config_key import efficiency
 from common.errors import BadInput
-from common.layout import Layout
+from common.layout import Layout, check_name
 from common.peak_flops import device_model
 from common.predict import hardware as hardware_files
 from common.predict.basis import MEASURE_THE_SPLIT, Basis, accumulation, from_mfu
-from common.predict.layouts import at_devices, check_name
 from common.predict.step import predict
 from common.predict.validation import basis_of, execution, references, validate
 from common.results import load_records, write_atomic, write_json_atomic
@@ -281,10 +280,10 @@ def _one_device_rate(spec, per_device_batch: float, basis: Basis, hardware, back
 def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, backend: str, one: float) -> dict:
     row = {"layout": name, "devices": devices, "global_batch": batch}
     try:
-        layout = at_devices(name, devices)
+        layout = Layout.parse(name, devices)
         layout.validate(spec, batch)
         # Layers per stage as torch_3d would place them (--stage-split even, auto or counts).
-        split = layers_per_stage(layout.stage_split, spec, layout.pp, batch // layout.dp) \
+        split = layers_per_stage(layout.stage_split, spec, layout.pp, batch // layout.data) \
             if layout.pp > 1 and isinstance(spec, BertSpec) else None
         p = predict(spec, layout, batch, basis, hardware, backend, stage_split=split)
     except (ValueError, BadInput) as exc:

@@ -18,11 +18,11 @@ from bench.reporting.prediction_plot import prediction_plot
 from bench.reporting.prediction_table import prediction_table
 from bench.reporting.published_plot import FILE as published_file
 from bench.reporting.published_plot import published_plot
+from common.layout import Layout, check_name
 from common.predict import constants, decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
 from common.predict.gpu_compute import compute_for
-from common.predict.llm_layout import Refused, parse
 from common.predict.llm_step import predict_llm
 from common.results import write_atomic, write_json_atomic
 
@@ -116,12 +116,7 @@ def run_model(console: Console, args) -> int:
              "(measured and published kernel rates, each with its source: --constants)")
     names = [e.strip() for e in args.layouts.split(",") if e.strip()]
     for name in names:   # what no device count can change is refused before anything is predicted
-        try:
-            parse(name, args.devices[0])
-        except Refused:
-            raise
-        except ValueError:
-            pass
+        check_name(name)
     rows = [_row(spec, name, n, args, hardware, stack, compute) for n in args.devices for name in names]
     title = f"{spec.name} on {hardware.name} ({stack.name}): predicted per layout\n{label}"
     caption = ("Checked against published GPU-cluster results: python -m bench.predict --published "
@@ -141,14 +136,14 @@ def run_model(console: Console, args) -> int:
 def _row(spec, name: str, devices: int, args, hardware, stack, compute) -> dict:
     row = {"layout": name, "devices": devices}
     try:
-        layout = parse(name, devices)
+        layout = Layout.parse(name, devices)
         batch = args.global_batch or layout.data * (args.batch_size or 1)
         p = predict_llm(spec, layout, batch, hardware, stack, compute, args.assume_mfu)
     except ValueError as exc:
         return {**row, "invalid": str(exc)}
     return {**row, "layout_full": layout.name, "global_batch": batch, "step_s": p.step_s,
             "samples_per_s": batch / p.step_s, "tokens_per_s_per_device": batch * spec.seq_len / p.step_s / devices,
-            "memory_per_rank_max": p.memory_per_rank, "fits": p.memory_per_rank <= hardware.memory_bytes,
+            "memory_per_rank_max": p.memory_max, "fits": p.fits(hardware.memory_bytes),
             "comm_exposed_share": p.comm_exposed_s / p.step_s, "bubble_share": p.bubble_s / p.step_s,
             "parts_s": p.parts_s}
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from backends import BACKEND_ONLY, BACKENDS, load_backend
+from backends import BACKEND_ONLY, BACKENDS, EXECUTED_BY, load_backend
 from bench.cli import (
     RUN_OPTIONS,
     OneLineParser,
@@ -153,9 +153,18 @@ def check_backend_options(args) -> None:
 
 
 def check_layout_supported(backend: str, layout: Layout) -> None:
-    """A backend that runs data parallel only (the registry's declaration) refuses every other layout flag."""
-    if not BACKENDS[backend].layouts:
-        refuse_layout(layout, backend, [name for name, entry in BACKENDS.items() if entry.layouts])
+    """A backend refuses, by flag, what the layout asks that it does not execute (the registry's declaration)."""
+    refuse_layout(layout, backend, BACKENDS[backend].layouts, EXECUTED_BY)
+
+
+def check_supported(name: str, backend, cfg: RunConfig, plan) -> None:
+    """Unsupported (or BadInput) for a run the backend will not do: a data-parallel-only backend refuses a layout
+    first; a layout backend names its own reasons first (e.g. keras_jax's pipelines), then what it does not
+    execute."""
+    if not BACKENDS[name].layouts:
+        check_layout_supported(name, cfg.layout)
+    backend.check(cfg, plan)
+    check_layout_supported(name, cfg.layout)
 
 
 def scaling_of(args) -> str:
@@ -185,8 +194,8 @@ def check_run(args, fit: bool = True) -> Checked:
     defaults = DEFAULTS[args.workload]
     layout = Layout.for_devices(world_size(args), **{o.field: getattr(args, o.field) for o in LAYOUT_OPTIONS})
     per_device = per_device_batch_for(scaling_of(args), args.batch_size or defaults.per_device_batch,
-                                      layout.dp, layout.accumulation(args.grad_accum))
-    global_batch = per_device * layout.dp * layout.accumulation(args.grad_accum)
+                                      layout.data, layout.accumulation(args.grad_accum))
+    global_batch = per_device * layout.data * layout.accumulation(args.grad_accum)
     layout.validate(model_spec(args.workload, args.model_size), global_batch, args.grad_accum)
     data_dir = resolve_data_dir(args.data_dir)
     data = resolve_data_mode(args.data, args.workload, data_dir)
@@ -215,7 +224,7 @@ def build_config(args, run_id: str, plan, checked: Checked | None = None) -> Run
     # Loading the train split here validates the files before any worker starts, and gives
     # the epoch length that --epochs needs.
     train = TrainBatches(load_split(args.workload, TRAIN_SPLIT, checked.data, checked.data_dir, spec, args.seed),
-                         spec, args.seed, per_device, layout.dp, 0, layout.accumulation(args.grad_accum))
+                         spec, args.seed, per_device, layout.data, 0, layout.accumulation(args.grad_accum))
     total = math.ceil(args.epochs * train.steps_per_epoch) if args.epochs else (args.steps or defaults.default_steps)
     warmup = check_warmup(args, total)
     key = f"{args.backend}-{args.workload}-n{world}-seed{args.seed}"
@@ -329,8 +338,7 @@ def run(args, run_id: str, workdir: Path) -> int:
             raise BadInput(f"--nnodes {cfg.nnodes}: {backend.strategy_name(cfg)} runs on one host; several hosts "
                            "need torch_ddp, torch_3d, tf_mirrored --tf-mode multi_worker, keras_jax --jax-mode "
                            "multi_process or mindspore_auto")
-        check_layout_supported(args.backend, cfg.layout)
-        backend.check(cfg, plan)
+        check_supported(args.backend, backend, cfg, plan)
         if cfg.tensorboard_dir:
             check_tensorboard()
     except BadInput as exc:

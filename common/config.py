@@ -109,7 +109,7 @@ class RunConfig:
     def global_batch(self) -> int:
         # per_device_batch is per data-parallel replica and micro-batch: the ranks that split
         # one replica's model (tensor, pipeline) share its samples.
-        return self.per_device_batch * self.layout.dp * self.accumulation
+        return self.per_device_batch * self.layout.data * self.accumulation
 
     @property
     def spec(self) -> CnnSpec | BertSpec:

@@ -74,6 +74,8 @@ def _key_layout(layout: Layout) -> Layout:
     dimension they need (a schedule without a pipeline): they must not tell two configurations apart."""
     kept = {o.field: getattr(layout, o.field) for o in OPTIONS
             if not (o.needs and getattr(layout, o.needs) == 1)}
+    if layout.sharded and layout.dp == 1:
+        kept["fsdp"] = 2   # FSDP over every data rank, as many as the devices leave: 2 stands for any count
     return Layout(dp=1, **kept)
 
 
@@ -143,9 +145,10 @@ def scaling_efficiencies(records: list[dict]) -> dict[str, float]:
 
 
 def layout_label(layout: Layout) -> str:
-    """e.g. 'dp', 'fsdp', 'dp x tp2-vocab', 'dp x pp2-mb4-1f1b': Layout.name with the dp count left out."""
-    dims = ["fsdp" if layout.optimizer_shard else "dp"]
-    dims += [f"{o.dim}{getattr(layout, o.field)}" for o in OPTIONS if o.dim and getattr(layout, o.field) > 1]
+    """e.g. 'dp', 'fsdp', 'dp x tp2-vocab', 'dp x pp2-nmb4-1f1b': Layout.name with the dp count left out."""
+    dims = ["fsdp" if layout.sharded and layout.dp == 1 else "dp"]
+    dims += [f"{d}{getattr(layout, d)}" for d in ("fsdp", "tp", "pp", "cp")
+             if getattr(layout, d) > 1 and not (d == "fsdp" and layout.dp == 1)]
     named = replace(layout, dp=2).name  # dp 2: a name with its options, never '1 device'
     options = named.split("-", 1)[1] if "-" in named else ""
     return " x ".join(dims) + (f"-{options}" if options else "")

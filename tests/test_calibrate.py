@@ -160,7 +160,7 @@ def test_calibrate_writes_a_positive_ratio_and_the_idiom(tmp_path, backend):
     # DDP's all-reduce: every float32 gradient, once per step, counted in DDP's comm hook only.
     ("torch_ddp", "cnn", [], lambda record: 4 * record["params"], 0.5),
     # FSDP2: each rank reduce-scatters every gradient and all-gathers every parameter (forward and backward).
-    ("torch_3d", "mlm", ["--optimizer-shard", "--model-size", "tiny"], None, 0.5),
+    ("torch_3d", "mlm", ["--fsdp", "2", "--model-size", "tiny"], None, 0.5),
 ])
 @pytest.mark.e2e
 @pytest.mark.quiet  # the probe step against the measured one: a second test beside either skews it

@@ -17,8 +17,10 @@ from bench.reporting.plots import PLOTTERS
 from bench.reporting.series import build_series
 from bench.reporting.tables import workload_table
 from common.config_key import NO_REFERENCE, config_key, reference_key
+from common.layout import Layout
 from common.record import skeleton
 from common.results import load_records, summary_frame, validate_record, write_record
+from common.spec import BERT_SIZES
 from tests.conftest import REPO, TORCH_SWEEP
 
 REFERENCE = REPO / "results" / "reference" / "h100x1"
@@ -91,8 +93,7 @@ def _run(run_id: str, devices: int, sps: float | None, sweep: str = "sweep-a", p
          started: str = "2026-11-24T10:00:00+00:00", grad_accum: int = 1, status: str = "ok",
          tp: int = 1, command: str = "") -> dict:
     """A torch_3d MLM run at global batch 32 (strong scaling) on host h, with the fields the key reads."""
-    layout = {"dp": devices // tp, "tp": tp, "pp": 1, "micro_batches": 1, "schedule": "gpipe",
-              "optimizer_shard": False, "recompute": False, "vocab_emb_dp": True, "stage_split": "even"}
+    layout = Layout(dp=devices // tp, tp=tp).as_record(BERT_SIZES["tiny"], 32)
     record = skeleton(run_id, "torch_3d", "mlm", devices, started, sweep_id=sweep, sweep_command=command,
                       data="real", scaling="strong", strategy=f"torch_3d dp{devices // tp} x tp{tp} x pp1",
                       mode="DeviceMesh", framework="torch", framework_version="2.11", device_kind="cuda",

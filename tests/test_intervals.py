@@ -17,7 +17,7 @@ def _record(devices: int, speed: float, seed: int, backend: str = "torch_ddp", l
             "strategy": backend, "devices": devices, "device_kind": "cpu", "scaling": "weak", "global_batch": batch,
             "data": "synthetic", "config": {"precision": "fp32", "model_size": "tiny"},
             "layout": {"dp": devices, "tp": 1, "pp": 1, "micro_batches": 1, "schedule": "gpipe",
-                       "optimizer_shard": False, "recompute": False, "vocab_emb_dp": True},
+                       "fsdp": 1, "recompute": "none", "vocab_split": False},
             "step_times_s": steps, "host": {"cores": 2},
             "load": {"loadavg_1m_before": load, "loadavg_1m_after": 1.0, "cpu_steal_share": 0.0}}
 

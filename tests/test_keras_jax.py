@@ -63,11 +63,11 @@ def test_tensor_parallel_plan_splits_every_block_weight_over_model_and_nothing_e
 
 def test_sharded_state_puts_the_data_axis_on_a_dimension_that_divides():
     plan = weight_plan({"token_embedding/embeddings": (33283, 128), "bias": (7,), "k": (4, 6)},
-                       Layout(dp=2, optimizer_shard=True))
+                       Layout(fsdp=2))
     # the largest dimension that divides (the odd vocabulary does not), none where nothing does
     assert plan == {"token_embedding/embeddings": (None, "batch"), "bias": (None,), "k": (None, "batch")}
     both = weight_plan({"transformer_layer_0/feedforward_intermediate_dense/kernel": (128, 512)},
-                       Layout(dp=2, tp=2, optimizer_shard=True))
+                       Layout(fsdp=2, tp=2))
     assert both == {"transformer_layer_0/feedforward_intermediate_dense/kernel": ("batch", "model")}
 
 
@@ -125,7 +125,7 @@ LAYOUTS = {
     "tp2-multi_process": ["--devices", "2", "--model-parallel", "2", "--batch-size", "8",
                           "--jax-mode", "multi_process"],
     # One process over its devices: its memory figures hold them all (processes_share).
-    "fsdp2": ["--devices", "2", "--optimizer-shard", "--batch-size", "4"],
+    "fsdp2": ["--devices", "2", "--fsdp", "2", "--batch-size", "4"],
     # Recompute changes what is kept for the backward, never the result.
     "dp2xtp2-rc": ["--devices", "4", "--model-parallel", "2", "--batch-size", "4", "--recompute"],
 }
@@ -152,7 +152,7 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, args):
     assert len(states) == len(comm) == devices
     whole = ref["backend_metrics"]["state_bytes_per_rank"][0]
     assert whole["params"] == whole["grads"] == 4 * TINY.param_count()
-    if lay["optimizer_shard"]:  # every weight split over the data axis: half of everything
+    if lay["fsdp"] > 1:  # every weight split over the data axis: half of everything
         assert all(s["params"] <= 0.5 * whole["params"] + 4 * TINY.hidden for s in states)
         # The shards gathered for the compute, and the gradients reduced shard by shard, never all-reduced whole
         # (as plain data parallel does, below). XLA picks how: jax 0.10.2 on CPU lowers the gradients'

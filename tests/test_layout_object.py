@@ -13,27 +13,45 @@ TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]  # tiny: 2 layers, 2 heads, 
 
 
 @pytest.mark.parametrize("layout, spec, batch, accum, message", [
-    (Layout(dp=0), TINY, 8, 1, "parallel sizes must be >= 1: data 0, model 1, pipeline 1, micro-batches 1"),
-    (Layout(micro_batches=0), TINY, 8, 1, "parallel sizes must be >= 1: data 1, model 1, pipeline 1, micro-batches 0"),
-    (Layout(pp=2, schedule="zb", micro_batches=2), TINY, 8, 1, "--pipeline-schedule zb: choose from gpipe, 1f1b"),
+    (Layout(dp=0), TINY, 8, 1, "parallel sizes must be >= 1: data 0 x 1, model 1, pipeline 1, context 1, "
+                               "micro-batches 1"),
+    (Layout(micro_batches=0), TINY, 8, 1, "parallel sizes must be >= 1: data 1 x 1, model 1, pipeline 1, context 1, "
+                                          "micro-batches 0"),
+    (Layout(pp=2, schedule="zb", micro_batches=2), TINY, 8, 1, "--pipeline-schedule zb: choose from gpipe, 1f1b, "
+                                                               "interleaved"),
+    (Layout(recompute="some"), TINY, 8, 1, "--recompute some: choose from none, selective, full"),
+    (Layout(pp=2, micro_batches=2, schedule="interleaved"), MINI, 8, 1, "--pipeline-schedule interleaved with "
+                                                                        "--virtual-stages 1: an interleaved"),
+    (Layout(pp=2, micro_batches=3, schedule="interleaved", virtual_stages=2), MINI, 6, 1,
+     "interleaved 1F1B needs the 3 micro-batches to be a multiple of the 2 stages"),
+    (Layout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2), TINY, 8, 1,
+     "2 layers cannot fill 4 pipeline stages"),
+    (Layout(sp=True), TINY, 8, 1, "--sequence-parallel, --tp-overlap and --vocab-split need tensor parallelism"),
+    (Layout(fsdp=2, zero1=True), TINY, 8, 1, "--zero1 with --fsdp: ZeRO-1 shards the optimizer of plain data"),
+    (Layout(micro_batch_size=2), TINY, 8, 1, "--micro-batch-size 2: the MLM's runs take the number of micro-batches"),
+    (Layout(micro_batches=2, micro_batch_size=2), TINY, 8, 1, "--micro-batches 2 and --micro-batch-size 2: give"),
+    (Layout(cp=3), TINY, 6, 1, "sequence 128 does not split into 2 x context parallel 3 chunks"),
+    (Layout(cp=2), CNN, 8, 1, "--context-parallel, --sequence-parallel: the CNN has no sequence"),
     (Layout(micro_batches=2), TINY, 8, 1, "--micro-batches 2 with 1 pipeline stage: micro-batches feed a pipeline; "
                                           "use --grad-accum to accumulate without one"),
     (Layout(schedule="1f1b"), TINY, 8, 1, "--pipeline-schedule 1f1b with 1 pipeline stage: there is no pipeline"),
     (Layout(pp=2, micro_batches=1), TINY, 8, 1, "--micro-batches 1 is fewer than the 2 pipeline stages"),
-    (Layout(stage_split="auto"), TINY, 8, 1, "--stage-split auto with 1 pipeline stage: there is nothing to split"),
+    (Layout(stage_split="auto"), TINY, 8, 1, "--stage-split auto with 1 pipeline stage: there is no pipeline"),
     (Layout(pp=2, micro_batches=2), TINY, 8, 2, "--grad-accum 2 with 2 pipeline stages: the pipeline's "
                                                "--micro-batches already accumulate"),
     (Layout(dp=2, pp=2, micro_batches=2), TINY, 6, 1, "global batch 6 is not divisible by data parallel 2 x "
                                                       "micro-batches 2"),
+    (Layout(fsdp=2, micro_batch_size=4), TINY, 12, 1, "global batch 12 is not divisible by data parallel 2 x "
+                                                      "micro-batch size 4"),
     (Layout(tp=3), TINY, 8, 1, "attention heads 2 is not divisible by model parallel 3"),
-    (Layout(tp=4, vocab_emb_dp=False), MINI, 8, 1, "vocabulary 33282 is not divisible by model parallel 4"),
+    (Layout(tp=4, vocab_split=True), MINI, 8, 1, "vocabulary 33282 is not divisible by model parallel 4"),
     (Layout(pp=4, micro_batches=4), TINY, 8, 1, "2 layers cannot fill 4 pipeline stages"),
     (Layout(pp=2, micro_batches=2, stage_split="3,2"), MINI, 8, 1, "--stage-split 3,2: 2 stages of mini BERT's 4 "
                                                                    "layers need 2 counts that add up to 4"),
     (Layout(pp=2, micro_batches=2, stage_split="1,1,2"), MINI, 8, 1, "--stage-split 1,1,2: 2 stages"),
     (Layout(tp=3), CNN, 9, 1, "fc size 1024 is not divisible by model parallel 3"),
     (Layout(pp=8, micro_batches=8), CNN, 8, 1, "the CNN's 7 layers cannot fill 8 pipeline stages"),
-    (Layout(vocab_emb_dp=False), CNN, 8, 1, "--no-vocab-emb-dp: the CNN has no embedding table"),
+    (Layout(tp=2, vocab_split=True), CNN, 8, 1, "--vocab-split: the CNN has no embedding table"),
     (Layout(pp=2, micro_batches=2, stage_split="auto"), CNN, 8, 1, "--stage-split auto: the CNN's pipeline is cut "
                                                                    "evenly; a split by cost places the MLM's"),
 ])
@@ -45,7 +63,7 @@ def test_a_combination_that_cannot_be_laid_out_is_named(layout, spec, batch, acc
 
 @pytest.mark.parametrize("layout, spec, batch", [
     (Layout(), TINY, 1), (Layout(pp=2, micro_batches=2), TINY, 2), (Layout(dp=2, pp=2, micro_batches=2), TINY, 4),
-    (Layout(tp=2, vocab_emb_dp=False), TINY, 8), (Layout(pp=2, micro_batches=2, schedule="1f1b"), TINY, 8),
+    (Layout(tp=2, vocab_split=True), TINY, 8), (Layout(pp=2, micro_batches=2, schedule="1f1b"), TINY, 8),
     (Layout(pp=2, micro_batches=2, stage_split="3,1"), MINI, 8), (Layout(pp=2, micro_batches=2, stage_split="auto"),
                                                                     MINI, 8),
     (Layout(tp=2, pp=7, micro_batches=7), CNN, 7), (Layout(pp=4, micro_batches=4), MINI, 4),
@@ -56,7 +74,7 @@ def test_a_layout_at_the_edge_of_each_rule_passes(layout, spec, batch):
 
 def test_ranks_lie_on_the_grid_tensor_parallel_innermost():
     layout = Layout(dp=2, tp=2, pp=2, micro_batches=2)
-    assert [tuple(layout.coordinates(r).values()) for r in range(8)] == [
+    assert [tuple(layout.coordinates(r)[d] for d in ("pp", "dp", "tp")) for r in range(8)] == [
         (0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 0), (1, 0, 1), (1, 1, 0), (1, 1, 1)]
     assert layout.devices == 8 and layout.splits_model and not Layout(dp=8).splits_model
     assert Layout(tp=2).splits_model and Layout(pp=2, micro_batches=2).splits_model
@@ -69,7 +87,7 @@ def test_ranks_lie_on_the_grid_tensor_parallel_innermost():
 
 
 def test_what_each_rank_holds_in_words():
-    layout = Layout(dp=2, tp=2, pp=2, micro_batches=2, optimizer_shard=True, vocab_emb_dp=False)
+    layout = Layout(fsdp=2, tp=2, pp=2, micro_batches=2, vocab_split=True)
     assert layout.holds(0, MINI, 4) == "embeddings + layers 0-1, heads, FFN and vocabulary shard 1/2, parameters " \
                                        "and optimizer state shard 1/2"
     assert layout.holds(7, MINI, 4) == "layers 2-3 + MLM head, heads, FFN and vocabulary shard 2/2, parameters " \
@@ -83,57 +101,78 @@ def test_the_record_of_a_layout_and_back():
     layout = Layout(dp=2, pp=2, micro_batches=4, stage_split="3,1")
     record = layout.as_record(MINI, 16)
     assert record["layers_per_stage"] == [3, 1] and record["dp"] == 2 and record["stage_split"] == "3,1"
-    assert record["per_rank"][3] == {"rank": 3, "dp": 1, "tp": 0, "pp": 1, "holds": "layers 3-3 + MLM head"}
+    assert record["per_rank"][3] == {"rank": 3, "dp": 1, "fsdp": 0, "tp": 0, "pp": 1, "holds": "layers 3-3 + MLM head"}
     assert len(record["per_rank"]) == 4 and Layout.from_record(record) == layout
     assert "layers_per_stage" not in Layout(dp=2).as_record(CNN, 8)
     assert Layout.from_record({"dp": 3, "unknown": 1}) == Layout(dp=3)
+    # a record written before the one layout type reads as it meant
+    assert Layout.from_record({"dp": 2, "tp": 2, "optimizer_shard": True, "recompute": True, "vocab_emb_dp": False}) \
+        == Layout(fsdp=2, tp=2, recompute="full", vocab_split=True)
+    assert Layout.from_record({"dp": 2, "optimizer_shard": False, "recompute": False, "vocab_emb_dp": True}) \
+        == Layout(dp=2)
     assert Layout.for_devices(8, tp=2, pp=2, micro_batches=2) == Layout(dp=2, tp=2, pp=2, micro_batches=2)
     with pytest.raises(BadInput, match="^6 devices are not divisible by model parallel 2 x pipeline stages 2$"):
         Layout.for_devices(6, tp=2, pp=2)
+    assert Layout.for_devices(8, fsdp=2, tp=2) == Layout(dp=2, fsdp=2, tp=2)   # the replicas take the rest: HSDP
+    with pytest.raises(BadInput, match="^6 devices are not divisible by fsdp 4 x model parallel 1 x pipeline "
+                                       "stages 1 x context parallel 2$"):
+        Layout.for_devices(6, fsdp=4, cp=2)
 
 
 def test_flags_as_the_user_types_them():
-    layout = Layout(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", optimizer_shard=True, recompute=True,
-                    vocab_emb_dp=False, stage_split="3,1")
-    assert layout.non_default_flags() == ["--model-parallel 2", "--pipeline-stages 2", "--micro-batches 4",
-                                          "--pipeline-schedule 1f1b", "--optimizer-shard", "--recompute",
-                                          "--no-vocab-emb-dp", "--stage-split 3,1"]
-    assert layout.run_flags()[:4] == ["--model-parallel", "2", "--pipeline-stages", "2"]
-    assert Layout(dp=8).non_default_flags() == [] and OPTION["recompute"].flag_for(False) == ""
-    assert OPTION["vocab_emb_dp"].flag_for(True) == "" and OPTION["stage_split"].name_part("3,1") == "split3+1"
+    layout = Layout(fsdp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b", recompute="full",
+                    vocab_split=True, stage_split="3,1")
+    assert layout.non_default_flags() == ["--fsdp 2", "--model-parallel 2", "--pipeline-stages 2",
+                                          "--micro-batches 4", "--pipeline-schedule 1f1b", "--recompute full",
+                                          "--vocab-split", "--stage-split 3,1"]
+    assert layout.run_flags()[:4] == ["--fsdp", "2", "--model-parallel", "2"]
+    assert Layout(dp=8).non_default_flags() == [] and OPTION["recompute"].flag_for("none") == ""
+    assert OPTION["vocab_split"].flag_for(False) == "" and OPTION["stage_split"].word_for("3,1") == "split3+1"
     assert OPTION["tp"].is_count and not OPTION["recompute"].is_count and not OPTION["schedule"].is_count
-    refuse_layout(Layout(dp=4), "torch_ddp", ["torch_3d"])
-    with pytest.raises(Unsupported, match="^--model-parallel 2: torch_ddp is data parallel only; torch_3d, keras_jax "
+    executed_by = {"tp": ["torch_3d", "keras_jax"], "pp": ["torch_3d"]}
+    refuse_layout(Layout(dp=4), "torch_ddp", frozenset(), executed_by)
+    with pytest.raises(Unsupported, match="^--model-parallel 2: torch_ddp is data parallel only; keras_jax, torch_3d "
                                           "run layouts$"):
-        refuse_layout(Layout(tp=2), "torch_ddp", ["torch_3d", "keras_jax"])
+        refuse_layout(Layout(tp=2), "torch_ddp", frozenset(), executed_by)
+    with pytest.raises(Unsupported, match="^--pipeline-stages 2: keras_jax does not execute it; torch_3d does$"):
+        refuse_layout(Layout(tp=2, pp=2, micro_batches=2), "keras_jax", frozenset({"tp"}), executed_by)
+    with pytest.raises(Unsupported, match="^--sequence-parallel: torch_3d does not execute it; no backend here does"):
+        refuse_layout(Layout(tp=2, sp=True), "torch_3d", frozenset({"tp", "pp"}), executed_by)
+    refuse_layout(Layout(tp=2, pp=2, micro_batches=2), "torch_3d", frozenset({"tp", "pp", "micro_batches"}),
+                  executed_by)
     assert cnn_layers(CNN) == 4 + 2 + 1
 
 
 @pytest.mark.parametrize("layout, name", [
-    (Layout(), "1 device"), (Layout(dp=4), "dp4"), (Layout(dp=1, optimizer_shard=True), "fsdp1"),
-    (Layout(dp=2, optimizer_shard=True, tp=2), "fsdp2xtp2"), (Layout(tp=2, vocab_emb_dp=False), "tp2-vocab"),
-    (Layout(pp=2, micro_batches=4), "pp2-mb4"), (Layout(pp=2, micro_batches=2, schedule="1f1b", recompute=True,
-                                                        stage_split="auto"), "pp2-mb2-1f1b-rc-splitauto"),
-    (Layout(micro_batches=3), "1 device"), (Layout(vocab_emb_dp=False), "1 device"),
+    (Layout(), "1 device"), (Layout(dp=4), "dp4"), (Layout(fsdp=4), "fsdp4"), (Layout(dp=2, fsdp=4), "dp2xfsdp4"),
+    (Layout(fsdp=2, tp=2), "fsdp2xtp2"), (Layout(tp=2, vocab_split=True), "tp2-vocab"),
+    (Layout(pp=2, micro_batches=4), "pp2-nmb4"), (Layout(pp=2, micro_batches=2, schedule="1f1b", recompute="full",
+                                                        stage_split="auto"), "pp2-nmb2-1f1b-rc-splitauto"),
+    (Layout(micro_batches=3), "1 device-nmb3"), (Layout(fsdp=2, micro_batch_size=2), "fsdp2-mbs2"),
+    (Layout(tp=2, pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2, sp=True, tp_overlap=True),
+     "tp2xpp2-nmb4-vp2-sp-tpo"),
 ])
 def test_the_canonical_name_and_back(layout, name):
     assert layout.name == name
-    if name not in ("1 device", "fsdp1"):  # names a sweep cannot ask for (sizes of 2 and more)
+    if not name.startswith("1 device"):
         assert Layout.parse(name) == layout
 
 
 @pytest.mark.parametrize("entry, reason", [
     ("dp2xdp2", "'dp2xdp2': the dp dimension is given twice"),
-    ("fsdp2xdp2", "'fsdp2xdp2': the dp dimension is given twice"),
+    ("dp2xfsdp2xdp4", "'dp2xfsdp2xdp4': the dp dimension is given twice"),
     ("dp02", "'dp02': dp size must be an integer >= 2 without leading zeros, got 02"),
     ("tp1", "'tp1': tp size must be an integer >= 2 without leading zeros, got 1"),
-    ("pp2-mb0", "'pp2-mb0': mb must be an integer >= 1 without leading zeros, got 0"),
-    ("pp2-mb2-mb4", "'pp2-mb2-mb4': 'mb4' repeats an option already given"),
-    ("dp2-vocab", "'dp2-vocab': 'vocab' splits the vocabulary over tensor parallel: it needs tp<N>"),
+    ("pp2-nmb0", "'pp2-nmb0': nmb must be an integer >= 1 without leading zeros, got 0"),
+    ("pp2-nmb2-nmb4", "'pp2-nmb2-nmb4': 'nmb4' repeats an option already given"),
+    ("dp2-vocab", "'dp2-vocab': 'vocab' needs tensor parallelism (tp<N>)"),
     ("dp2-1f1b", "'dp2-1f1b': '1f1b' needs a pipeline (pp<N>)"),
     ("pp2-split9", "'pp2-split9': 'split9': "),
-    ("ep2", "'ep2': 'ep2' is not dp<N>, fsdp<N>, tp<N> or pp<N>"),
-    ("dp2-fast", "'dp2-fast': unknown option 'fast'; choose from mb<K>, gpipe, 1f1b, rc, vocab, split<VALUE>"),
+    ("ep2", "'ep2': expert parallelism is not modelled"),
+    ("zz2", "'zz2': 'zz2' is not dp<N>, fsdp<N>, tp<N>, pp<N> or cp<N>"),
+    ("dp", "'dp': a bare dp takes the devices the others leave: it needs a device count"),
+    ("dp2-fast", "'dp2-fast': unknown option 'fast'; choose from nmb<K>, mbs<K>, 1f1b, gpipe, vp<K>, rc, sel, sp, "
+                 "zero1, tpo, vocab, split<VALUE>"),
 ])
 def test_a_bad_name_says_why(entry, reason):
     with pytest.raises(ValueError) as err:
@@ -158,7 +197,7 @@ def test_the_edges_a_first_pass_of_mutation_testing_found():
     Layout(dp=2).validate(TINY, 8, grad_accum=2)
     assert Layout.for_devices(4) == Layout(dp=4) and Layout.for_devices(4).name == "dp4"
     assert Layout.for_devices(8, tp=2).name == "dp4xtp2" and Layout.for_devices(4, pp=2, micro_batches=2).name == \
-        "dp2xpp2-mb2"
+        "dp2xpp2-nmb2"
     auto = Layout(pp=2, micro_batches=2, stage_split="auto")
     assert auto.holds(1, MINI, 8) == "layers 3-3 + MLM head"   # mini's balanced split: 3 + 1 (tests/test_stage_split)
     assert auto.as_record(MINI, 8)["layers_per_stage"] == [3, 1]

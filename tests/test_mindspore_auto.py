@@ -57,7 +57,7 @@ def layout(mode="semi_auto", dp=1, mp=1, pp=1, k=1, **kw) -> ParallelConfig:
     (layout(pp=2, k=1), 2, TINY, 32, "--micro-batches 1 is fewer than the 2 pipeline stages"),
     (layout(k=2), 1, TINY, 32, "--micro-batches 2 with 1 pipeline stage"),
     (layout(mode="data", mp=2), 2, TINY, 32, "--parallel-mode data with --model-parallel 2"),
-    (layout(mode="data", dp=2, optimizer_shard=True), 2, TINY, 32, "--optimizer-shard needs"),
+    (layout(mode="data", dp=2, optimizer_shard=True), 2, TINY, 32, "--fsdp 2: MindSpore's optimizer shard needs"),
     (layout(mp=3), 3, CNN, 30, "fc size 1024 is not divisible by model parallel 3"),
 ])
 def test_a_bad_layout_names_its_combination(cfg, devices, spec, batch, named):
@@ -140,12 +140,12 @@ def test_compare_forwards_the_layout_options():
     from bench.compare import build_parser, run_command
 
     args = build_parser().parse_args(["--parallel-mode", "semi_auto", "--model-parallel", "2", "--pipeline-stages",
-                                      "2", "--micro-batches", "4", "--recompute", "--no-vocab-emb-dp"])
+                                      "2", "--micro-batches", "4", "--recompute", "--vocab-split"])
     cmd = run_command(args, "mindspore_auto", "mlm", 4, "run", "sweep")
     for expected in (["--parallel-mode", "semi_auto"], ["--model-parallel", "2"], ["--pipeline-stages", "2"],
-                     ["--micro-batches", "4"], ["--recompute"], ["--no-vocab-emb-dp"]):
+                     ["--micro-batches", "4"], ["--recompute"], ["--vocab-split"]):
         assert any(cmd[i:i + len(expected)] == expected for i in range(len(cmd))), expected
-    assert "--optimizer-shard" not in cmd
+    assert cmd[cmd.index("--fsdp") + 1] == "1"   # no sharding asked for
 
 
 # ----------------------------------------------------------------------------- the MindSpore models

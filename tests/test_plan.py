@@ -67,7 +67,7 @@ def _grammar(spec, devices: int, batch: int, micro: tuple[int, ...]) -> set[tupl
         if pp > 1:
             cuts = [",".join(map(str, c)) for c in product(range(1, spec.layers + 1), repeat=pp)
                     if sum(c) == spec.layers]
-            words += [[f"mb{k}" for k in micro], ["gpipe", "1f1b"], ["", "splitauto", *(f"split{c.replace(',', '+')}"
+            words += [[f"nmb{k}" for k in micro], ["gpipe", "1f1b"], ["", "splitauto", *(f"split{c.replace(',', '+')}"
                                                                                        for c in cuts)]]
         for head in product(*heads):
             for option in product(*words):
@@ -101,20 +101,20 @@ def test_the_backend_refusals_are_its_own():
     assert any("no pipeline parallelism" in why for why in keras.reasons())
     assert torch_3d(Layout(pp=2, micro_batches=4)) is None
     cnn = backend_refusal("torch_3d", "cnn", "tiny", 2, 32, "fp32", CPU)
-    assert "--model-parallel" in cnn(Layout(tp=2)) and cnn(Layout(dp=2, optimizer_shard=True)) is None
+    assert "--model-parallel" in cnn(Layout(tp=2)) and cnn(Layout(fsdp=2)) is None
 
 
 # ----------------------------------------------------------------------------- the ranking
 
 def test_recompute_costs_one_more_forward_of_the_encoder_layers():
-    plain, again = (predict(TINY, Layout(dp=2, recompute=rc), 32, BASIS, CPU) for rc in (False, True))
+    plain, again = (predict(TINY, Layout(dp=2, recompute=rc), 32, BASIS, CPU) for rc in ("none", "full"))
     whole = parts(TINY)
     by_hand = BASIS.s_per_mac_sample * whole.layers * whole.layer * 16 / 3  # 16 samples a rank, forward = 1/3
     assert again.recompute_s == pytest.approx(by_hand) and plain.recompute_s == 0
     assert again.step_s - plain.step_s == pytest.approx(by_hand, rel=1e-9)
     # A basis measured with --recompute holds its own recomputation: predicting that run gives its own time back.
     measured = replace(BASIS, recompute=True)
-    assert predict(TINY, Layout(recompute=True), 32, measured, CPU).compute_s == \
+    assert predict(TINY, Layout(recompute="full"), 32, measured, CPU).compute_s == \
         pytest.approx(predict(TINY, Layout(), 32, BASIS, CPU).compute_s)
 
 
@@ -132,10 +132,10 @@ def test_the_plan_ranks_by_step_and_says_what_decides():
     pick, by_name = rows[0], {r.layout.name: r for r in rows}
     assert explain(pick, pick, 0.0).startswith("the pick")
     # Recompute adds its cost and nothing else.
-    rc = by_name[pick.layout.name + "-rc"] if not pick.layout.recompute else None
+    rc = by_name[pick.layout.name + "-rc"] if not pick.layout.recomputes else None
     assert rc is not None and rc.decides[0][0] == "recompute" and "recompute cost" in explain(rc, pick, 0.0)
     # The model gives GPipe and 1F1B one step; 1F1B holds fewer micro-batches in flight.
-    gpipe, one_f = by_name["pp2-mb8"], by_name["pp2-mb8-1f1b"]
+    gpipe, one_f = by_name["pp2-nmb8"], by_name["pp2-nmb8-1f1b"]
     assert gpipe.step_s == one_f.step_s and one_f.memory < gpipe.memory
     if pick.layout.pp == 1:
         assert any(part == "bubble" for part, _ in gpipe.decides)
@@ -153,7 +153,7 @@ def test_what_does_not_fit_is_dropped_and_what_may_not_fit_is_flagged():
     assert verdict(110, 100, 0.2) == "may not fit"          # 110 / 1.2 < 100 < 110 / 0.8
     assert verdict(130, 100, 0.2) == "does not fit" and verdict(79, 100, 0.2) == "fits"
     assert verdict(1e12, None, None) == "not checked"
-    layouts = [Layout(dp=2), Layout(dp=2, optimizer_shard=True), Layout(dp=2, recompute=True)]
+    layouts = [Layout(dp=2), Layout(fsdp=2), Layout(dp=2, recompute="full")]
     fsdp_memory = max(predict(TINY, layouts[1], 32, BASIS, CPU).memory_per_rank)
     rows = rank(predicted(TINY, layouts, 32, BASIS, CPU, "torch_3d", None, fsdp_memory * 1.01, None), None)
     # Those that do not fit follow, unranked, the leanest first.

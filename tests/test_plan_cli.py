@@ -265,7 +265,7 @@ def test_the_table_by_hand():
     plan = {"title": "T [1]", "basis": "B [x]", "summary": ["one [red]line[/red]", "two"],
             "rows": [row, {**row, "rank": 2, "layout": "fsdp2", "step_s": 2.5, "memory_per_rank_max": None,
                            "explanation": "e2"},
-                     {**row, "rank": 3, "layout": "tp2"}, {**row, "rank": 0, "layout": "pp2-mb2"}]}
+                     {**row, "rank": 3, "layout": "tp2"}, {**row, "rank": 0, "layout": "pp2-nmb2"}]}
     lines = _console_lines(plan_cli.show, plan, 2)
     # Title and basis left-justified over the table (padded to its width), the header, then ranks 1 and 2 of
     # --top 2: 50 ms, 640.0 samples/s, 1.5 GiB, comm 0.01 / 0.05 = 20%, bubble 10%, recompute 0%.
@@ -320,7 +320,7 @@ def test_the_size_and_the_workload_reach_the_plan(tmp_path, capsys):
     cnn, _ = _plan(capsys, *base, "--workload", "cnn", "--backend", "keras_jax", tmp_path=tmp_path)
     assert cnn["title"] == "cnn tiny on 2 x h100-sxm-8 (keras_jax), global batch 64"
     assert {r["layout"] for r in cnn["rows"]} == {"dp2", "fsdp2"}
-    assert "--no-vocab-emb-dp: the CNN has no embedding table" in cnn["candidates"]["reasons"]
+    assert "--vocab-split: the CNN has no embedding table" in cnn["candidates"]["reasons"]
 
 
 def test_the_basis_is_the_run_of_the_size_precision_and_batch_planned(tmp_path, capsys):
@@ -422,7 +422,7 @@ def test_devices_and_size_reach_the_backend_check():
     assert "global batch 32 is not divisible by 4 data-parallel replicas x 3" in refuse(Layout(dp=4, micro_batches=3))
     cnn = plan_space.backend_refusal("keras_jax", "cnn", "tiny", 2, 64, "fp32", CPU)
     assert "keras_jax cnn --model-parallel" in cnn(Layout(tp=2)) and cnn(Layout(dp=2)) is None
-    assert "keras_jax cnn --recompute" in cnn(Layout(dp=2, recompute=True))
+    assert "keras_jax cnn --recompute" in cnn(Layout(dp=2, recompute="full"))
     amp = plan_space.backend_refusal("keras_jax", "mlm", "tiny", 2, 32, "amp", CPU)
     fp16 = plan_space.backend_refusal("keras_jax", "mlm", "tiny", 2, 32, "fp16", CPU)
     assert amp(Layout(dp=2)) is None and "--precision fp16" in fp16(Layout(dp=2))
@@ -454,7 +454,7 @@ def test_each_layout_is_planned_from_the_one_device_runs_of_its_own_micro_batche
         plan, _ = _plan(capsys, "--devices", "2", "--from", str(folder), "--micro-batches", "4", tmp_path=tmp_path)
         plans[name] = {r["layout"]: r["parts_s"]["compute"] for r in plan["rows"]}
     assert plans["fast"]["dp2"] == pytest.approx(plans["same"]["dp2"])
-    assert plans["fast"]["pp2-mb4"] == pytest.approx(plans["same"]["pp2-mb4"] / 2)
+    assert plans["fast"]["pp2-nmb4"] == pytest.approx(plans["same"]["pp2-nmb4"] / 2)
 
 
 def test_a_plan_from_records_names_its_run_link_and_errors(tmp_path, capsys):
@@ -469,7 +469,7 @@ def test_a_plan_from_records_names_its_run_link_and_errors(tmp_path, capsys):
     # Multi-device runs in the folder: validated now, their number said.
     both = _folder(tmp_path / "both", _record("r1"), _record("r2", "dp2", 0.06, started="2026-11-25T00:01:00"),
                    _record("r3", "tp2", 0.08, started="2026-11-25T00:02:00"),
-                   _record("r4", "pp2-mb2", status="failed", started="2026-11-25T00:03:00"))
+                   _record("r4", "pp2-nmb2", status="failed", started="2026-11-25T00:03:00"))
     plan, _ = _plan(capsys, "--devices", "2", "--from", str(both), "--backend", "keras_jax", tmp_path=tmp_path)
     assert plan["basis"].endswith(f"; errors from a validation of {both}'s multi-device runs, computed now "
                                   "(2 runs validated))")
@@ -608,15 +608,15 @@ def _run(run_id: str, name: str, steps: list[float], **kw) -> dict:
 def test_attach_measured_takes_this_plan_s_runs_and_ranks_them():
     plan = _measured_plan()
     plan["rows"][0]["layout"], plan["rows"][1]["layout"] = "dp2", "tp2"
-    plan["rows"][2]["layout"], plan["rows"][3]["layout"] = "fsdp2", "pp2-mb2"
+    plan["rows"][2]["layout"], plan["rows"][3]["layout"] = "fsdp2", "pp2-nmb2"
     plan["pick"] = "tp2"
     records = [_run("a", "dp2", [0.1] * 10), _run("b", "dp2", [0.1] * 10), _run("t", "tp2", [0.4] * 10),
                _run("f", "fsdp2", [], status="failed"), _run("f2", "fsdp2", [0.1] * 5, status="failed"),
                # another plan's runs: another size, batch, device count, backend, workload; one without a layout
-               _run("x1", "pp2-mb2", [0.01] * 5, config={"model_size": "mini"}),
-               _run("x2", "pp2-mb2", [0.01] * 5, global_batch=16), _run("x3", "pp2-mb2", [0.01] * 5, devices=4),
-               _run("x4", "pp2-mb2", [0.01] * 5, backend="keras_jax"),
-               _run("x5", "pp2-mb2", [0.01] * 5, workload="cnn"), _run("x6", "pp2-mb2", [0.01] * 5, layout=None)]
+               _run("x1", "pp2-nmb2", [0.01] * 5, config={"model_size": "mini"}),
+               _run("x2", "pp2-nmb2", [0.01] * 5, global_batch=16), _run("x3", "pp2-nmb2", [0.01] * 5, devices=4),
+               _run("x4", "pp2-nmb2", [0.01] * 5, backend="keras_jax"),
+               _run("x5", "pp2-nmb2", [0.01] * 5, workload="cnn"), _run("x6", "pp2-nmb2", [0.01] * 5, layout=None)]
     rows = {r["layout"]: r for r in plan_run.attach_measured(plan, records)["rows"]}
     # dp2: two runs of 0.1 s steps, 320 samples/s with no spread; tp2 0.4 s: 80.
     dp = rows["dp2"]["measured"]
@@ -625,7 +625,7 @@ def test_attach_measured_takes_this_plan_s_runs_and_ranks_them():
                   "peak_per_rank_max": 2 * GIB, "rank": 1}
     assert rows["tp2"]["measured"]["rank"] == 2 and rows["tp2"]["measured"]["samples_per_s"] == pytest.approx(80)
     assert rows["fsdp2"]["measured"] == {"status": "failed", "samples_per_s": None}   # the last run's status
-    assert rows["pp2-mb2"]["measured"] is None
+    assert rows["pp2-nmb2"]["measured"] is None
     assert plan["measured"]["summary"] == ("Measured: fastest dp2 (320.0 samples/s); the pick tp2 measured 80.0 "
                                            "(25.0% of it, 2 of 2).")
     # A cnn plan takes runs of any size.
@@ -639,14 +639,14 @@ def test_attach_measured_takes_this_plan_s_runs_and_ranks_them():
 
 def test_the_summary_names_the_pick_and_what_the_fastest_cannot_be_told_from():
     plan = _measured_plan("b")
-    for row, name in zip(plan["rows"], ("dp2", "tp2", "fsdp2", "pp2-mb2")):
+    for row, name in zip(plan["rows"], ("dp2", "tp2", "fsdp2", "pp2-nmb2")):
         row["layout"] = name
     plan["pick"] = "dp2"
-    # dp2 steps vary around 0.1 s, tp2 and fsdp2 1% and 2% slower: their intervals overlap; pp2-mb2 at 0.2 s
+    # dp2 steps vary around 0.1 s, tp2 and fsdp2 1% and 2% slower: their intervals overlap; pp2-nmb2 at 0.2 s
     # is apart.
     noisy = [0.09, 0.11, 0.1, 0.095, 0.105, 0.1, 0.09, 0.11]
     records = [_run("d", "dp2", noisy), _run("t", "tp2", [s * 1.01 for s in noisy]),
-               _run("f", "fsdp2", [s * 1.02 for s in noisy]), _run("p", "pp2-mb2", [0.2] * 8)]
+               _run("f", "fsdp2", [s * 1.02 for s in noisy]), _run("p", "pp2-nmb2", [0.2] * 8)]
     summary = plan_run.attach_measured(plan, records)["measured"]["summary"]
     dp = plan["rows"][0]["measured"]["samples_per_s"]
     assert summary == (f"Measured: fastest dp2 ({dp:,.1f} samples/s), the plan's pick; inside the fastest's 95% "
@@ -671,7 +671,7 @@ def test_plan_check_layouts_are_torch_3d_s_on_two_devices():
     names = plan_check.layouts("tiny")
     layers = BERT_SIZES["tiny"].layers
     assert len(names) == 4 + 4 + 3 * 2 * (layers - 1) * 2 and len(set(names)) == len(names)
-    assert {"dp2", "fsdp2-rc", "tp2-vocab", "pp2-mb8-1f1b-rc"} <= set(names)
+    assert {"dp2", "fsdp2-rc", "tp2-vocab", "pp2-nmb8-1f1b-rc"} <= set(names)
     assert not {Layout.parse(n).micro_batches for n in names} - {1, 2, 4, 8}
 
 

@@ -24,7 +24,8 @@ from common.plan.space import (
 )
 from common.predict import hardware as hardware_files
 from common.predict.basis import Basis
-from common.predict.step import Prediction, memory_per_rank, predict
+from common.predict.prediction import Prediction
+from common.predict.step import memory_per_rank, predict
 from common.sections import FitCheck
 from common.spec import BERT_SIZES, CNN, BertSpec
 
@@ -72,8 +73,8 @@ def test_the_stage_splits_tried_are_even_auto_and_the_placements_while_few():
 
 def test_a_layout_is_nameable_when_its_name_reads_back_as_itself():
     assert nameable(Layout(pp=2, micro_batches=4, stage_split="1,1"))
-    assert not nameable(Layout(tp=2, micro_batches=2))        # tp2: no pipeline, the name drops mb2
-    assert not nameable(Layout(dp=1, tp=2, optimizer_shard=True))   # fsdp1: ValueError from the grammar
+    assert not nameable(Layout(tp=2, schedule="1f1b"))        # tp2: no pipeline, the name drops 1f1b
+    assert not nameable(Layout(tp=2, stage_split="auto"))     # nor a split of stages there are not
 
 
 def test_the_placement_is_the_layers_each_stage_holds():
@@ -108,8 +109,8 @@ def test_every_micro_batch_count_the_batch_divides_into_is_tried_by_default():
 def test_splits_that_place_the_same_layers_are_kept_once_by_their_plainest_name():
     """Mini MLM on pp2: even places 2+2, auto 3+1. 2,2 is kept as even, auto as its counts 3,1."""
     space = enumerate_layouts(MINI, 2, 32, (2,))
-    plain = [lay for lay in space.valid if lay.pp == 2 and lay.schedule == "gpipe" and not lay.recompute]
-    assert sorted(lay.name for lay in plain) == ["pp2-mb2", "pp2-mb2-split1+3", "pp2-mb2-split3+1"]
+    plain = [lay for lay in space.valid if lay.pp == 2 and lay.schedule == "gpipe" and not lay.recomputes]
+    assert sorted(lay.name for lay in plain) == ["pp2-nmb2", "pp2-nmb2-split1+3", "pp2-nmb2-split3+1"]
     assert space.auto[replace(MINI_PP2, stage_split="3,1")] == [3, 1]
     assert len(space.auto) == 4   # one per schedule and recompute
 
@@ -121,7 +122,7 @@ def test_the_backend_refuses_what_it_cannot_run_with_its_reason():
     space = enumerate_layouts(TINY, 2, 8, (2,), refuse=no_pipelines)
     assert sorted(lay.name for lay in space.valid) == sorted(
         ["dp2", "fsdp2", "dp2-rc", "fsdp2-rc", "tp2", "tp2-vocab", "tp2-rc", "tp2-rc-vocab"])
-    assert space.reasons() == {"no pipeline parallelism": 4}  # pp2-mb2, gpipe and 1f1b, with and without rc
+    assert space.reasons() == {"no pipeline parallelism": 4}  # pp2-nmb2, gpipe and 1f1b, with and without rc
     assert space.auto == {}                                   # the layouts auto placed were refused
 
 
@@ -171,7 +172,7 @@ def test_each_layout_is_predicted_with_its_placement_and_evaluation():
     assert row.memory == max(predict(MINI, auto, 32, bare, CPU, stage_split=[3, 1]).model_per_rank)
     assert row.fit == "does not fit"                          # one byte per device
     # Each backend holds its own state: keras_jax's FSDP shards are not torch_3d's
-    fsdp = Layout(dp=2, optimizer_shard=True)
+    fsdp = Layout(fsdp=2)
     keras = predicted(TINY, [fsdp], 32, BASIS, CPU, "keras_jax", None, 1e12, None)[0]
     assert keras.memory == max(predict(TINY, fsdp, 32, BASIS, CPU, "keras_jax").memory_per_rank)
     assert keras.memory != max(predict(TINY, fsdp, 32, BASIS, CPU, "torch_3d").memory_per_rank)
@@ -179,15 +180,15 @@ def test_each_layout_is_predicted_with_its_placement_and_evaluation():
 
 def test_the_rank_orders_fit_then_step_then_memory_then_name():
     rows = [_row(Layout(dp=2), 5, compute=1.0), _row(Layout(tp=2), 3, compute=1.0),
-            _row(Layout(dp=2, optimizer_shard=True), 3, compute=1.0),
+            _row(Layout(fsdp=2), 3, compute=1.0),
             _row(Layout(pp=2, micro_batches=2), 1, "may not fit", compute=0.5),   # fastest, but may not fit
-            _row(Layout(dp=2, recompute=True), 9, "not checked", compute=2.0),    # ranked as if it fits
-            _row(Layout(tp=2, recompute=True), 8, "does not fit", compute=0.25),
-            _row(Layout(dp=2, optimizer_shard=True, recompute=True), 8, "does not fit", compute=0.25),
-            _row(Layout(tp=2, vocab_emb_dp=False), 7, "does not fit", compute=0.25)]
+            _row(Layout(dp=2, recompute="full"), 9, "not checked", compute=2.0),    # ranked as if it fits
+            _row(Layout(tp=2, recompute="full"), 8, "does not fit", compute=0.25),
+            _row(Layout(fsdp=2, recompute="full"), 8, "does not fit", compute=0.25),
+            _row(Layout(tp=2, vocab_split=True), 7, "does not fit", compute=0.25)]
     ranked = rank(rows, error=None)
     assert [(r.layout.name, r.rank) for r in ranked] == [
-        ("fsdp2", 1), ("tp2", 2), ("dp2", 3), ("dp2-rc", 4), ("pp2-mb2", 5),
+        ("fsdp2", 1), ("tp2", 2), ("dp2", 3), ("dp2-rc", 4), ("pp2-nmb2", 5),
         ("tp2-vocab", 0), ("fsdp2-rc", 0), ("tp2-rc", 0)]          # dropped: the leanest first, then by name
     assert [r.separable for r in ranked[5:]] == [None] * 3 and all(r.decides == [] for r in ranked[5:])
 
@@ -195,10 +196,10 @@ def test_the_rank_orders_fit_then_step_then_memory_then_name():
 def test_a_layout_is_separable_when_its_gap_to_the_pick_exceeds_the_ranking_error():
     pick, near, far = (_row(Layout(dp=2), compute=2.0), _row(Layout(tp=2), compute=2.5),
                        _row(Layout(pp=2, micro_batches=2), compute=3.0))
-    faster = _row(Layout(dp=2, recompute=True), fit="may not fit", compute=1.0)
+    faster = _row(Layout(dp=2, recompute="full"), fit="may not fit", compute=1.0)
     ranked = rank([far, faster, near, pick], error=0.25)
     # gaps to the pick's 2 s: 2.5 s +25% (not beyond 25%), 3 s +50%, 1 s -50% (faster, but ranked after)
-    assert [(r.layout.name, r.separable) for r in ranked] == [("dp2", False), ("tp2", False), ("pp2-mb2", True),
+    assert [(r.layout.name, r.separable) for r in ranked] == [("dp2", False), ("tp2", False), ("pp2-nmb2", True),
                                                               ("dp2-rc", True)]
     assert rank([pick, near], error=0.0)[0].separable is False   # the pick is no gap from itself
 

@@ -15,7 +15,7 @@ import pytest
 from bench import predict as predict_cli
 from bench.report import main as report_main
 from common.hostinfo import load_over
-from common.layout import Layout
+from common.layout import Layout, check_name
 from common.predict import hardware as hardware_files
 from common.predict.basis import (
     UNPROBED,
@@ -28,7 +28,6 @@ from common.predict.basis import (
 )
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
 from common.predict.hardware import Link
-from common.predict.layouts import at_devices, check_name
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import collectives, pipeline_s, predict, sync_factor
 from common.results import load_records
@@ -94,10 +93,10 @@ def test_state_bytes_under_tensor_parallel_by_hand():
 def test_state_bytes_under_fsdp_follow_torch_chunk():
     # Every tiny dimension 0 is even: each of 2 ranks holds exactly half.
     for rank in range(2):
-        assert vars(state_bytes(TINY, Layout(dp=2, optimizer_shard=True), rank)) == \
+        assert vars(state_bytes(TINY, Layout(fsdp=2), rank)) == \
             _adamw(TINY_PARAMS // 2, TINY_TENSORS)
     # Keras' AdamW counts its steps in one int64 per device (keras_jax's record of fsdp2: 18,894,352 bytes).
-    keras = state_bytes(TINY, Layout(dp=2, optimizer_shard=True), 0, backend="keras_jax")
+    keras = state_bytes(TINY, Layout(fsdp=2), 0, backend="keras_jax")
     assert keras.optimizer == 8 * (TINY_PARAMS // 2) + 8
     # torch.chunk of 5 rows in 4: 2, 2, 1, 0 rows.
     assert [fsdp_numel((5, 3), 4, i) for i in range(4)] == [6, 6, 3, 0]
@@ -132,7 +131,7 @@ def test_collectives_by_hand():
     assert _by_kind(Layout(dp=2)) == {"all_reduce": [1, 4 * TINY_PARAMS]}
     # DDP's 25 MiB buckets: the 18.9 MB of gradients fit one.
     assert _by_kind(Layout(dp=2), backend="torch_ddp") == {"all_reduce": [1, 4 * TINY_PARAMS]}
-    fsdp = _by_kind(Layout(dp=2, optimizer_shard=True))
+    fsdp = _by_kind(Layout(fsdp=2))
     assert fsdp["reduce_scatter"] == [TINY.layers + 1, 4 * TINY_PARAMS]
     # Every layer gathered twice (forward, backward), the root once: the whole model plus the layers again.
     h, i = TINY.hidden, TINY.intermediate
@@ -175,7 +174,7 @@ def test_synchronised_ranks_wait_for_each_others_interruptions():
     # Once a step (a data-parallel all-reduce): the longest of dp, H_dp; every layer (tp, FSDP): each in turn.
     assert sync_factor(Layout()) == 1 and sync_factor(Layout(pp=2, micro_batches=4)) == 1
     assert sync_factor(Layout(dp=2)) == pytest.approx(1.5) and sync_factor(Layout(dp=4)) == pytest.approx(25 / 12)
-    assert sync_factor(Layout(tp=2)) == 2 and sync_factor(Layout(dp=2, optimizer_shard=True)) == 2
+    assert sync_factor(Layout(tp=2)) == 2 and sync_factor(Layout(fsdp=2)) == 2
     assert sync_factor(Layout(dp=2, tp=2)) == pytest.approx(3)
     # A 1-device run whose steps took 1, 1, 1, 1 and 2 s lost 0.2 of its 1.2 s mean to interruptions.
     assert interruption_share({"step_times_s": [1, 1, 1, 1, 2]}) == pytest.approx(0.2 / 1.2)
@@ -218,14 +217,16 @@ def test_assumed_mfu_is_labelled_and_uses_the_datasheet_peak():
 
 
 def test_layout_names_at_a_device_count():
-    assert at_devices("dp", 8) == Layout(dp=8)
-    assert at_devices("fsdp", 64) == Layout(dp=64, optimizer_shard=True)
-    assert at_devices("tp2xdp", 8) == Layout(dp=4, tp=2)
-    assert at_devices("pp4-1f1b", 8) == Layout(dp=2, pp=4, micro_batches=8, schedule="1f1b")
-    with pytest.raises(ValueError, match="does not divide"):
-        at_devices("tp8xpp4", 8)
+    assert Layout.parse("dp", 8) == Layout(dp=8)
+    assert Layout.parse("fsdp", 64) == Layout(fsdp=64)
+    assert Layout.parse("tp2xdp", 8) == Layout(dp=4, tp=2)
+    assert Layout.parse("pp4-1f1b", 8) == Layout(dp=2, pp=4, micro_batches=8, schedule="1f1b")
+    with pytest.raises(ValueError, match="uses 32 devices, not 8"):
+        Layout.parse("tp8xpp4", 8)
+    with pytest.raises(ValueError, match="do not divide them"):
+        Layout.parse("tp3xdp", 8)
     with pytest.raises(ValueError, match="uses 4 devices"):
-        at_devices("dp2xtp2", 8)
+        Layout.parse("dp2xtp2", 8)
     check_name("tp2xfsdp-rc")
     with pytest.raises(ValueError, match="unknown option"):
         check_name("dp-fast")
@@ -314,7 +315,7 @@ def test_a_rank_beyond_the_device_memory_does_not_fit_and_fsdp_shrinks_it():
     hw = replace(hardware_files.load("h100-sxm-8"), memory_bytes=1.5 * 2**30)
     basis = from_mfu(0.4, hw, "amp")
     dp = predict(BASE, Layout(dp=8), 256, basis, hw)
-    fsdp = predict(BASE, Layout(dp=8, optimizer_shard=True), 256, basis, hw)
+    fsdp = predict(BASE, Layout(fsdp=8), 256, basis, hw)
     # BERT-base's 110M float32 parameters with gradients and AdamW moments: 16 bytes each, 1.6 GiB per replica.
     assert max(s.total for s in dp.state_per_rank) > 1.6 * 2**30 and not dp.fits(hw.memory_bytes)
     assert max(s.total for s in fsdp.state_per_rank) < 0.25 * 2**30 and fsdp.fits(hw.memory_bytes)
@@ -389,7 +390,7 @@ def test_a_predicted_pipeline_places_its_layers_as_torch_3d_would():
     hw = hardware_files.load("h100-sxm-8")
     basis, mini = from_mfu(0.4, hw, "amp"), BERT_SIZES["mini"]
     rows = {name: predict_cli._row(mini, name, 2, 64, basis, hw, "torch_3d", 1.0)
-            for name in ("pp2-mb4-1f1b", "pp2-mb4-1f1b-splitauto", "pp2-mb4-1f1b-split1+3")}
+            for name in ("pp2-nmb4-1f1b", "pp2-nmb4-1f1b-splitauto", "pp2-nmb4-1f1b-split1+3")}
     assert [rows[n]["layers_per_stage"] for n in rows] == [[2, 2], [3, 1], [1, 3]]
-    assert rows["pp2-mb4-1f1b-splitauto"]["step_s"] < rows["pp2-mb4-1f1b"]["step_s"] < \
-        rows["pp2-mb4-1f1b-split1+3"]["step_s"]
+    assert rows["pp2-nmb4-1f1b-splitauto"]["step_s"] < rows["pp2-nmb4-1f1b"]["step_s"] < \
+        rows["pp2-nmb4-1f1b-split1+3"]["step_s"]

@@ -1,19 +1,20 @@
-"""bench.predict at LLM scale (common/predict/decoder.py, llm_layout.py, gpu_compute.py, llm_step.py,
+"""bench.predict at LLM scale (common/predict/decoder.py, common/layout.py, gpu_compute.py, llm_step.py,
 published.py): the formulas against hand counts and the papers' closed forms, the published points as data,
 and refusals in one line. Unit tests only: no process is started."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from bench import predict as predict_cli
 from bench.reporting.published_plot import published_blocks
+from common.layout import Layout, Refused
 from common.predict import constants, decoder, published, stacks
 from common.predict import hardware as hardware_files
 from common.predict.decoder import Gemm
 from common.predict.gpu_compute import compute_for
-from common.predict.llm_layout import LlmLayout, Refused, parse
 from common.predict.llm_step import interleaved_pipeline_s, predict_llm
 
 GPT = decoder.load("megatron-gpt-177b")     # h 12288, 96 heads, s 4096, GELU 4h, biases, untied
@@ -107,24 +108,28 @@ def test_interleaving_shrinks_the_bubble_by_the_chunks():
     assert interleaved_pipeline_s([e] * p, m, v) == pytest.approx((m + (p - 1) / v) * e)
     spec, hw = decoder.load("megatron-gpt-70b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")
-    plain = predict_llm(spec, parse("tp8xpp4-sp-zero1", 32), 32, hw, meg, c)
-    chunked = predict_llm(spec, parse("tp8xpp4-sp-zero1-vp3", 32), 32, hw, meg, c)
+    plain = predict_llm(spec, Layout.parse("tp8xpp4-sp-zero1-mbs1-1f1b-vocab", 32), 32, hw, meg, c)
+    chunked = predict_llm(spec, Layout.parse("tp8xpp4-sp-zero1-vp3-mbs1-vocab", 32), 32, hw, meg, c)
     assert chunked.bubble_s < plain.bubble_s
     assert chunked.compute_s == pytest.approx(plain.compute_s)
 
 
 def test_layout_names_and_refusals_are_one_line():
-    assert parse("tp8xpp6xdp-sp-zero1-vp2-tpo", 2304) == LlmLayout(
-        dp=48, tp=8, pp=6, sp=True, zero1=True, schedule="interleaved", virtual=2, tp_overlap=True)
-    assert parse("dp2xfsdp4-sel", 8) == LlmLayout(dp=2, shard=4, recompute="selective")
-    assert parse("tp8xpp4", 64).dp == 2
+    assert Layout.parse("tp8xpp6xdp-sp-zero1-vp2-tpo-mbs1", 2304) == Layout(
+        dp=48, tp=8, pp=6, sp=True, zero1=True, schedule="interleaved", virtual_stages=2, tp_overlap=True,
+        micro_batch_size=1)
+    assert Layout.parse("dp2xfsdp4-sel", 8) == Layout(dp=2, fsdp=4, recompute="selective")
+    assert Layout.parse("tp8xpp4", 64).dp == 2
     for name, why in (("fsdp-fp8", "fp8 is not modelled"), ("tp2xep4", "expert parallelism"),
-                      ("fsdp-zero3", "unknown option 'zero3'"), ("tp8-gpipe-vp2", "interleaved")):
+                      ("fsdp-zero3", "unknown option 'zero3'"), ("tp8xpp2-gpipe-vp2", "interleaved")):
         with pytest.raises(Refused, match=why) as err:
-            parse(name, 8)
+            Layout.parse(name, 8)
         assert "\n" not in str(err.value)
-    with pytest.raises(ValueError, match="sequence parallelism"):
-        parse("fsdp-sp", 8).validate(LLAMA, 8)
+    with pytest.raises(Refused, match="'sp' needs tensor parallelism"):
+        Layout.parse("fsdp-sp", 8)
+    with pytest.raises(ValueError, match="vocabulary 128256 is not divisible by tp 5"):   # the model's own limit
+        predict_llm(replace(LLAMA, heads=40, kv_heads=5, ffn=14000), Layout.parse("tp5-vocab", 5), 5,
+                    hardware_files.load("h100-sxm-8"), stacks.load("torch-eager"), None, mfu=0.4)
 
 
 def test_the_cli_refuses_a_layout_it_cannot_model_in_one_line(capsys):
@@ -180,10 +185,10 @@ def test_every_constant_has_a_value_and_a_source(capsys):
 def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
     spec, hw = decoder.load("megatron-gpt-177b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")
-    exposed = predict_llm(spec, parse("tp8xpp6-sp-zero1", 48), 48, hw, meg, c)
-    overlapped = predict_llm(spec, parse("tp8xpp6-sp-zero1-tpo", 48), 48, hw, meg, c)
+    exposed = predict_llm(spec, Layout.parse("tp8xpp6-sp-zero1-mbs1-1f1b-vocab", 48), 48, hw, meg, c)
+    overlapped = predict_llm(spec, Layout.parse("tp8xpp6-sp-zero1-tpo-mbs1-1f1b-vocab", 48), 48, hw, meg, c)
     # Transformer Engine's ring exchange runs QKV and FC1 in 8 chunks of 512 tokens: slower GEMMs, hidden comm.
     assert overlapped.parts["gemm"] > exposed.parts["gemm"]
     assert overlapped.comm_exposed_s < exposed.comm_exposed_s
     with pytest.raises(ValueError, match="async TP needs torch.compile"):    # eager torch has no async TP
-        predict_llm(LLAMA, parse("tp2xfsdp-sp-tpo", 8), 8, hw, stacks.load("torch-eager"), c)
+        predict_llm(LLAMA, Layout.parse("tp2xfsdp-sp-tpo", 8), 8, hw, stacks.load("torch-eager"), c)

@@ -34,7 +34,7 @@ def _shape(name: str, layout: Layout) -> tuple[int, ...]:
 
 
 def test_a_tensor_parallel_shard_by_module():
-    tp2, split = Layout(tp=2), Layout(tp=2, vocab_emb_dp=False)
+    tp2, split = Layout(tp=2), Layout(tp=2, vocab_split=True)
     assert _shape("layers.0.attention.query.weight", tp2) == (1, 2) and _shape("layers.0.ffn.in.bias", tp2) == (2,)
     assert _shape("layers.1.attention.output.weight", tp2) == (2, 1) and _shape("layers.1.ffn.out.weight", tp2) == \
         (2, 2)
@@ -68,7 +68,7 @@ def test_state_bytes_by_hand():
     assert vars(state_bytes(TOY, PP2, 1, backend="keras_jax")) == adamw(LAYER + HEAD + TOKEN, 8)
     assert framework_of("tf_mirrored") == framework_of("keras_jax") == "keras" and framework_of("torch_ddp") == "torch"
     # FSDP over 3: every tensor cut by torch.chunk along its first dimension
-    fsdp = Layout(dp=3, optimizer_shard=True)
+    fsdp = Layout(fsdp=3)
     per_rank = [state_bytes(TOY, fsdp, r).params // 4 for r in range(3)]
     assert sum(per_rank) == TOY.param_count() and per_rank == [sum(fsdp_numel(t.shape, 3, r) for t in
                                                                    tensor_layout(TOY)) for r in range(3)]
@@ -84,9 +84,9 @@ def test_activations_by_hand():
     assert activation_bytes(TOY, Layout(), 0, 3) == 4 * 3 * (3 * 48 + 8 + 28)
     assert activation_bytes(TOY, Layout(), 0, 3, value_bytes=2) == 2 * 3 * (3 * 48 + 8 + 28)
     # --recompute: each layer's input (s x h = 4) kept, one layer's values rebuilt at a time
-    assert activation_bytes(TOY, Layout(recompute=True), 0, 3) == 4 * 3 * (3 * 4 + 48 + 8 + 28)
+    assert activation_bytes(TOY, Layout(recompute="full"), 0, 3) == 4 * 3 * (3 * 4 + 48 + 8 + 28)
     # tp 2 with the vocabulary split: 2 x (8 + 8) = 32 a layer, the logits halved
-    assert activation_bytes(TOY, Layout(tp=2, vocab_emb_dp=False), 0, 3) == 4 * 3 * (3 * 32 + 8 + 8 + 10)
+    assert activation_bytes(TOY, Layout(tp=2, vocab_split=True), 0, 3) == 4 * 3 * (3 * 32 + 8 + 8 + 10)
     assert activation_bytes(TOY, Layout(tp=2), 0, 3) == 4 * 3 * (3 * 32 + 8 + 8 + 20)
     # a pipeline: GPipe keeps all 4 micro-batches, 1F1B pp - stage of them
     assert in_flight(Layout(), 0) == 1 and in_flight(PP2, 1) == 4
@@ -95,7 +95,7 @@ def test_activations_by_hand():
     assert activation_bytes(TOY, PP2, 0, 3) == 4 * 3 * 4 * (2 * 48 + 8)
     assert activation_bytes(TOY, PP2, 1, 3) == 4 * 3 * 4 * (48 + 28)
     assert activation_bytes(TOY, one_f, 0, 3) == 4 * 3 * 2 * (2 * 48 + 8)
-    assert activation_bytes(TOY, Layout(pp=3, micro_batches=3, recompute=True), 1, 1, [2, 0, 1]) == 0
+    assert activation_bytes(TOY, Layout(pp=3, micro_batches=3, recompute="full"), 1, 1, [2, 0, 1]) == 0
     # the CNN: each conv's output and its BatchNorm and ReLU copies, then the fully connected inputs
     maps = sum(3 * size * size * c for size, c in zip((26, 24, 10, 8), (16, 32, 64, 128)))
     assert activation_bytes(CNN, Layout(), 0, 2) == 4 * 2 * (maps + 2048 + 1024 + 128)
@@ -105,7 +105,7 @@ def test_an_evaluation_keeps_one_layer_or_the_logits():
     assert evaluation_bytes(TOY, Layout(), 0, 5) == 4 * 5 * 2 * (8 + 12)          # one layer's 40 values
     wide = BertSpec("wide", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=100)
     assert evaluation_bytes(wide, Layout(), 0, 5) == 4 * 5 * 200                    # the logits: 2pV
-    assert evaluation_bytes(wide, Layout(tp=2, vocab_emb_dp=False), 0, 5) == 4 * 5 * 100
+    assert evaluation_bytes(wide, Layout(tp=2, vocab_split=True), 0, 5) == 4 * 5 * 100
     assert evaluation_bytes(wide, Layout(tp=2), 0, 5) == 4 * 5 * 200
     assert evaluation_bytes(wide, PP2, 0, 5) == 4 * 5 * 40 and evaluation_bytes(wide, PP2, 1, 5) == 4 * 5 * 200
     assert evaluation_bytes(CNN, Layout(), 0, 6) == pytest.approx(activation_bytes(CNN, Layout(), 0, 6) / 3)
@@ -113,9 +113,9 @@ def test_an_evaluation_keeps_one_layer_or_the_logits():
 
 def test_the_buffers_a_step_adds():
     assert transient_bytes(TOY, Layout(), 0) == 0 and transient_bytes(TOY, Layout(dp=2), 0) == 4 * TOY.param_count()
-    assert transient_bytes(TOY, Layout(dp=2, optimizer_shard=True), 0) == 4 * 2 * LAYER
-    assert transient_bytes(TOY, Layout(dp=1, optimizer_shard=True), 0) == 0
-    assert transient_bytes(CNN, Layout(dp=2, optimizer_shard=True), 0) == 0
+    assert transient_bytes(TOY, Layout(fsdp=2), 0) == 4 * 2 * LAYER
+    assert transient_bytes(TOY, Layout(fsdp=1), 0) == 0
+    assert transient_bytes(CNN, Layout(fsdp=2), 0) == 0
     assert transient_bytes(TOY, Layout(dp=2, pp=2, micro_batches=2), 1) == 4 * (LAYER + HEAD + TOKEN)
 
 
@@ -126,11 +126,11 @@ def test_an_evaluation_under_tensor_parallel():
 def test_a_shard_is_whole_elements_and_recompute_keeps_one_split_layer():
     # Shapes are element counts (state bytes go to validation.json beside a run's integer counts); a vocabulary
     # that tp does not divide (33,282 words over 4) keeps floor(V / tp) rows per rank
-    mini, tp4 = BERT_SIZES["mini"], Layout(tp=4, vocab_emb_dp=False)
+    mini, tp4 = BERT_SIZES["mini"], Layout(tp=4, vocab_split=True)
     shapes = {t.name: tp_shape(t, tp4) for t in tensor_layout(mini)}
     assert all(type(d) is int for shape in shapes.values() for d in shape)
     assert shapes["embeddings.token"] == (33_282 // 4, 256) == (8320, 256)
     # TOY under --recompute at tp2, per sample: three layers' inputs (s h = 4 each), the layer being recomputed
     # whole, its split part halved (2 x (4 h + (4 h + 2 i) / 2) = 32), the embeddings' 2 s h = 8, the head's
     # 4 p h + 2 p V = 28: 80 values of 4 bytes
-    assert activation_bytes(TOY, Layout(tp=2, recompute=True), 0, 1) == 4 * (12 + 32 + 8 + 28)
+    assert activation_bytes(TOY, Layout(tp=2, recompute="full"), 0, 1) == 4 * (12 + 32 + 8 + 28)

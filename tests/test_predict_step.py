@@ -81,10 +81,10 @@ def test_tensor_parallel_and_fsdp_by_hand():
     assert [(c.kind, c.calls, c.nbytes) for c in p.collectives] == [("all_reduce", 18, 64)]
     assert p.comm_exposed_s == pytest.approx(18 * 64e-9)
     assert p.compute_s == pytest.approx(4 * (3 * 40 + 24) * 1e-9)
-    split = collectives(TOY, Layout(tp=2, vocab_emb_dp=False), 4, 0, "torch_3d")
+    split = collectives(TOY, Layout(tp=2, vocab_split=True), 4, 0, "torch_3d")
     assert split[0].calls == 19  # and the embedding's partial sums once per micro-batch
     # FSDP over 2: gathers of each layer twice and the root once, one scatter per unit, exposed on this GPU
-    fsdp = predict(TOY, Layout(dp=2, optimizer_shard=True), 8, BASIS, GPU)
+    fsdp = predict(TOY, Layout(fsdp=2), 8, BASIS, GPU)
     gathers, scatters = fsdp.collectives
     assert (gathers.kind, gathers.calls, scatters.kind, scatters.calls) == ("all_gather", 7, "reduce_scatter", 4)
     assert gathers.total_bytes == pytest.approx(4 * (2 * 3 * 54 + 52)) and scatters.total_bytes == \
@@ -93,7 +93,7 @@ def test_tensor_parallel_and_fsdp_by_hand():
     assert fsdp.comm_exposed_s == pytest.approx(exposed)
     # where collectives run beside the compute, only what exceeds it, or one call of each, is exposed
     overlapping = replace(GPU, comm_overlaps_compute=True)
-    hidden = predict(TOY, Layout(dp=2, optimizer_shard=True), 8, BASIS, overlapping)
+    hidden = predict(TOY, Layout(fsdp=2), 8, BASIS, overlapping)
     fb = 4 * MACS * 1e-9
     assert hidden.comm_exposed_s == pytest.approx(max(0.5 * gathers.total_bytes * 1e-9 / 7,
                                                       0.5 * gathers.total_bytes * 1e-9 - fb)
@@ -115,7 +115,7 @@ def test_tensor_parallel_divides_what_the_profile_says_it_divides():
     launches = replace(profiled, s_per_micro_batch=1e-6)
     assert predict(TOY, Layout(tp=2), 4, launches, GPU).compute_s == pytest.approx(
         1e-6 + 4 * (0.5 * 144 + 264 * 0.4) * 1e-9)
-    vocab = predict(TOY, Layout(tp=2, vocab_emb_dp=False), 4, profiled, GPU)
+    vocab = predict(TOY, Layout(tp=2, vocab_split=True), 4, profiled, GPU)
     assert vocab.compute_s == pytest.approx(4 * (0.5 * 134 + 264 * 0.35) * 1e-9)
     # without tensor parallelism the shares change nothing: every operation is the rank's own share of the samples
     assert predict(TOY, Layout(dp=2), 8, profiled, GPU).compute_s == pytest.approx(4 * MACS * 1e-9)
@@ -124,7 +124,7 @@ def test_tensor_parallel_divides_what_the_profile_says_it_divides():
     assert rank_macs(TOY, Layout(pp=2, tp=2), shares) == pytest.approx(
         [0.5 * 40 * counts[0] + 0.4 * 80 * counts[0], 0.5 * (40 * counts[1] + 24) + 0.4 * (80 * counts[1] + 24)])
     # recomputed: the layers' forward again, divided alike (the head is kept)
-    assert rank_macs(TOY, Layout(tp=2, recompute=True), shares, recomputed=True) == pytest.approx([
+    assert rank_macs(TOY, Layout(tp=2, recompute="full"), shares, recomputed=True) == pytest.approx([
         0.5 * 120 + 0.4 * 240])
     # an unprofiled measured basis says its tensor parallel prediction is too fast; an assumed MFU has no profile
     unprofiled = predict(TOY, Layout(tp=2), 4, replace(BASIS, record_ids=("plain",)), GPU)
@@ -148,7 +148,7 @@ def test_a_cpu_host_s_contention_and_interruptions():
     assert alone.sync_wait_s == pytest.approx(0.1 * without * 0.5)
     assert predict(TOY, Layout(dp=2), 8, basis, GPU).sync_wait_s == 0.0
     assert sync_factor(Layout(dp=3)) == pytest.approx(1 + 1 / 2 + 1 / 3)
-    assert sync_factor(Layout(dp=3, optimizer_shard=True, tp=2)) == 6
+    assert sync_factor(Layout(fsdp=3, tp=2)) == 6
 
 
 def test_ranks_side_by_side_on_a_cpu_host_take_the_co_run_probe_s_slowdown_and_one_rank_does_not():
@@ -164,29 +164,36 @@ def test_ranks_side_by_side_on_a_cpu_host_take_the_co_run_probe_s_slowdown_and_o
 
 
 def test_names_at_a_device_count_and_where_their_groups_lie():
+    from common.layout import check_name
     from common.predict.collectives import crosses_nodes, group_stride
-    from common.predict.layouts import at_devices, check_name
 
-    assert at_devices("dp", 8) == Layout(dp=8) and at_devices("fsdp", 8) == Layout(dp=8, optimizer_shard=True)
-    assert at_devices("dp-rc", 4) == Layout(dp=4, recompute=True) and at_devices("fsdp", 1) == Layout(
-        dp=1, optimizer_shard=True)
-    assert at_devices("fsdpxtp2", 8) == Layout(dp=4, tp=2, optimizer_shard=True)
-    assert at_devices("tp2", 8) == Layout(dp=4, tp=2) and at_devices("dp2xtp2", 4) == Layout(dp=2, tp=2)
-    assert at_devices("pp2-1f1b", 2) == Layout(pp=2, micro_batches=4, schedule="1f1b")
-    assert at_devices("dpxtp2xpp2", 8) == Layout(dp=2, tp=2, pp=2, micro_batches=4)
-    for entry, devices, message in (("tp3", 8, "'tp3' at 8 devices: tp x pp = 3 does not divide them"),
-                                    ("tp3xdp", 8, "tp x pp = 3 does not divide them"),
+    assert Layout.parse("dp", 8) == Layout(dp=8) and Layout.parse("fsdp", 8) == Layout(fsdp=8)
+    assert Layout.parse("dp-rc", 4) == Layout(dp=4, recompute="full") and Layout.parse("fsdp", 1) == Layout()
+    assert Layout.parse("fsdpxtp2", 8) == Layout(fsdp=4, tp=2)
+    assert Layout.parse("tp2", 8) == Layout(dp=4, tp=2) and Layout.parse("dp2xtp2", 4) == Layout(dp=2, tp=2)
+    assert Layout.parse("pp2-1f1b", 2) == Layout(pp=2, micro_batches=4, schedule="1f1b")
+    assert Layout.parse("dpxtp2xpp2", 8) == Layout(dp=2, tp=2, pp=2, micro_batches=4)
+    for entry, devices, message in (("tp3", 8, r"'tp3' at 8 devices: the other dimensions \(3\) do not divide them"),
+                                    ("tp3xdp", 8, r"the other dimensions \(3\) do not divide them"),
                                     ("dp2xtp2", 8, "'dp2xtp2' uses 4 devices, not 8"),
                                     ("dp-fast", 8, "unknown option 'fast'")):
         with pytest.raises(ValueError, match=message):
-            at_devices(entry, devices)
+            Layout.parse(entry, devices)
     check_name("fsdpxtp8xpp4-1f1b")
-    with pytest.raises(ValueError, match="'dp2xep2': 'ep2' is not"):  # the bare dp checked as dp2
+    with pytest.raises(ValueError, match="'dpxep2': expert parallelism is not modelled"):
         check_name("dpxep2")
+    with pytest.raises(ValueError, match="'dp2xtp2xfsdp4-sel-fast': unknown option 'fast'"):
+        check_name("dp2xtp2xfsdp4-sel-fast")   # whatever the device count: the name's own fault
+    check_name("dp2xtp2xfsdp4-sel")   # HSDP at 16 devices: no device count given, none objected to
     grid = Layout(dp=2, tp=4, pp=2, micro_batches=2)
     assert [group_stride(grid, d) for d in ("tp", "dp", "pp")] == [1, 4, 8]
     assert not crosses_nodes(grid, "tp", 4) and crosses_nodes(grid, "tp", 3) and crosses_nodes(grid, "dp", 4)
     assert not crosses_nodes(grid, "dp", 8) and not crosses_nodes(Layout(tp=4), "dp", 1)
+    # the one rank order, outermost first: pp, dp, fsdp, cp, tp; the data ranks (dp x fsdp) contiguous
+    hsdp = Layout(dp=2, fsdp=4, tp=2, cp=2)
+    assert [group_stride(hsdp, d) for d in ("tp", "cp", "fsdp", "data", "dp")] == [1, 2, 4, 4, 16]
+    assert hsdp.coordinates(2 * 2 * 4 + 5) == {"pp": 0, "dp": 1, "fsdp": 1, "cp": 0, "tp": 1, "data": 5}
+    assert crosses_nodes(hsdp, "fsdp", 8) and not crosses_nodes(hsdp, "fsdp", 8, ranks=2)
 
 
 def test_each_collective_a_rank_issues_in_full():
@@ -201,22 +208,22 @@ def test_each_collective_a_rank_issues_in_full():
     sends, tie = "pipeline activations and their gradients", "tied embedding gradient"
     assert issued(pipe) == [("send_recv", "pp", 32, 8, 2, True, sends), ("all_reduce", "tie", 80, 1, 2, True, tie)]
     assert issued(Layout(pp=3, micro_batches=3), 6, 1) == [("send_recv", "pp", 32, 12, 2, True, sends)]
-    split_vocab = issued(Layout(tp=2, pp=2, micro_batches=2, vocab_emb_dp=False), 8, 1)
+    split_vocab = issued(Layout(tp=2, pp=2, micro_batches=2, vocab_split=True), 8, 1)
     assert split_vocab[-1] == ("all_reduce", "tie", 40, 1, 2, True, tie)  # half the table's rows on each rank
-    assert issued(Layout(dp=2)) == [("all_reduce", "dp", 4 * PARAMS, 1, 2, True, "gradient all-reduce")]
+    assert issued(Layout(dp=2)) == [("all_reduce", "data", 4 * PARAMS, 1, 2, True, "gradient all-reduce")]
     gathers, scatters = "FSDP parameter all-gathers", "FSDP gradient reduce-scatters"
-    assert issued(Layout(dp=2, optimizer_shard=True)) == [
-        ("all_gather", "dp", pytest.approx(4 * (2 * 3 * 54 + 52) / 7), 7, 2, True, gathers),
-        ("reduce_scatter", "dp", pytest.approx(4 * PARAMS / 4), 4, 2, True, scatters)]
+    assert issued(Layout(fsdp=2)) == [
+        ("all_gather", "data", pytest.approx(4 * (2 * 3 * 54 + 52) / 7), 7, 2, True, gathers),
+        ("reduce_scatter", "data", pytest.approx(4 * PARAMS / 4), 4, 2, True, scatters)]
     # two micro-batches gather every unit twice as often; a recorded split gives the stage its units
-    fsdp_pipe = Layout(dp=2, pp=2, micro_batches=2, optimizer_shard=True)
+    fsdp_pipe = Layout(fsdp=2, pp=2, micro_batches=2)
     assert issued(fsdp_pipe, 8, 0, split=[1, 2])[-2][2:4] == (pytest.approx(4 * 2 * (2 * 54 + 32) / 6), 6)
     from common.spec import CNN
     cnn = CNN.param_count()
-    assert issued(Layout(dp=2, optimizer_shard=True), spec=CNN) == [
-        ("all_gather", "dp", pytest.approx(4 * cnn), 1, 2, True, gathers),
-        ("reduce_scatter", "dp", pytest.approx(4 * cnn), 1, 2, True, scatters)]
-    assert issued(Layout(dp=1, optimizer_shard=True)) == []
+    assert issued(Layout(fsdp=2), spec=CNN) == [
+        ("all_gather", "data", pytest.approx(4 * cnn), 1, 2, True, gathers),
+        ("reduce_scatter", "data", pytest.approx(4 * cnn), 1, 2, True, scatters)]
+    assert issued(Layout(fsdp=1)) == []
     from common.spec import BERT_SIZES
     base = BERT_SIZES["base"].param_count()
     [ddp] = issued(Layout(dp=2), backend="torch_ddp", spec=BERT_SIZES["base"])
@@ -239,7 +246,7 @@ def test_predict_s_less_travelled_paths_by_hand():
     assert piped.compute_s == pytest.approx(4 * 1e-3 * 160 / MACS)  # stage 0: two layers of the whole
     # the tied embedding's all-reduce crosses nodes when its two stages do (stride 2 x 1 on nodes of 2)
     tie = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, BASIS, GPU)
-    assert [c.dim for c in tie.collectives_of_rank0] == ["pp", "tie", "dp"]
+    assert [c.dim for c in tie.collectives_of_rank0] == ["pp", "tie", "data"]
     far = [c for c in tie.collectives_of_rank0 if c.dim == "tie"][0]
     assert cost_s("all_reduce", far.nbytes, 2, GPU.link(True)) == pytest.approx(far.nbytes / 0.5e9)
     # DDP's buckets hide behind two thirds of a long backward, at least one bucket exposed
@@ -305,7 +312,7 @@ def test_ddp_buckets_hide_behind_two_thirds_of_the_backward_and_nothing_else_doe
     assert placed.comm_exposed_s == pytest.approx(3 * 1000e-9)
     # the fixed cost per micro-batch of tensor parallel with the vocabulary split: its one stage is all the model
     fixed = replace(BASIS, s_per_micro_batch=1e-3, s_per_mac_sample=0.0)
-    assert predict(TOY, Layout(tp=2, vocab_emb_dp=False), 4, fixed, GPU).compute_s == pytest.approx(1e-3, rel=1e-12)
+    assert predict(TOY, Layout(tp=2, vocab_split=True), 4, fixed, GPU).compute_s == pytest.approx(1e-3, rel=1e-12)
 
 
 def test_what_each_stage_holds_reaches_the_step():
@@ -313,15 +320,15 @@ def test_what_each_stage_holds_reaches_the_step():
     assert predict(TOY, Layout(dp=2), 8, BASIS, GPU).layout == Layout(dp=2)
     # the tied table's gradient all-reduce: the whole 10 x 2 table under tp2 (80 bytes), its 10 // 2 rows of a
     # rank with the vocabulary split (40 bytes); mini's 33,282 words over tp4: 8,320 rows of 256
-    tie = {vocab: [c.nbytes for c in predict(TOY, Layout(tp=2, pp=2, micro_batches=2, vocab_emb_dp=vocab), 8,
+    tie = {vocab: [c.nbytes for c in predict(TOY, Layout(tp=2, pp=2, micro_batches=2, vocab_split=not vocab), 8,
                                             BASIS, GPU).collectives_of_rank0 if c.dim == "tie"]
            for vocab in (True, False)}
     assert tie == {True: [80], False: [40]}
-    mini = predict(BERT_SIZES["mini"], Layout(tp=4, pp=2, micro_batches=2, vocab_emb_dp=False), 8, BASIS, GPU)
+    mini = predict(BERT_SIZES["mini"], Layout(tp=4, pp=2, micro_batches=2, vocab_split=True), 8, BASIS, GPU)
     assert [c.nbytes for c in mini.collectives_of_rank0 if c.dim == "tie"] == [4 * 8320 * 256]
     # --recompute with the layers cut 1 + 2: stage 1 recomputes its two layers' forward (160 of 240 MACs a sample
     # forward+backward: a third more), 4 micro-batches of 2 samples
-    again = predict(TOY, Layout(pp=2, micro_batches=4, recompute=True), 8, BASIS, GPU, stage_split=[1, 2])
+    again = predict(TOY, Layout(pp=2, micro_batches=4, recompute="full"), 8, BASIS, GPU, stage_split=[1, 2])
     assert again.recompute_s == pytest.approx(4 * 2 * 160 / 3 * 1e-9, rel=1e-12)
     # each stage's optimizer steps its own parameters: cut 1 + 2, stage 1 holds two layers, the head and the
     # table's copy (108 + 20 + 20 = 148), stage 0 the embeddings and a layer (86); under dp2 and under tp2

@@ -293,7 +293,7 @@ def test_a_pipeline_s_idle_share_beside_the_measured_bubble():
            "backend_metrics": {"bubble": {"analytic": 0.2, "measured_per_stage": [0.25, 0.1]}}}
     [row] = validate([one, pp2], H100)["runs"]
     idle = row["idle_per_stage"]
-    assert (idle["measured"], idle["analytic"]) == ([0.25, 0.1], 0.2) and row["layout"] == "pp2-mb4"
+    assert (idle["measured"], idle["analytic"]) == ([0.25, 0.1], 0.2) and row["layout"] == "pp2-nmb4"
     # stage 0 holds a layer, stage 1 a layer and the MLM head: the lighter first stage idles longer
     assert len(idle["predicted"]) == 2 and idle["predicted"][0] > idle["predicted"][1] > 0
 

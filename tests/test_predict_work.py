@@ -23,7 +23,7 @@ def test_the_cnn_is_one_part_of_its_whole_forward():
     cnn = parts(CNN)
     assert cnn == Parts(layer=CNN.forward_macs(), layers=1, head_dense=0.0, head_vocab=0.0)
     assert cnn.total == CNN.forward_macs() > 1e7  # convolutions and fully connected layers: millions a sample
-    assert stage_macs(CNN, Layout(dp=4, optimizer_shard=True)) == [CNN.forward_macs()]
+    assert stage_macs(CNN, Layout(fsdp=4)) == [CNN.forward_macs()]
     for split in (Layout(tp=2), Layout(pp=2, micro_batches=2)):
         with pytest.raises(ValueError, match=r"^the model predicts the CNN data parallel only \(dp, fsdp\)$"):
             stage_macs(CNN, split)
@@ -50,7 +50,7 @@ def test_a_stage_s_share_by_hand():
     assert stage_macs(TOY, Layout()) == [3 * LAYER + HEAD_DENSE + HEAD_VOCAB]
     # tp splits the layers; the head's dense transform stays whole, the decoder too while the vocabulary is not split
     assert stage_macs(TOY, Layout(tp=2)) == [3 * LAYER / 2 + HEAD_DENSE + HEAD_VOCAB]
-    assert stage_macs(TOY, Layout(tp=2, vocab_emb_dp=False)) == [3 * LAYER / 2 + HEAD_DENSE + HEAD_VOCAB / 2]
+    assert stage_macs(TOY, Layout(tp=2, vocab_split=True)) == [3 * LAYER / 2 + HEAD_DENSE + HEAD_VOCAB / 2]
     # pp: the head on the last stage only
     assert stage_macs(TOY, Layout(pp=2, micro_batches=2)) == [2 * LAYER, LAYER + HEAD_DENSE + HEAD_VOCAB]
     assert stage_macs(TOY, Layout(pp=2, micro_batches=2), [1, 2]) == [LAYER, 2 * LAYER + HEAD_DENSE + HEAD_VOCAB]

@@ -64,11 +64,11 @@ def test_bad_split_values(text):
 def test_the_layout_places_layers_by_the_split_and_names_it():
     mini = BERT_SIZES["mini"]
     lay = Layout(pp=2, micro_batches=4, schedule="1f1b", stage_split="auto")
-    assert lay.name == "pp2-mb4-1f1b-splitauto" and Layout.parse(lay.name) == lay
+    assert lay.name == "pp2-nmb4-1f1b-splitauto" and Layout.parse(lay.name) == lay
     assert lay.stage_layers(0, mini, 128) == [0, 1, 2] and lay.stage_layers(1, mini, 128) == [3]
     assert lay.run_flags()[-2:] == ["--stage-split", "auto"]
-    given = Layout.parse("pp2-mb4-split1+3")
-    assert given.stage_split == "1,3" and given.name == "pp2-mb4-split1+3"
+    given = Layout.parse("pp2-nmb4-split1+3")
+    assert given.stage_split == "1,3" and given.name == "pp2-nmb4-split1+3"
     assert given.stage_layers(1, mini, 128) == [1, 2, 3]
     record = given.as_record(mini, 128)
     assert record["layers_per_stage"] == [1, 3] and record["per_rank"][1]["holds"] == "layers 1-3 + MLM head"
@@ -88,7 +88,7 @@ def test_a_split_that_cannot_be_laid_out_is_bad_input(layout, message):
 
 
 def test_a_split_name_without_a_pipeline_is_refused():
-    with pytest.raises(ValueError, match="needs pp<N>"):
+    with pytest.raises(ValueError, match="needs a pipeline"):
         Layout.parse("tp2-splitauto")
     with pytest.raises(ValueError, match="layers per stage"):
         Layout.parse("pp2-split3")

@@ -69,9 +69,9 @@ LAYOUTS = {
                    "--stage-split", "auto"], "accumulated"),
     "pp2-1f1b": (["--devices", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--batch-size", "4",
                   "--pipeline-schedule", "1f1b", "--recompute"], "accumulated"),
-    "fsdp2": (["--devices", "2", "--optimizer-shard", "--batch-size", "4"], "whole"),
+    "fsdp2": (["--devices", "2", "--fsdp", "2", "--batch-size", "4"], "whole"),
     "dp2xtp2": (["--devices", "4", "--model-parallel", "2", "--batch-size", "4"], "whole"),
-    "tp2-vocab": (["--devices", "2", "--model-parallel", "2", "--no-vocab-emb-dp", "--batch-size", "8"], "whole"),
+    "tp2-vocab": (["--devices", "2", "--model-parallel", "2", "--vocab-split", "--batch-size", "8"], "whole"),
 }
 # The final weights, per canonical weight, within FINAL_RTOL by bench.parity's measure (common.final_params:
 # norm and sum against the weight's norm; the key biases, which only rounding moves, left out).
@@ -103,7 +103,7 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
     for name, want in final_ref.items():
         assert not compared(want) or deviation(want, final[name]) <= FINAL_RTOL, name
     devices = record["devices"]
-    assert lay["dp"] * lay["tp"] * lay["pp"] == devices and len(lay["per_rank"]) == devices
+    assert lay["dp"] * lay["fsdp"] * lay["tp"] * lay["pp"] * lay["cp"] == devices and len(lay["per_rank"]) == devices
     assert len(record["peak_memory_per_rank"]) == devices
     memory = record["memory"]
     assert memory["process_peak_per_rank"] == record["peak_memory_per_rank"] and not memory["processes_share"]
@@ -118,14 +118,14 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
     states, comm = metrics["state_bytes_per_rank"], metrics["comm_per_step"]
     assert len(states) == len(comm) == devices
     whole = ref["backend_metrics"]["state_bytes_per_rank"][0]
-    if lay["optimizer_shard"]:  # FSDP: every rank holds half of everything, and says so in its traffic
+    if lay["fsdp"] > 1:  # FSDP: every rank holds half of everything, and says so in its traffic
         assert all(s["params"] < 0.51 * whole["params"] for s in states)
         assert all({"all_gather", "reduce_scatter"} <= set(c) for c in comm)
     elif lay["tp"] == 1 and lay["pp"] == 1:  # plain data parallel: one all-reduce of every gradient
         assert all(c["all_reduce"]["bytes"] == s["params"] for c, s in zip(comm, states))
     if lay["tp"] > 1:
         assert all(s["params"] < whole["params"] for s in states)
-    if not lay["vocab_emb_dp"]:  # each rank holds half of the token table (most of the tiny model)
+    if lay["vocab_split"]:  # each rank holds half of the token table (most of the tiny model)
         table = TINY.vocab_size * TINY.hidden * 4
         assert all(s["params"] < whole["params"] - table / 2 for s in states)
         assert all(c["all_reduce"]["calls"] >= 4 * TINY.layers for c in comm)  # 2 forward + 2 backward per layer
@@ -199,15 +199,15 @@ def test_torch_3d_mindspore_and_keras_jax_split_the_same_dimension_of_the_same_w
 
 
 def test_torch_3d_and_mindspore_split_the_vocabulary_on_the_same_dimension(tmp_path):
-    """--no-vocab-emb-dp: the token table (tied to the MLM decoder) and the decoder bias split over the
+    """--vocab-split: the token table (tied to the MLM decoder) and the decoder bias split over the
     vocabulary, dim 0, in both: torch_3d's DTensor placements as split_vocabulary leaves them (on a
     one-process mesh, where the placement is the plan's) and MindSpore's strategies for tp 2."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard
 
+    from backends.torch_3d.parallelize import MESH_DIMS
     from backends.torch_3d.vocab import split_vocabulary
-    from common.layout import MESH_DIMS
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -217,13 +217,13 @@ def test_torch_3d_and_mindspore_split_the_vocabulary_on_the_same_dimension(tmp_p
                       for name, param in (("table", model.token_embedding.weight), ("bias", model.head_bias))}
     finally:
         dist.destroy_process_group()
-    strategies = bert_strategies(ParallelConfig.from_layout(Layout(tp=2, vocab_emb_dp=False), "semi_auto"))
+    strategies = bert_strategies(ParallelConfig.from_layout(Layout(tp=2, vocab_split=True), "semi_auto"))
     ms_dims = {"table": [d for d, n in enumerate(strategies["embedding.token"][0]) if n == 2],
                "decoder": [d for d, n in enumerate(strategies["head.decoder.matmul"][1]) if n == 2],
                "bias": [d for d, n in enumerate(strategies["head.decoder.bias"][1]) if n == 2]}
     assert torch_dims == {"table": [0], "bias": [0]}
     assert ms_dims == {"table": [0], "decoder": [0], "bias": [0]}  # the decoder is the table, tied
-    split = Layout(tp=2, vocab_emb_dp=False)
+    split = Layout(tp=2, vocab_split=True)
     assert {"table": keras_split(TINY, "embeddings.token", split), "bias": keras_split(TINY, "head.bias", split)} \
         == {"table": 0, "bias": 0}
 
@@ -232,9 +232,9 @@ def test_layout_ranks_roles_and_bubble():
     lay = Layout(dp=2, tp=2, pp=2, micro_batches=4, schedule="1f1b")
     assert lay.devices == 8 and lay.bubble() == pytest.approx(1 / 5)
     # tensor parallel innermost, then data parallel, the stage outermost
-    assert lay.coordinates(0) == {"pp": 0, "dp": 0, "tp": 0}
-    assert lay.coordinates(3) == {"pp": 0, "dp": 1, "tp": 1}
-    assert lay.coordinates(6) == {"pp": 1, "dp": 1, "tp": 0}
+    assert lay.coordinates(0) == {"pp": 0, "dp": 0, "fsdp": 0, "cp": 0, "tp": 0, "data": 0}
+    assert lay.coordinates(3) == {"pp": 0, "dp": 1, "fsdp": 0, "cp": 0, "tp": 1, "data": 1}
+    assert lay.coordinates(6) == {"pp": 1, "dp": 1, "fsdp": 0, "cp": 0, "tp": 0, "data": 1}
     roles = lay.as_record(TINY, 8)["per_rank"]
     assert roles[0]["holds"] == "embeddings + layers 0-0, heads, FFN shard 1/2"
     assert roles[7]["holds"] == "layers 1-1 + MLM head, heads, FFN shard 2/2"

@@ -41,8 +41,8 @@ class KerasJax(Backend):
 
     def strategy_name(self, cfg: RunConfig) -> str:
         lay = cfg.layout
-        kind = "ModelParallel" if lay.tp > 1 or lay.optimizer_shard else "DataParallel"
-        parts = [f"dp{lay.dp}" + (" sharded state" if lay.optimizer_shard else ""), f"tp{lay.tp}"]
+        kind = "ModelParallel" if lay.tp > 1 or lay.sharded else "DataParallel"
+        parts = [f"dp{lay.data}" + (" sharded state" if lay.sharded else ""), f"tp{lay.tp}"]
         return f"keras_jax {kind} {' x '.join(parts)} ({mode_of(cfg)})"
 
     def mode_name(self, cfg: RunConfig) -> str:
@@ -67,7 +67,7 @@ class KerasJax(Backend):
         if lay.pp > 1:
             raise Unsupported(f"--pipeline-stages {lay.pp}: keras.distribution has no pipeline parallelism (its "
                               "layouts shard tensors over a device mesh; GSPMD does not schedule stages)")
-        if cfg.workload == "cnn" and (lay.tp > 1 or lay.recompute):
+        if cfg.workload == "cnn" and (lay.tp > 1 or lay.recomputes):
             flag = "--model-parallel" if lay.tp > 1 else "--recompute"
             raise Unsupported(f"keras_jax cnn {flag}: the CNN runs data parallel (and sharded state) only; its "
                               "convolutions dominate and do not split by tensor")
@@ -111,20 +111,20 @@ class KerasJax(Backend):
         where = (f"one process over {cfg.devices} device(s)" if mode == "single_process" else
                  f"{cfg.devices} processes, one device each, joined by jax.distributed"
                  + (f" across {cfg.nnodes} hosts" if cfg.multi_node else " on loopback"))
-        notes = [f"mode {mode}: {where}; mesh (batch {lay.dp}, model {lay.tp}); the global batch is one array "
+        notes = [f"mode {mode}: {where}; mesh (batch {lay.data}, model {lay.tp}); the global batch is one array "
                  "sharded over 'batch', and XLA's GSPMD partitions the jitted step and inserts its collectives",
                  "the step is a stateless jax.jit of Keras' stateless_call and the optimizer's stateless_apply, "
                  "compiled ahead of time on the first step (backend_metrics.compile_s); evaluation is a second "
                  "jitted program over the whole split",
                  "backend_metrics.comm_per_step: the collectives of the compiled step, read from its HLO (bytes: "
                  "the larger buffer of each, per device; counted, not timed)"]
-        if lay.optimizer_shard:
-            notes.append("--optimizer-shard: every weight (and so its AdamW moments, which Keras lays out like it) "
+        if lay.sharded:
+            notes.append("--fsdp: every weight (and so its AdamW moments, which Keras lays out like it) "
                          "sharded over 'batch' along its largest dimension that divides, gradients constrained to "
                          "the same layout: GSPMD's ZeRO-3/FSDP (all-gather before use, reduce-scatter after)")
-        if lay.recompute:
+        if lay.recomputes:
             notes.append("--recompute: each transformer layer under keras.RematScope (jax.checkpoint)")
-        if cfg.workload == "cnn" and lay.dp > 1:
+        if cfg.workload == "cnn" and lay.data > 1:
             notes.append("BatchNorm statistics per data-parallel replica as in DDP (the step vmaps the model over the "
                          "replicas' slices of the batch), synchronised over the whole batch with --sync-bn; "
                          "evaluation uses replica 0's moving statistics")

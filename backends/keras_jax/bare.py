@@ -58,7 +58,7 @@ def main(config_path: str, result_path: str) -> None:
     suite = KerasJaxWorker()
     suite.start(cfg)  # the suite's own start: the same devices and precision policy
     model, _ = suite.model_on_mesh(cfg, run_initial_weights(cfg))
-    x, y, weight = fit_arrays(rank_steps(cfg, 0, 1, cfg.layout.dp))
+    x, y, weight = fit_arrays(rank_steps(cfg, 0, 1, cfg.layout.data))
     o = cfg.optim
     model.compile(optimizer=TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay, beta_1=o.beta1,
                                        beta_2=o.beta2, epsilon=o.eps),

@@ -4,8 +4,8 @@ turns common.layout.Layout into keras.distribution's LayoutMap.
 The tensor-parallel plan is Megatron's, as torch_3d's and mindspore_auto's (a test holds the three against each
 other): query, key, value and the first FFN matmul split by output columns (keras-hub keeps Q/K/V per head,
 [hidden, heads, head_dim]: the heads axis), the attention output and the second FFN matmul by input rows. With
---no-vocab-emb-dp the token table (and the tied decoder with it) and the decoder bias split by vocabulary rows.
---optimizer-shard adds the data axis to every weight (ZeRO-3/FSDP as GSPMD does it). Which collectives follow
+--vocab-split the token table (and the tied decoder with it) and the decoder bias split by vocabulary rows.
+--fsdp adds the data axis to every weight (ZeRO-3/FSDP as GSPMD does it). Which collectives follow
 is XLA's decision, not written here.
 
 Pure Python: the axes of every weight are decided from its path and shape, so tests check the plan without JAX.
@@ -26,7 +26,7 @@ LAYER_SPLITS = {
     "feedforward_intermediate_dense/kernel": 1, "feedforward_intermediate_dense/bias": 0,
     "feedforward_output_dense/kernel": 0,
 }
-# The vocabulary rows, split over "model" when the embedding is not replicated (--no-vocab-emb-dp).
+# The vocabulary rows, split over "model" when the embedding is not replicated (--vocab-split).
 VOCAB_SPLITS = {"token_embedding/embeddings": 0, "mlm_head/output_bias": 0}
 _LAYER = re.compile(r"transformer_layer_[0-9]+/(.+)")
 
@@ -38,7 +38,7 @@ def model_axis(path: str, layout: Layout) -> int | None:
     match = _LAYER.fullmatch(path)
     if match:
         return LAYER_SPLITS.get(match.group(1))
-    return None if layout.vocab_emb_dp else VOCAB_SPLITS.get(path)
+    return VOCAB_SPLITS.get(path) if layout.vocab_split else None
 
 
 def weight_axes(path: str, shape: tuple[int, ...], layout: Layout) -> tuple[str | None, ...]:
@@ -47,9 +47,9 @@ def weight_axes(path: str, shape: tuple[int, ...], layout: Layout) -> tuple[str 
     split = model_axis(path, layout)
     if split is not None:
         axes[split] = "model"
-    if layout.optimizer_shard and layout.dp > 1:
+    if layout.sharded:
         # The largest free axis that divides: every device then holds 1/dp of the weight and its moments.
-        free = sorted((i for i in range(len(shape)) if axes[i] is None and shape[i] % layout.dp == 0),
+        free = sorted((i for i in range(len(shape)) if axes[i] is None and shape[i] % layout.fsdp == 0),
                       key=lambda i: -shape[i])
         if free:
             axes[free[0]] = "batch"

@@ -71,18 +71,19 @@ class KerasJaxWorker(worker.Worker):
         if cfg.precision == "amp":
             keras.config.set_dtype_policy("mixed_bfloat16")
         if world == 1:
-            return worker.data_parallel_process(cfg, 0, 1, keeps_result=True, local_devices=lay.dp, drives=cfg.devices)
+            return worker.data_parallel_process(cfg, 0, 1, keeps_result=True, local_devices=lay.data,
+                                                drives=cfg.devices)
         coords = lay.coordinates(rank)
         first_on_node = rank % (world // cfg.nnodes) == 0
-        return worker.Process(rank, world, keeps_result=first_on_node, replica=coords["dp"], replicas=lay.dp,
+        return worker.Process(rank, world, keeps_result=first_on_node, replica=coords["data"], replicas=lay.data,
                               samples=cfg.per_device_batch)
 
     def _distribution(self, cfg: RunConfig, plan: dict):
         lay, names = cfg.layout, [f"{d.platform}:{d.id}" for d in self.devices]
-        if lay.tp == 1 and not lay.optimizer_shard:
-            mesh = keras.distribution.DeviceMesh((lay.dp,), MESH_AXES[:1], names)
+        if lay.tp == 1 and not lay.sharded:
+            mesh = keras.distribution.DeviceMesh((lay.data,), MESH_AXES[:1], names)
             return keras.distribution.DataParallel(device_mesh=mesh), mesh
-        mesh = keras.distribution.DeviceMesh((lay.dp, lay.tp), MESH_AXES, names)
+        mesh = keras.distribution.DeviceMesh((lay.data, lay.tp), MESH_AXES, names)
         layout_map = keras.distribution.LayoutMap(mesh)
         for key, axes in layout_map_keys(plan).items():
             layout_map[key] = axes
@@ -98,7 +99,7 @@ class KerasJaxWorker(worker.Worker):
         self.distribution_name = type(distribution).__name__
         keras.distribution.set_distribution(distribution)
         model = build_model(cfg.workload, cfg.spec, cfg.sync_bn)
-        if lay.recompute:
+        if lay.recomputes:
             for i in range(cfg.spec.layers):
                 recompute(model.get_layer(f"transformer_layer_{i}"))
         load_initial_weights(model, cfg.spec, weights)
@@ -114,7 +115,7 @@ class KerasJaxWorker(worker.Worker):
         optimizer = TorchAdamW(learning_rate=o.lr, weight_decay=o.weight_decay, beta_1=o.beta1, beta_2=o.beta2,
                                epsilon=o.eps)
         optimizer.build(model.trainable_variables)
-        per_replica_bn = cfg.workload == "cnn" and lay.dp > 1 and not cfg.sync_bn
+        per_replica_bn = cfg.workload == "cnn" and lay.data > 1 and not cfg.sync_bn
         self.trainer_ = JaxTrainer(model, optimizer, cfg, mesh.backend_mesh, process.rank, process.processes,
                                    canonical_names(cfg.spec), per_replica_bn)
         return self.trainer_, data.train

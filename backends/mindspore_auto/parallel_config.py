@@ -26,24 +26,26 @@ class ParallelConfig:
     optimizer_shard: bool = False
     # How many communication-fusion groups the gradients of the layers are split into.
     gradient_aggregation_group: int = 4
-    recompute: bool = False
+    recompute: bool = False             # every layer's activations recomputed (cell.recompute())
     # True: the embedding table is replicated and only the batch is split; False: its rows
     # (the vocabulary) are split over the model-parallel devices.
     vocab_emb_dp: bool = True
 
     @classmethod
     def from_layout(cls, layout: Layout, mode: str = "data") -> ParallelConfig:
-        return cls(mode=mode, data_parallel=layout.dp, model_parallel=layout.tp, pipeline_stage=layout.pp,
+        """MindSpore's names for the layout's: HSDP, context parallelism and the predictor-only options are
+        refused before (the registry's `layouts`), so the data ranks are all replicas or all shards."""
+        return cls(mode=mode, data_parallel=layout.data, model_parallel=layout.tp, pipeline_stage=layout.pp,
                    micro_batch_num=layout.micro_batches, pipeline_scheduler=layout.schedule,
-                   optimizer_shard=layout.optimizer_shard,
-                   recompute=layout.recompute, vocab_emb_dp=layout.vocab_emb_dp)
+                   optimizer_shard=layout.sharded,
+                   recompute=layout.recompute == "full", vocab_emb_dp=not layout.vocab_split)
 
     @property
     def layout(self) -> Layout:
-        return Layout(dp=self.data_parallel, tp=self.model_parallel, pp=self.pipeline_stage,
+        shards = self.data_parallel if self.optimizer_shard else 1
+        return Layout(dp=self.data_parallel // shards, fsdp=shards, tp=self.model_parallel, pp=self.pipeline_stage,
                       micro_batches=self.micro_batch_num, schedule=self.pipeline_scheduler,
-                      optimizer_shard=self.optimizer_shard,
-                      recompute=self.recompute, vocab_emb_dp=self.vocab_emb_dp)
+                      recompute="full" if self.recompute else "none", vocab_split=not self.vocab_emb_dp)
 
     @property
     def devices(self) -> int:
@@ -70,7 +72,7 @@ class ParallelConfig:
             raise BadInput(f"--parallel-mode data with --model-parallel {mp} --pipeline-stages {pp}: "
                            "splitting the model needs semi_auto or auto")
         if self.mode == "data" and self.optimizer_shard:
-            raise BadInput("--optimizer-shard needs --parallel-mode semi_auto or auto")
+            raise BadInput(f"--fsdp {dp}: MindSpore's optimizer shard needs --parallel-mode semi_auto or auto")
         self.layout.validate(spec, global_batch, grad_accum)
 
 

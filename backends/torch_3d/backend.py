@@ -19,7 +19,7 @@ class Torch3D(TorchrunBackend):
 
     def strategy_name(self, cfg: RunConfig) -> str:
         lay = cfg.layout
-        parts = [f"dp{lay.dp}" + (" FSDP2" if lay.optimizer_shard else ""), f"tp{lay.tp}",
+        parts = [f"dp{lay.data}" + (" FSDP2" if lay.sharded else ""), f"tp{lay.tp}",
                  f"pp{lay.pp}" + (f" {lay.schedule} x{lay.micro_batches}" if lay.pp > 1 else "")]
         return f"torch_3d {' x '.join(parts)}"
 
@@ -33,7 +33,7 @@ class Torch3D(TorchrunBackend):
                 raise Unsupported(f"torch_3d cnn: {'--model-parallel' if lay.tp > 1 else '--pipeline-stages'}: the "
                                   "CNN runs data parallel and FSDP only here; its convolutions dominate and do not "
                                   "split by tensor, and a 2-stage cut of a 4-conv net leaves nothing to overlap")
-            if lay.recompute:
+            if lay.recomputes:
                 raise Unsupported("torch_3d cnn --recompute: recomputing a BatchNorm forward would update its "
                                   "running statistics twice")
         if cfg.sync_bn:
@@ -50,16 +50,16 @@ class Torch3D(TorchrunBackend):
 
     def notes(self, cfg: RunConfig, plan: DevicePlan) -> list[str]:
         lay = cfg.layout
-        notes = [f"layout dp {lay.dp} x tp {lay.tp} x pp {lay.pp} on a (pp, dp, tp) DeviceMesh; every rank of a "
+        notes = [f"layout dp {lay.data} x tp {lay.tp} x pp {lay.pp} on a (pp, dp, tp) DeviceMesh; every rank of a "
                  "data-parallel replica is dealt the replica's samples"]
-        if lay.dp > 1 and not lay.optimizer_shard:
+        if lay.dp > 1 and not lay.sharded:
             notes.append("data parallel: one flat all-reduce of all gradients per step over dp (no DDP: it takes "
                          "neither DTensor parameters nor pipeline micro-batches)")
         if lay.pp > 1:
             notes.append("the last pipeline stage holds a copy of the tied token embedding; the first and last "
                          "stage sum its gradient every step")
-        if lay.tp > 1 and not lay.vocab_emb_dp:
-            notes.append("--no-vocab-emb-dp: the token table and the decoder bias split by vocabulary rows over tp "
+        if lay.vocab_split:
+            notes.append("--vocab-split: the token table and the decoder bias split by vocabulary rows over tp "
                          "(DTensor Shard(0)); each rank computes its slice of the tied decoder's logits, and the "
                          "cross-entropy all-reduces a max and a sum of exponentials over tp (Megatron's)")
         notes.append("backend_metrics.final_params: per canonical weight, the norm and sum of the whole weight "
@@ -71,7 +71,7 @@ class Torch3D(TorchrunBackend):
                          "all-reduces, FSDP all-gathers and reduce-scatters, the dp all-reduce, the tied embedding's "
                          "sum), each waited for; a pipeline's sends and receives are counted, not timed, so its "
                          "waits stay in forward+backward")
-        if cfg.workload == "cnn" and lay.dp > 1:
+        if cfg.workload == "cnn" and lay.data > 1:
             notes.append("BatchNorm statistics are per rank (no SyncBatchNorm), as torch_ddp by default")
         if plan.kind == "cpu":
             notes.append("gloo collectives and send/recv over loopback between CPU processes")

@@ -18,7 +18,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from torch.utils.checkpoint import checkpoint
 
 from backends.torch_3d.vocab import split_vocabulary
-from common.layout import MESH_DIMS, Layout
+from common.layout import Layout
 
 # Canonical weight (common.initial_weights, per layer) -> the module that holds it and its split.
 LAYER_PLAN = {"attention.query": ("query", "colwise"), "attention.key": ("key", "colwise"),
@@ -36,11 +36,15 @@ def tensor_parallel_splits(layers: int) -> dict[str, int]:
             for i in range(layers) for canon, (_, split) in LAYER_PLAN.items()}
 
 
+# The data ranks (dp replicas or fsdp shards: torch_3d runs one or the other) are one mesh dimension.
+MESH_DIMS = ("pp", "dp", "tp")
+
+
 def build_mesh(layout: Layout, device_type: str, backend: str, timeout_s: float) -> DeviceMesh:
     """The world as a (pp, dp, tp) mesh whose every sub-group keeps --collective-timeout (a sub-group would
     otherwise get the backend's 30-minute default): the groups along each dimension are made with
     new_subgroups_by_enumeration(timeout=...), and the mesh from them (DeviceMesh.from_group)."""
-    ranks = torch.arange(layout.devices).reshape(layout.pp, layout.dp, layout.tp)
+    ranks = torch.arange(layout.devices).reshape(layout.pp, layout.data, layout.tp)
     groups = []
     for axis in range(ranks.dim()):
         along = ranks.movedim(axis, -1).reshape(-1, ranks.shape[axis]).tolist()
@@ -89,11 +93,11 @@ def apply_fsdp(stage: nn.Module, mesh: DeviceMesh) -> None:
 def parallelize(stage: nn.Module, layout: Layout, mesh: DeviceMesh) -> nn.Module:
     if layout.tp > 1:
         apply_tensor_parallel(stage, mesh, layout.tp)
-    if layout.tp > 1 and not layout.vocab_emb_dp:
+    if layout.vocab_split:
         split_vocabulary(stage.model, mesh)
         stage.vocab_group = mesh["tp"].get_group()
-    if layout.recompute:
+    if layout.recomputes:
         apply_recompute(stage)
-    if layout.optimizer_shard:
+    if layout.sharded:
         apply_fsdp(stage, mesh)
     return stage

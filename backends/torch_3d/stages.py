@@ -74,5 +74,5 @@ def stage_module(workload: str, model: nn.Module, layout: Layout, stage: int, gl
     """This stage's part of the model; its layers follow --stage-split (common.layout.Layout.stage_layers)."""
     if workload == "cnn":
         return CnnWithLoss(model)
-    layers = layout.stage_layers(stage, model.spec, global_batch // layout.dp)
+    layers = layout.stage_layers(stage, model.spec, global_batch // layout.data)
     return BertStage(model, layers, stage == 0, stage == layout.pp - 1)

@@ -48,7 +48,7 @@ class Placement:
         return self.coords["pp"] == self.layout.pp - 1
 
     def rank_at(self, pp: int, dp: int, tp: int) -> int:
-        return (pp * self.layout.dp + dp) * self.layout.tp + tp
+        return (pp * self.layout.data + dp) * self.layout.tp + tp
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -60,7 +60,7 @@ class LayoutTrainer(TorchTrainer):
                  where: Placement, trainable_params: int):
         super().__init__(stage, stage, cfg, device, rank, world)
         self.where, self.layout = where, where.layout
-        self.data_rank, self.data_world = where.coords["dp"], self.layout.dp
+        self.data_rank, self.data_world = where.coords["data"], self.layout.data
         self.holds_loss = where.last and where.coords["tp"] == 0
         self._trainable = trainable_params
         self._scale = 1.0
@@ -87,7 +87,7 @@ class LayoutTrainer(TorchTrainer):
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         # FSDP's reduce-scatter averages over dp; a plain all-reduce here sums.
-        self._scale = (self.layout.dp if self.layout.optimizer_shard else 1) / batch.denominator
+        self._scale = (self.layout.fsdp if self.layout.sharded else 1) / batch.denominator
         micro = [self.to_device(m) for m in batch.micro]
         if self._steps_to_probe == 0:  # a warm-up step, outside the measured window
             total = self._probed_step(micro)
@@ -109,7 +109,7 @@ class LayoutTrainer(TorchTrainer):
     def _local_step(self, micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
         for i, tensors in enumerate(micro):
-            if self.layout.optimizer_shard:
+            if self.layout.sharded:
                 self.model.set_requires_gradient_sync(i == len(micro) - 1)  # reduce-scatter once per step
             args, kwargs = self._inputs(tensors)
             with self.autocast:
@@ -146,7 +146,7 @@ class LayoutTrainer(TorchTrainer):
             if isinstance(p.grad, DTensor) and p.grad.placements != p.placements:
                 p.grad = p.grad.redistribute(p.device_mesh, p.placements)
         grads = [local(p.grad) for p in self.core.parameters() if p.grad is not None]
-        if self.layout.dp > 1 and not self.layout.optimizer_shard and grads:
+        if self.layout.dp > 1 and not self.layout.sharded and grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
             dist.all_reduce(flat, group=self.where.mesh["dp"].get_group())
             for g, reduced in zip(grads, flat.split([g.numel() for g in grads])):
@@ -191,7 +191,7 @@ class LayoutTrainer(TorchTrainer):
         """One forward through every stage: activations sent stage to stage (eval batches vary in size,
         which the training schedule's fixed buffers do not)."""
         args, kwargs = self._inputs(tensors)
-        step = self.layout.dp * self.layout.tp  # the rank distance between neighbouring stages
+        step = self.layout.data * self.layout.tp  # the rank distance between neighbouring stages
         if not self.where.first:
             x = torch.empty(len(next(iter(kwargs.values()))), self.cfg.spec.seq_len, self.cfg.spec.hidden,
                             device=self.device)
@@ -214,7 +214,7 @@ class LayoutTrainer(TorchTrainer):
     def _state_bytes(self) -> dict[str, int]:
         def size(tensors):
             return sum(local(t).numel() * local(t).element_size() for t in tensors if isinstance(t, torch.Tensor))
-        if self.layout.optimizer_shard:
+        if self.layout.sharded:
             # FSDP's root does not reshard after its forward: after an evaluation its parameters would
             # count whole (and their sharded gradients not at all).
             self.core.reshard()
@@ -227,13 +227,13 @@ class LayoutTrainer(TorchTrainer):
     def _whole_weights(self) -> dict | None:
         """This stage's weights gathered whole and summarised (common.final_params), on the stage's first
         (dp, tp) rank; None elsewhere. Every rank of the stage gathers each weight, in the same order."""
-        if self.layout.optimizer_shard:
+        if self.layout.sharded:
             self.core.reshard()  # the root's weights as sharded as the layers', whatever ran last
         whole = []
         for name, param in self.core.named_parameters():
             name = name.replace("recomputed.", "").removeprefix("model.")  # parallelize.Recomputed's child
             whole.append((name, param.full_tensor() if isinstance(param, DTensor) else param))
-        return final_params(self.core.model, whole) if self.where.coords["dp"] == self.where.coords["tp"] == 0 \
+        return final_params(self.core.model, whole) if self.where.coords["data"] == self.where.coords["tp"] == 0 \
             else None
 
     def backend_metrics(self) -> dict:

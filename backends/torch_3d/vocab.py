@@ -1,4 +1,4 @@
-"""--no-vocab-emb-dp: the token embedding and the MLM decoder tied to it split over the vocabulary.
+"""--vocab-split: the token embedding and the MLM decoder tied to it split over the vocabulary.
 
 Each tensor-parallel rank holds vocabulary rows [lo, lo + V/tp) of the table and of the decoder bias.
 The embedding is DTensor's row-wise split (look-up in the local rows, all-reduce of the partial sums).

@@ -24,7 +24,7 @@ def tie_group(where: Placement, timeout) -> dist.ProcessGroup | None:
     lay, mine = where.layout, None
     if lay.pp == 1:
         return None
-    for dp in range(lay.dp):
+    for dp in range(lay.data):
         for tp in range(lay.tp):
             ranks = [where.rank_at(0, dp, tp), where.rank_at(lay.pp - 1, dp, tp)]
             group = dist.new_group(ranks, timeout=timeout)
@@ -41,8 +41,8 @@ class LayoutWorker(process_group.RankWorker):
         self.where = Placement(layout, mesh, layout.coordinates(me.rank), FIRST_INPUT[cfg.workload])
         self.where.tie_group = tie_group(self.where, timedelta(seconds=cfg.collective_timeout_s))
         # Every rank of one data-parallel replica (its tensor and pipeline ranks) is dealt the same samples.
-        return worker.Process(me.rank, me.world, keeps_result=me.local_rank == 0, replica=self.where.coords["dp"],
-                              replicas=layout.dp, samples=cfg.per_device_batch, device=me.device)
+        return worker.Process(me.rank, me.world, keeps_result=me.local_rank == 0, replica=self.where.coords["data"],
+                              replicas=layout.data, samples=cfg.per_device_batch, device=me.device)
 
     def trainer(self, cfg, process, data, weights):
         torch.manual_seed(cfg.seed)

@@ -24,7 +24,8 @@ def _section(r: dict) -> Attribution | None:
 def row_key(r: dict) -> tuple:
     """What two runs must share to sit on one row: the same work on the same devices."""
     lay = r.get("layout") or {}
-    layout = f"dp{lay.get('dp', r['devices'])} tp{lay.get('tp', 1)} pp{lay.get('pp', 1)}"
+    data = lay.get("dp", r["devices"]) * lay.get("fsdp", 1)   # the ranks that split the batch, replicas or shards
+    layout = f"dp{data} tp{lay.get('tp', 1)} pp{lay.get('pp', 1)}"
     return (r["workload"], (r.get("config") or {}).get("model_size", ""), layout, r["devices"],
             r.get("precision") or (r.get("config") or {}).get("precision", ""), r.get("global_batch"))
 

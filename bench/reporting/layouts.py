@@ -30,7 +30,7 @@ def _splits(layout: dict | None) -> bool:
     if not layout:
         return False
     name = Layout.from_record(layout)
-    return name.tp > 1 or name.pp > 1 or name.optimizer_shard or name.recompute or not name.vocab_emb_dp
+    return bool(name.features())
 
 
 def in_layout_table(record: dict) -> bool:

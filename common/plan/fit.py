@@ -51,7 +51,7 @@ def stage_split_of(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) 
     """Layers per stage as torch_3d places them (--stage-split even, auto or counts); None: no pipeline."""
     if layout.pp == 1 or not isinstance(spec, BertSpec):
         return None
-    return layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.dp)
+    return layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.data)
 
 
 def measured_overhead(spec: BertSpec | CnnSpec, records: list[dict], backend: str, workload: str,
@@ -65,7 +65,7 @@ def measured_overhead(spec: BertSpec | CnnSpec, records: list[dict], backend: st
              and (r.get("host") or {}).get("name") == host and (r.get("step_time_s") or {}).get("p50")
              and ((r.get("config") or {}).get("precision") or "fp32") == precision
              and (workload != "mlm" or (r.get("config") or {}).get("model_size") == size)
-             and not record_layout(r).recompute]
+             and not record_layout(r).recomputes]
     found.sort(key=lambda r: r.get("started_at") or "")
     for record in reversed(found):
         overhead = from_records(spec, [record]).memory_overhead

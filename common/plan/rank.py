@@ -20,7 +20,8 @@ from common.layout import Layout
 from common.plan.fit import stage_split_of, verdict
 from common.predict.basis import Basis
 from common.predict.hardware import Hardware
-from common.predict.step import Prediction, predict
+from common.predict.prediction import Prediction
+from common.predict.step import predict
 from common.spec import BertSpec, CnnSpec
 
 # The parts of a predicted step, as the plan names them (compute is forward+backward less the recomputation).
@@ -77,7 +78,7 @@ def predicted(spec: BertSpec | CnnSpec, layouts: list[Layout], global_batch: int
     for layout in layouts:
         p = predict(spec, layout, global_batch, basis_for(layout) if basis_for else basis, hardware, backend,
                     stage_split=stage_split_of(spec, layout, global_batch), eval_batch=eval_batch)
-        memory = max(p.memory_per_rank or p.model_per_rank)
+        memory = p.memory_max
         out.append(Ranked(layout, p, memory, verdict(memory, available, error)))
     return out
 

@@ -1,12 +1,13 @@
 """Every layout of N devices that a backend can execute: the space bench.plan searches.
 
-Nothing here decides what is valid. The candidates are spanned by common.layout's OPTIONS: every mesh dp x tp x
-pp = N, every value of each option (its choices, on and off for a switch, the micro-batch counts asked for or
-every count the global batch divides into; the stage splits even, auto and every contiguous placement of the encoder
-layers while there are at most MAX_PLACEMENTS), an option that needs a dimension only where the mesh has it.
+Nothing here decides what is valid. The candidates are spanned by what the step model of the executed workloads
+costs: every mesh data x tp x pp = N, the data ranks replicas (dp) or shards (fsdp), every value of each option it
+models (the schedules, recompute none or full, the vocabulary split; the micro-batch counts asked for or every count
+the global batch divides into; the stage splits even, auto and every contiguous placement of the encoder layers while
+there are at most MAX_PLACEMENTS), an option that needs a dimension only where the mesh has it.
 Kept are those
   - a layout name can say (Layout.parse(layout.name) == layout: bench.compare --layouts can run it; this leaves
-    out an option that needs a dimension the layout lacks, and FSDP over a single replica);
+    out an option that needs a dimension the layout lacks);
   - Layout.validate accepts for the model and global batch (heads, hidden, vocabulary, layers, batch);
   - the backend does not refuse (`refuse`: bench.plan passes bench.run's checks and the backend's own).
 Two stage splits that place the same layers (even and 1,1 on two layers; auto and the counts it picks) run the
@@ -21,7 +22,7 @@ from functools import lru_cache
 from itertools import combinations, product
 
 from common.errors import BadInput
-from common.layout import OPTIONS, Layout
+from common.layout import Layout
 from common.spec import BertSpec, CnnSpec
 from common.stage_split import AUTO, EVEN, layers_per_stage
 
@@ -44,7 +45,7 @@ class Space:
 
 
 def meshes(devices: int) -> list[tuple[int, int, int]]:
-    """Every (dp, tp, pp) with dp x tp x pp = devices."""
+    """Every (data ranks, tp, pp) with their product = devices."""
     return [(dp, tp, devices // (dp * tp)) for dp in range(1, devices + 1) if devices % dp == 0
             for tp in range(1, devices // dp + 1) if (devices // dp) % tp == 0]
 
@@ -63,23 +64,19 @@ def placements(layers: int, stages: int) -> tuple[str, ...]:
 
 
 def _bases(mesh: tuple[int, int, int], global_batch: int, micro_batches: Sequence[int] | None) -> Iterator[Layout]:
-    """Every combination of OPTIONS' values for one mesh but the stage split (placed after), an option that needs a
-    dimension (OPTIONS' `needs`) varied only where the mesh has it."""
-    dp, tp, pp = mesh
-    mesh_of = {"dp": dp, "tp": tp, "pp": pp}
-    domain: dict[str, Sequence] = {}
-    for o in OPTIONS:
-        if o.dim or o.field == "stage_split" or (o.needs and mesh_of[o.needs] == 1):
-            continue
-        if o.field == "micro_batches":
-            domain[o.field] = sorted(set(micro_batches or divisors(global_batch)))
-        elif o.choices:
-            domain[o.field] = o.choices
-        elif isinstance(o.default, bool):
-            domain[o.field] = (False, True)
-    names = list(domain)
-    for combo in product(*(domain[n] for n in names)):
-        yield Layout(**mesh_of, **dict(zip(names, combo)))
+    """Every combination of the options the executed workloads' step model costs (common.predict.step.MODELLED)
+    for one mesh but the stage split (placed after): the data ranks as replicas or as FSDP shards, the micro-batch
+    counts and schedules of a pipeline, recompute none or full, the vocabulary split where there is tensor
+    parallelism."""
+    data, tp, pp = mesh
+    domain: dict[str, Sequence] = {
+        "micro_batches": sorted(set(micro_batches or divisors(global_batch))) if pp > 1 else (1,),
+        "schedule": ("gpipe", "1f1b") if pp > 1 else ("gpipe",),
+        "recompute": ("none", "full"),
+        "vocab_split": (False, True) if tp > 1 else (False,)}
+    for fsdp in sorted({1, data}):
+        for combo in product(*domain.values()):
+            yield Layout(dp=data // fsdp, fsdp=fsdp, tp=tp, pp=pp, **dict(zip(domain, combo)))
 
 
 def splits(spec: BertSpec | CnnSpec, pp: int) -> list[str]:
@@ -102,7 +99,7 @@ def nameable(layout: Layout) -> bool:
 def placement(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) -> tuple[int, ...] | None:
     if layout.pp == 1 or not isinstance(spec, BertSpec):
         return None
-    return tuple(layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.dp))
+    return tuple(layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.data))
 
 
 def _preference(layout: Layout) -> int:

@@ -237,7 +237,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict], co_run_from: lis
                  training_overhead=training - counted_training if training else None,
                  threads_per_device=main.get("threads_per_device"), cores=(main.get("host") or {}).get("cores"),
                  label=label, record_ids=ids, background=background_load(main),
-                 interruption_share=interruption_share(main), recompute=record_layout(main).recompute,
+                 interruption_share=interruption_share(main), recompute=record_layout(main).recomputes,
                  precision=(main.get("config") or {}).get("precision") or "fp32", guesses=guesses, co_run=co_run,
                  compute_shares=shares)
 

@@ -51,12 +51,20 @@ def cost_s(kind: str, nbytes: float, ranks: int, link: Link) -> float:
 
 
 def group_stride(layout: Layout, dim: str) -> int:
-    """Rank distance between neighbours along a mesh dimension (tp innermost, then dp, then pp)."""
-    return {"tp": 1, "dp": layout.tp, "pp": layout.tp * layout.dp}[dim]
+    """Rank distance between neighbours along a dimension of common.layout's RANK_ORDER (tp innermost, then cp,
+    fsdp, dp, pp outermost); `data` is every rank that splits the batch (dp x fsdp, contiguous)."""
+    tp, cp = layout.tp, layout.cp
+    return {"tp": 1, "cp": tp, "fsdp": tp * cp, "data": tp * cp, "dp": tp * cp * layout.fsdp,
+            "pp": tp * cp * layout.data}[dim]
 
 
-def crosses_nodes(layout: Layout, dim: str, devices_per_node: int) -> bool:
-    size = getattr(layout, dim)
+def group_size(layout: Layout, dim: str) -> int:
+    return layout.data if dim == "data" else getattr(layout, dim)
+
+
+def crosses_nodes(layout: Layout, dim: str, devices_per_node: int, ranks: int | None = None) -> bool:
+    """Whether a group of `ranks` (default: the whole dimension) along `dim` spans more than one node."""
+    size = group_size(layout, dim) if ranks is None else ranks
     return size > 1 and size * group_stride(layout, dim) > devices_per_node
 
 

@@ -31,18 +31,23 @@ class MatmulTable:
     tflops: dict[tuple[int, int, int], float]
     source: str
     exact: dict[tuple[int, int, int], float] = field(default_factory=dict)  # shapes measured as they are
+    # Rates already interpolated: a plan times the same few hundred shapes for each of 10^5 layouts.
+    _known: dict[tuple[float, float, float], float] = field(default_factory=dict, compare=False, repr=False)
 
     def rate(self, m: float, n: float, k: float) -> float:
         """TFLOP/s at a shape: as measured where the table holds the shape itself; else trilinear in log2 of each
         dimension between grid points, the edge's rate beyond."""
         if (m, n, k) in self.exact:
             return self.exact[(m, n, k)]
+        if (m, n, k) in self._known:
+            return self._known[(m, n, k)]
         corners = [_bracket(axis, value) for axis, value in zip(self.grid, (m, n, k))]
         total = 0.0
         for mi, wm in corners[0]:
             for nj, wn in corners[1]:
                 for kv, wk in corners[2]:
                     total += wm * wn * wk * self.tflops[(mi, nj, kv)]
+        self._known[(m, n, k)] = total
         return total
 
 

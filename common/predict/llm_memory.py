@@ -1,6 +1,6 @@
-"""Memory per rank of a decoder under an LlmLayout: training state by how the layout shards it, activations by
-Korthikanti et al.'s accounting (DecoderSpec.stored_activation_bytes) times the micro-batches a pipeline stage
-holds, and the loss's logits. An estimate for "fits or not": the published points say memory only for
+"""Memory per rank of a decoder under a layout (common.layout): training state by how the layout shards it,
+activations by Korthikanti et al.'s accounting (DecoderSpec.stored_activation_bytes) times the micro-batches a
+pipeline stage holds, and the loss's logits. An estimate for "fits or not": the published points say memory only for
 torchtitan, and the model is not checked against it.
 
 State bytes per parameter element of the rank's tensor-parallel share (mixed precision, AdamW):
@@ -13,33 +13,33 @@ interleaved 1F1B on stage 0 p x (1 + (p - 1) / (p v)) (Narayanan et al. 2021, se
 """
 from __future__ import annotations
 
+from common.layout import Layout
 from common.predict.decoder import DecoderSpec
-from common.predict.llm_layout import LlmLayout
 
 BF16, FP32 = 2, 4
 
 
-def in_flight(layout: LlmLayout, micro_batches: int, stage: int = 0) -> float:
+def in_flight(layout: Layout, micro_batches: int, stage: int = 0) -> float:
     p = layout.pp
     if p == 1:
         return 1.0
     if layout.schedule == "gpipe":
         return float(micro_batches)
     if layout.schedule == "interleaved":
-        return min(float(micro_batches), p * (1 + (p - 1) / (p * layout.virtual)))
+        return min(float(micro_batches), p * (1 + (p - 1) / (p * layout.virtual_stages)))
     return float(min(micro_batches, p - stage))
 
 
-def state_bytes(params: float, layout: LlmLayout) -> float:
+def state_bytes(params: float, layout: Layout) -> float:
     """Training state of a rank holding `params` elements (its tensor-parallel share of its stage)."""
-    if layout.shard > 1:
-        return params * (FP32 + FP32 + 2 * FP32) / layout.shard
+    if layout.sharded:
+        return params * (FP32 + FP32 + 2 * FP32) / layout.fsdp
     optimizer = 3 * FP32 * params / (layout.dp if layout.zero1 else 1)
     return params * (BF16 + FP32) + optimizer
 
 
-def activation_bytes(spec: DecoderSpec, layout: LlmLayout, tokens: int, layers: int, micro_batches: int,
-                     selective: str = "attention") -> float:
+def activation_bytes(spec: DecoderSpec, layout: Layout, tokens: int, layers: int, micro_batches: int,
+                     selective: str = "attention", stage: int = 0) -> float:
     """What the busiest stage keeps for its backward: its layers' activations per micro-batch in flight.
     Selective recomputation as Megatron does it (the attention core) keeps what flash attention keeps anyway;
     torchtitan's op policy ("odd-mm") keeps the block's input, the 1st, 3rd, ... matmuls' outputs and the
@@ -54,20 +54,22 @@ def activation_bytes(spec: DecoderSpec, layout: LlmLayout, tokens: int, layers: 
         per_stage = layers * kept + per_layer          # the inputs, and the one layer being recomputed
     else:
         per_stage = layers * per_layer
-    return per_stage * in_flight(layout, micro_batches)
+    return per_stage * in_flight(layout, micro_batches, stage)
 
 
-def logits_bytes(spec: DecoderSpec, layout: LlmLayout, tokens: int) -> float:
-    """The last stage's logits: bf16 out of the output layer, their float32 copy and its gradient."""
-    return tokens * spec.vocab / layout.tp * (BF16 + 2 * FP32)
+def logits_bytes(spec: DecoderSpec, layout: Layout, tokens: int) -> float:
+    """The last stage's logits: bf16 out of the output layer, their float32 copy and its gradient (a split
+    vocabulary's share)."""
+    return tokens * spec.vocab / (layout.tp if layout.vocab_split else 1) * (BF16 + 2 * FP32)
 
 
-def per_rank(spec: DecoderSpec, layout: LlmLayout, tokens: int, stage_params: float, layer_params: float,
-             layers: int, micro_batches: int, last_stage: bool, selective: str = "attention") -> float:
-    """The busiest rank's bytes: state + activations (+ FSDP's gathered layers, + the logits on the last stage)."""
+def per_rank(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
+             layers: int, micro_batches: int, last_stage: bool, selective: str = "attention", stage: int = 0
+             ) -> float:
+    """A rank of `stage`: state + activations (+ FSDP's gathered layers, + the logits on the last stage)."""
     total = state_bytes(stage_params, layout) + activation_bytes(spec, layout, tokens, layers, micro_batches,
-                                                                 selective)
-    if layout.shard > 1:
+                                                                 selective, stage)
+    if layout.sharded:
         total += 2 * layer_params * BF16
     if last_stage:
         total += logits_bytes(spec, layout, tokens)

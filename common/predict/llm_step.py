@@ -1,7 +1,7 @@
-"""One training step of a decoder under an LlmLayout on a GPU cluster, from first principles: bench.predict's step
-(compute + exposed communication + bubble + optimizer), its collectives' alpha-beta costs (collectives.py),
-its hardware descriptions and its pipeline formula (step.pipeline_s), with the compute of each kernel timed by
-the device's measured rates (gpu_compute.py) instead of a 1-device run.
+"""One training step of a decoder under a layout (common.layout) on a GPU cluster, from first principles:
+bench.predict's step (compute + exposed communication + bubble + optimizer), its collectives' alpha-beta costs
+(collectives.py), its hardware descriptions and its pipeline formula (step.pipeline_s), with the compute of each
+kernel timed by the device's measured rates (gpu_compute.py) instead of a 1-device run.
 
 Per micro-batch of b sequences, T = b s / cp tokens on a rank, one layer:
   - GEMMs: DecoderSpec.layer_gemms (Megatron's column/row split over tp; fused QKV and FC1 where the stack fuses
@@ -31,48 +31,21 @@ shards. The optimizer and FSDP's copies run at the device's bandwidth.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from common.errors import BadInput
+from common.layout import Layout
 from common.peak_flops import peak_flops
-from common.predict.collectives import Collective, cost_s
+from common.predict.collectives import Collective, cost_s, crosses_nodes
 from common.predict.decoder import DecoderSpec, Gemm
 from common.predict.gpu_compute import DeviceCompute
 from common.predict.hardware import Hardware
-from common.predict.llm_layout import LlmLayout
 from common.predict.llm_memory import per_rank
+from common.predict.prediction import Prediction
 from common.predict.stacks import Stack
 from common.predict.step import pipeline_s
 
 BF16, FP32 = 2, 4
 FLASH_BACKWARD = 2.5            # flash attention's backward FLOPs over its forward's (Dao 2023)
 MEGATRON_BUCKET_PARAMS = 40e6   # megatron/core/distributed: bucket_size = max(40M, 1M x dp) parameters
-
-
-@dataclass
-class LlmPrediction:
-    layout: LlmLayout
-    devices: int
-    global_batch: int
-    step_s: float
-    compute_s: float            # the busiest stage's forward+backward of all its micro-batches
-    comm_exposed_s: float       # tensor, context and pipeline communication inside it, data parallel after it
-    bubble_s: float
-    optimizer_s: float
-    memory_per_rank: float
-    collectives: list[Collective]
-    parts: dict[str, float] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def parts_s(self) -> dict[str, float]:
-        return {"compute": self.compute_s, "comm_exposed": self.comm_exposed_s, "bubble": self.bubble_s,
-                "optimizer": self.optimizer_s, **self.parts}
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.global_batch * self.seq_len / self.step_s
-
-    seq_len: int = 0
 
 
 def interleaved_pipeline_s(per_micro_batch: list[float], micro_batches: int, virtual: int) -> float:
@@ -96,20 +69,12 @@ class _Timer:
         return 0.0 if self.mfu_flops else self.compute.memory_s(nbytes, kernels)
 
 
-def _stride(layout: LlmLayout, dim: str) -> int:
-    """Rank distance along a dimension: tp innermost, then cp, the FSDP shard, the replicas, pp outermost
-    (Megatron's and torchtitan's mesh orders)."""
-    inner = {"tp": 1, "cp": layout.tp, "shard": layout.tp * layout.cp, "data": layout.tp * layout.cp,
-             "dp": layout.tp * layout.cp * layout.shard}
-    return inner.get(dim, layout.tp * layout.cp * layout.data)
+def _cost(hardware: Hardware, layout: Layout, dim: str, ranks: int, kind: str, nbytes: float) -> float:
+    """One collective over `ranks` along `dim` (common.layout's rank order), on the link its group crosses."""
+    return cost_s(kind, nbytes, ranks, hardware.link(crosses_nodes(layout, dim, hardware.devices_per_node, ranks)))
 
 
-def _cost(hardware: Hardware, layout: LlmLayout, dim: str, ranks: int, kind: str, nbytes: float) -> float:
-    crosses = ranks > 1 and ranks * _stride(layout, dim) > hardware.devices_per_node
-    return cost_s(kind, nbytes, ranks, hardware.link(crosses))
-
-
-def _layer(spec: DecoderSpec, layout: LlmLayout, stack: Stack, timer: _Timer, hardware: Hardware,
+def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: _Timer, hardware: Hardware,
            tokens: int) -> dict[str, float]:
     """One layer, one micro-batch, one rank: forward and backward times, exposed communication, and the GEMM time
     tensor-parallel overlap can hide behind."""
@@ -167,8 +132,8 @@ def _layer(spec: DecoderSpec, layout: LlmLayout, stack: Stack, timer: _Timer, ha
 
 
 def _head(spec: DecoderSpec, tp: int, stack: Stack, timer: _Timer, tokens: int) -> dict[str, float]:
-    """The last stage's own work, forward and backward: the final norm, the output layer's GEMMs (vocabulary split
-    over tp) and the loss over the logits."""
+    """The last stage's own work, forward and backward: the final norm, the output layer's GEMMs (`tp`: the ranks
+    its vocabulary is split over, 1 where it is replicated) and the loss over the logits."""
     head = spec.head_gemm(tokens, tp)
     return {"gemm": timer.gemm(head) + sum(timer.gemm(b) for b in spec.backward_gemms(head)),
             "loss": timer.memory(tokens * spec.vocab / tp * stack.logit_bytes, 4),
@@ -190,23 +155,26 @@ def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware:
               precision: str = "bf16", recompute: str = "none") -> dict[str, float]:
     """The model's forward and backward of one layer on one device (no parallelism), its GEMMs at `precision`'s
     rates, with the parts it adds up: what bench.layer_check holds against a measured layer."""
-    return _layer(spec, LlmLayout(recompute=recompute), stack, _Timer(compute, None, precision), hardware,
+    return _layer(spec, Layout(recompute=recompute), stack, _Timer(compute, None, precision), hardware,
                   micro_batch * spec.seq_len)
 
 
-def _stage_layers(spec: DecoderSpec, layout: LlmLayout) -> list[int]:
+def _stage_layers(spec: DecoderSpec, layout: Layout) -> list[int]:
     """Layers per pipeline stage (all its chunks): an even split, the first stages taking any remainder."""
-    chunks = layout.pp * layout.virtual
+    chunks = layout.pp * layout.virtual_stages
     base, extra = divmod(spec.layers, chunks)
     per_chunk = [base + (1 if c < extra else 0) for c in range(chunks)]
     return [sum(per_chunk[s::layout.pp]) for s in range(layout.pp)]
 
 
-def predict_llm(spec: DecoderSpec, layout: LlmLayout, global_batch: int, hardware: Hardware, stack: Stack,
-                compute: DeviceCompute | None = None, mfu: float | None = None) -> LlmPrediction:
+def predict_llm(spec: DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware, stack: Stack,
+                compute: DeviceCompute | None = None, mfu: float | None = None) -> Prediction:
     """The step of `layout` at `global_batch` sequences. `compute`: the device's measured rates; `mfu`: instead,
     every FLOP at mfu x the datasheet bf16 peak (labelled ASSUMED by the callers), memory-bound work absorbed."""
-    layout.validate(spec, global_batch)
+    try:
+        layout.validate(spec, global_batch)
+    except BadInput as exc:
+        raise ValueError(str(exc)) from None
     if layout.tp_overlap and layout.tp > 1 and not stack.tp_overlap_split:
         raise ValueError(f"{layout.name}: {stack.name} cannot overlap tensor-parallel communication (tpo): "
                          "torch's async TP needs torch.compile (--stack torch-compile)")
@@ -219,20 +187,21 @@ def predict_llm(spec: DecoderSpec, layout: LlmLayout, global_batch: int, hardwar
     elif compute is None:
         raise ValueError("predict_llm needs the device's compute table or an assumed MFU")
     timer = _Timer(compute, mfu_flops)
-    tokens = layout.micro_batch * spec.seq_len // layout.cp
-    m = layout.micro_batches(global_batch)
+    m = layout.micro_batches_at(global_batch)
+    tokens = global_batch // (layout.data * m) * spec.seq_len // layout.cp
+    vocab_tp = layout.tp if layout.vocab_split else 1
     layer = _layer(spec, layout, stack, timer, hardware, tokens)
     per_layer = layer["fwd"] + layer["bwd"] + layer["tp_exposed"] + layer["cp_exposed"]
     counts = _stage_layers(spec, layout)
     # First stage: the embedding's look-up and its gradient (memory-bound); last: final norm, output layer, loss.
     embed = timer.memory(tokens * spec.hidden * BF16 * 4 / (layout.tp if layout.sp else 1), 2)
-    head_s = sum(_head(spec, layout.tp, stack, timer, tokens).values())
+    head_s = sum(_head(spec, vocab_tp, stack, timer, tokens).values())
     send = 0.0
     collectives = []
     if layout.pp > 1:
         act = BF16 * tokens * spec.hidden / (layout.tp if layout.sp else 1)
         send = 2 * _cost(hardware, layout, "pp", 2, "send_recv", act)
-        collectives.append(Collective("send_recv", "pp", act, 2 * m * layout.virtual, 2,
+        collectives.append(Collective("send_recv", "pp", act, 2 * m * layout.virtual_stages, 2,
                                       layout.schedule != "interleaved", "pipeline activations and gradients"))
     exposed_send = 0.0 if layout.schedule == "interleaved" else send
     stages = []
@@ -242,7 +211,7 @@ def predict_llm(spec: DecoderSpec, layout: LlmLayout, global_batch: int, hardwar
     if layout.pp == 1:
         pipe = m * stages[0]
     elif layout.schedule == "interleaved":
-        pipe = interleaved_pipeline_s(stages, m, layout.virtual)
+        pipe = interleaved_pipeline_s(stages, m, layout.virtual_stages)
     else:
         pipe = pipeline_s(stages, m)
     busiest = max(range(layout.pp), key=lambda s: stages[s])
@@ -253,42 +222,42 @@ def predict_llm(spec: DecoderSpec, layout: LlmLayout, global_batch: int, hardwar
     bubble = pipe - m * stages[busiest] if layout.pp > 1 else 0.0
     # Parameters the busiest rank holds: its layers' tensor-parallel share, the embedding or output layer's.
     layer_params = spec.layer_params() / layout.tp
-    stage_params = n * layer_params + (spec.embedding_params() / layout.tp if busiest == 0 else 0.0) \
-        + (spec.head_params() / layout.tp if busiest == layout.pp - 1 else 0.0)
+    stage_params = n * layer_params + (spec.embedding_params() / vocab_tp if busiest == 0 else 0.0) \
+        + (spec.head_params() / vocab_tp if busiest == layout.pp - 1 else 0.0)
     window_bwd = n * layer["bwd"]
     window_fwd = n * layer["fwd"]
     dp_exposed, data_comm, copies, dp_colls = _data_parallel(spec, layout, hardware, timer, stack, stage_params,
                                                              layer_params, n, m, window_fwd, window_bwd)
     collectives += dp_colls
-    updated = stage_params / (layout.shard if layout.shard > 1 else layout.dp if layout.zero1 else 1)
+    updated = stage_params / (layout.fsdp if layout.sharded else layout.dp if layout.zero1 else 1)
     optimizer = 0.0 if mfu_flops else optimizer_s(updated, stack, compute)
     step = pipe + dp_exposed + optimizer + copies
-    memory = per_rank(spec, layout, tokens, stage_params, layer_params, n, m, busiest == layout.pp - 1,
-                      stack.selective)
-    pred = LlmPrediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=step,
-                         compute_s=compute_s, comm_exposed_s=inside + dp_exposed, bubble_s=bubble,
-                         optimizer_s=optimizer, memory_per_rank=memory, collectives=collectives,
-                         parts={"fsdp_copies": copies, "data_parallel_comm": data_comm,
-                                "gemm": m * n * layer["gemm"], "attention": m * n * layer["attention"],
-                                "elementwise": m * n * layer["elementwise"], "recompute": m * n * layer["recompute"]},
-                         seq_len=spec.seq_len)
-    return pred
+    last = layout.pp - 1
+    memory = [per_rank(spec, layout, tokens, k * layer_params + (spec.embedding_params() / vocab_tp if s == 0 else 0.0)
+                       + (spec.head_params() / vocab_tp if s == last else 0.0), layer_params, k, m, s == last,
+                       stack.selective, stage=s) for s, k in enumerate(counts)]
+    return Prediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=step,
+                      compute_s=compute_s, comm_exposed_s=inside + dp_exposed, bubble_s=bubble, optimizer_s=optimizer,
+                      memory_per_rank=memory, collectives=collectives, recompute_s=m * n * layer["recompute"],
+                      parts={"fsdp_copies": copies, "data_parallel_comm": data_comm, "gemm": m * n * layer["gemm"],
+                             "attention": m * n * layer["attention"], "elementwise": m * n * layer["elementwise"]},
+                      seq_len=spec.seq_len)
 
 
-def _data_parallel(spec: DecoderSpec, layout: LlmLayout, hardware: Hardware, timer: _Timer, stack: Stack,
+def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer: _Timer, stack: Stack,
                    params: float, layer_params: float, layers: int, m: int, window_fwd: float,
                    window_bwd: float) -> tuple[float, float, float, list[Collective]]:
     """(exposed seconds, total communication seconds, FSDP copy seconds, collectives) of the data dimension."""
     colls: list[Collective] = []
     if layout.data == 1:
         return 0.0, 0.0, 0.0, colls
-    if layout.shard > 1:
-        s = layout.shard
-        gather = _cost(hardware, layout, "shard", s, "all_gather", BF16 * layer_params)
-        scatter = _cost(hardware, layout, "shard", s, "reduce_scatter", FP32 * layer_params)
+    if layout.sharded:
+        s = layout.fsdp
+        gather = _cost(hardware, layout, "fsdp", s, "all_gather", BF16 * layer_params)
+        scatter = _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * layer_params)
         root = params - layers * layer_params
-        root_comm = _cost(hardware, layout, "shard", s, "all_gather", BF16 * root) \
-            + _cost(hardware, layout, "shard", s, "reduce_scatter", FP32 * root)
+        root_comm = _cost(hardware, layout, "fsdp", s, "all_gather", BF16 * root) \
+            + _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * root)
         replicas = _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * layer_params / s) \
             if layout.dp > 1 else 0.0
         root_comm += _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * root / s) if layout.dp > 1 else 0
@@ -296,8 +265,8 @@ def _data_parallel(spec: DecoderSpec, layout: LlmLayout, hardware: Hardware, tim
         exposed = m * (gather + max(0.0, fwd_comm - window_fwd) + max(0.0, bwd_comm - window_bwd)) + root_comm
         copies = timer.memory(m * layers * layer_params * (2 * stack.fsdp_gather_copy_bytes
                                                            + stack.fsdp_scatter_copy_bytes), 3 * layers)
-        colls += [Collective("all_gather", "shard", BF16 * layer_params, 2 * m * layers, s, True, "FSDP gathers"),
-                  Collective("reduce_scatter", "shard", FP32 * layer_params, m * layers, s, True, "FSDP scatters")]
+        colls += [Collective("all_gather", "fsdp", BF16 * layer_params, 2 * m * layers, s, True, "FSDP gathers"),
+                  Collective("reduce_scatter", "fsdp", FP32 * layer_params, m * layers, s, True, "FSDP scatters")]
         return exposed, m * (fwd_comm + bwd_comm) + root_comm, copies, colls
     ranks = layout.dp
     bucket = min(1.0, max(MEGATRON_BUCKET_PARAMS, 1e6 * ranks) / params)

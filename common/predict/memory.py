@@ -7,8 +7,8 @@ int64 per device). What a rank holds (keras_jax's GSPMD plan splits the same wei
   - pp: stage 0 the embeddings, the last stage the MLM head and its own copy of the tied token embedding;
   - tp (Megatron's plan): Q, K, V and FFN-in split by output rows (weight and bias), the attention output and
     FFN-out by input columns (their bias replicated), norms replicated; the token embedding and the head's
-    bias split by vocabulary rows only with --no-vocab-emb-dp;
-  - FSDP over dp: each local tensor cut along its first dimension into torch.chunk's pieces (ceil(d0/dp) rows
+    bias split by vocabulary rows only with --vocab-split;
+  - FSDP over the data ranks: each local tensor cut along its first dimension into torch.chunk's pieces (ceil(d0/n) rows
     each, the last ones shorter or empty), as FSDP2's fully_shard does.
 Activations (float32, kept for the backward; Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", section 4, counted for this model, fused attention storing no s x s scores):
@@ -98,7 +98,7 @@ def tp_shape(t: Tensor, layout: Layout) -> tuple[int, ...]:
         shape[0] //= tp
     elif module in ROWWISE and t.name.endswith(".weight"):
         shape[1] //= tp
-    elif not layout.vocab_emb_dp and t.name in ("embeddings.token", "head.bias"):
+    elif layout.vocab_split and t.name in ("embeddings.token", "head.bias"):
         shape[0] //= tp
     return tuple(shape)
 
@@ -122,7 +122,7 @@ def state_bytes(spec: BertSpec | CnnSpec, layout: Layout, rank: int,
     elements, tensors = 0, 0
     for t in stage_tensors(spec, layout, c["pp"], stage_split):
         shape = tp_shape(t, layout)
-        elements += fsdp_numel(shape, layout.dp, c["dp"]) if layout.optimizer_shard else math.prod(shape)
+        elements += fsdp_numel(shape, layout.fsdp, c["fsdp"]) if layout.sharded else math.prod(shape)
         tensors += 1
     scope, size = STEP_COUNTERS[framework_of(backend)]
     counters = size * (tensors if scope == "per tensor" else 1)
@@ -152,14 +152,14 @@ def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro
         return value_bytes * micro_batch * (maps + spec.flat_features + sum(spec.fc_sizes))
     s, h, i, p, v, tp = spec.seq_len, spec.hidden, spec.intermediate, spec.max_predictions, spec.vocab_size, layout.tp
     counts = stage_layer_counts(layout, spec.layers, stage_split)
-    layer = s * h if layout.recompute else s * (4 * h + (4 * h + 2 * i) / tp)
+    layer = s * h if layout.recomputes else s * (4 * h + (4 * h + 2 * i) / tp)
     per_sample = counts[stage] * layer
-    if layout.recompute and counts[stage]:
+    if layout.recomputes and counts[stage]:
         per_sample += s * (4 * h + (4 * h + 2 * i) / tp)  # the one layer being recomputed
     if stage == 0:
         per_sample += 2 * s * h
     if stage == layout.pp - 1:
-        per_sample += 4 * p * h + 2 * p * v / (tp if not layout.vocab_emb_dp else 1)
+        per_sample += 4 * p * h + 2 * p * v / (tp if layout.vocab_split else 1)
     return value_bytes * per_sample * micro_batch * in_flight(layout, stage)
 
 
@@ -170,7 +170,7 @@ def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_
     s, h, i, p, v, tp = spec.seq_len, spec.hidden, spec.intermediate, spec.max_predictions, spec.vocab_size, layout.tp
     per_sample = s * (4 * h + (2 * h + 2 * i) / tp)
     if stage == layout.pp - 1:
-        per_sample = max(per_sample, 2 * p * v / (tp if not layout.vocab_emb_dp else 1))
+        per_sample = max(per_sample, 2 * p * v / (tp if layout.vocab_split else 1))
     return FLOAT * per_sample * eval_batch
 
 
@@ -179,9 +179,9 @@ def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_
     """Buffers a step allocates beside state and activations: torch_3d's flat gradient copy for its dp
     all-reduce; FSDP's whole parameters of the layer being computed and of the one prefetched."""
     elements = stage_params(spec, layout, stage, stage_split)
-    if layout.dp > 1 and not layout.optimizer_shard:
+    if layout.dp > 1 and not layout.sharded:
         return FLOAT * elements
-    if layout.optimizer_shard and layout.dp > 1 and isinstance(spec, BertSpec):
+    if layout.sharded and isinstance(spec, BertSpec):
         return FLOAT * 2 * layer_elements(spec, layout)
     return 0.0
 

@@ -1,7 +1,7 @@
 """Published training results as checked data (published/*.toml), and bench.predict's predictions of them.
 
 A file has a [source] (publisher, where exactly, the hardware description, the software stack, how the
-publisher counts FLOPs) and [[point]]s: name, model (models/*.toml), devices, layout (llm_layout's grammar),
+publisher counts FLOPs) and [[point]]s: name, model (models/*.toml), devices, layout (common.layout's grammar),
 global batch (sequences), metric, the published figure, the quoted row it was copied from, and optionally
 seq_len (a run at another sequence length), stack and `assumed` (what the source does not say and the file
 assumes). A point the model cannot honour (fp8) stays in the table as refused, with the one-line reason.
@@ -19,11 +19,11 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from common.layout import Layout
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import DeviceCompute, compute_for
 from common.predict.hardware import tomllib
-from common.predict.llm_layout import parse
 from common.predict.llm_step import predict_llm
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
@@ -98,14 +98,14 @@ def predict_point(point: Point, compute_of=compute_for) -> dict:
     if point.seq_len:
         spec = replace(spec, seq_len=point.seq_len)
     try:
-        layout = parse(point.layout, point.devices)
+        layout = Layout.parse(point.layout, point.devices)
     except ValueError as exc:
         return {**row, "predicted": None, "error": None, "refused": str(exc)}
     hardware = hardware_files.load(point.hardware)
     p = predict_llm(spec, layout, point.global_batch, hardware, stacks.load(point.stack), compute_of(hardware))
     predicted = metric_of(point, spec, p.step_s)
     return {**row, "layout_full": layout.name, "predicted": predicted, "error": predicted / point.published - 1,
-            "step_s": p.step_s, "parts_s": p.parts_s, "memory_per_rank": p.memory_per_rank}
+            "step_s": p.step_s, "parts_s": p.parts_s, "memory_per_rank": p.memory_max}
 
 
 def gemm_shapes(points: list[Point] | None = None) -> list[tuple[int, int, int]]:

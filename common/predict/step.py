@@ -3,7 +3,7 @@ memory per rank.
 
 The collectives a layout issues, per step (checked against torch_3d's counted comm_per_step in
 tests/test_predict.py):
-  - dp (no FSDP): one all-reduce of the rank's gradients over dp (torch_3d: one flat buffer after the
+  - data (no FSDP): one all-reduce of the rank's gradients over the data ranks (torch_3d: one flat buffer after the
     backward; torch_ddp: 25 MiB buckets during it). Ring cost 2(n-1)/n x gradient bytes.
   - FSDP/ZeRO-3 over dp: each layer unit all-gathered before its forward and again before its backward, the
     root unit once, and every unit's gradients reduce-scattered once: (n-1)/n x (2 x layers + root) bytes
@@ -39,8 +39,6 @@ probe's slowdown (basis.co_run: the 1-device command run as that many processes 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from common.layout import Layout
 from common.predict.basis import Basis
 from common.predict.collectives import Collective, cost_s, crosses_nodes, group_stride
@@ -55,6 +53,7 @@ from common.predict.memory import (
     transient_bytes,
     value_bytes,
 )
+from common.predict.prediction import Prediction
 from common.predict.work import parts, rank_macs, recomputed_macs, stage_layer_counts, stage_macs
 from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
@@ -65,45 +64,16 @@ DDP_BUCKET_BYTES = 25 * 2**20
 BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
 
 
-@dataclass
-class Prediction:
-    layout: Layout
-    devices: int
-    global_batch: int
-    step_s: float
-    compute_s: float            # forward+backward on the busiest rank (a pipeline: its pipelined time)
-    comm_exposed_s: float
-    bubble_s: float
-    optimizer_s: float
-    overhead_s: float
-    sync_wait_s: float          # waiting for other ranks' interruptions (CPU hosts: sync_factor)
-    idle_per_stage: list[float] | None
-    state_per_rank: list[StateBytes]
-    memory_per_rank: list[float] | None       # the process's peak, predicted from the measured overhead
-    training_per_rank: list[float] | None     # the training's growth: grads + optimizer + live values + overhead
-    model_per_rank: list[float]               # state + activations + buffers, no framework overhead
-    collectives: list[Collective]             # every stage's, one rank of each
-    collectives_of_rank0: list[Collective]
-    training_model_per_rank: list[float]      # gradients + optimizer state + training's live values
-    memory_overhead: float | None = None      # the framework's, once per process (the basis's)
-    training_overhead: float | None = None
-    contention: float = 1.0
-    notes: list[str] = field(default_factory=list)
-    recompute_s: float = 0.0    # of compute_s: --recompute's second forward of the encoder layers
+# What this model of the executed workloads models: what torch_3d executes, whose collectives it counts.
+MODELLED = frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split", "stage_split"})
 
-    @property
-    def parts_s(self) -> dict[str, float]:
-        """The step's parts (s), as tables and validation.json show them."""
-        return {"compute": self.compute_s, "comm_exposed": self.comm_exposed_s, "bubble": self.bubble_s,
-                "optimizer": self.optimizer_s, "overhead": self.overhead_s, "sync_wait": self.sync_wait_s}
 
-    @property
-    def samples_per_s(self) -> float:
-        return self.global_batch / self.step_s
-
-    def fits(self, memory_bytes: float) -> bool:
-        per_rank = self.memory_per_rank or self.model_per_rank
-        return max(per_rank) <= memory_bytes
+def check_modelled(layout: Layout) -> None:
+    """ValueError in one line for a layout option this model cannot cost (its collectives are torch_3d's)."""
+    for feature, flag in layout.features():
+        if feature not in MODELLED:
+            raise ValueError(f"{layout.name}: {flag} is not modelled for the executed workloads (their step model "
+                             "counts what torch_3d executes); the decoders' model does (bench.predict --model)")
 
 
 def sync_factor(layout: Layout) -> float:
@@ -113,8 +83,8 @@ def sync_factor(layout: Layout) -> float:
     wait for the longest of theirs: for exponentially distributed interruptions E[max of n] / E[one] = H_n, the
     n-th harmonic number. Pipeline stages wait for each other through point-to-point sends with the bubble's
     slack: not counted."""
-    harmonic = sum(1 / k for k in range(1, layout.dp + 1))
-    return layout.tp * (layout.dp if layout.optimizer_shard else harmonic)
+    harmonic = sum(1 / k for k in range(1, layout.data + 1))
+    return layout.tp * (layout.data if layout.sharded else harmonic)
 
 
 def pipeline_s(per_micro_batch: list[float], micro_batches: int) -> float:
@@ -132,7 +102,7 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
     """What one rank of `stage` issues per step. Activations travel at the run's precision
     (`activation_value_bytes`: bf16 under autocast), gradients and parameters as float32 (torch's amp keeps
     both in float32)."""
-    micro = global_batch // (layout.dp * layout.micro_batches)
+    micro = global_batch // (layout.data * layout.micro_batches)
     out: list[Collective] = []
     params = stage_params(spec, layout, stage, stage_split)
     if isinstance(spec, BertSpec):
@@ -141,7 +111,7 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
         m = layout.micro_batches
         if layout.tp > 1:
             calls = m * layers * (TP_FORWARD_ALL_REDUCES + TP_BACKWARD_ALL_REDUCES)
-            if not layout.vocab_emb_dp and stage == 0:
+            if layout.vocab_split and stage == 0:
                 calls += m
             out.append(Collective("all_reduce", "tp", activation, calls, layout.tp, True,
                                   "tensor-parallel activations"))
@@ -152,10 +122,10 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
             out.append(Collective("send_recv", "pp", activation, 2 * m * boundaries, 2, True,
                                   "pipeline activations and their gradients"))
             if stage in (0, layout.pp - 1):
-                rows = spec.vocab_size // (1 if layout.vocab_emb_dp else layout.tp)
+                rows = spec.vocab_size // (layout.tp if layout.vocab_split else 1)
                 out.append(Collective("all_reduce", "tie", FLOAT * rows * spec.hidden, 1, 2, True,
                                       "tied embedding gradient"))
-    if layout.dp > 1 and layout.optimizer_shard:
+    if layout.sharded:
         # FSDP units: each encoder layer, and the root (the rest of the stage); every micro-batch gathers each
         # layer twice (forward, backward) and the root, which stays gathered, once; gradients scatter once.
         units = stage_layer_counts(layout, spec.layers, stage_split)[stage] if isinstance(spec, BertSpec) else 0
@@ -163,14 +133,14 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
         root = params - units * per_layer
         m = layout.micro_batches
         gathers = m * (2 * units + 1)
-        out.append(Collective("all_gather", "dp", FLOAT * m * (2 * units * per_layer + root) / gathers, gathers,
-                              layout.dp, True, "FSDP parameter all-gathers"))
-        out.append(Collective("reduce_scatter", "dp", FLOAT * params / (units + 1), units + 1, layout.dp, True,
+        out.append(Collective("all_gather", "data", FLOAT * m * (2 * units * per_layer + root) / gathers, gathers,
+                              layout.data, True, "FSDP parameter all-gathers"))
+        out.append(Collective("reduce_scatter", "data", FLOAT * params / (units + 1), units + 1, layout.data, True,
                               "FSDP gradient reduce-scatters"))
-    elif layout.dp > 1:
+    elif layout.data > 1:
         nbytes = FLOAT * params
         calls = max(1, -(-int(nbytes) // DDP_BUCKET_BYTES)) if backend == "torch_ddp" else 1
-        out.append(Collective("all_reduce", "dp", nbytes / calls, calls, layout.dp, True, "gradient all-reduce"))
+        out.append(Collective("all_reduce", "data", nbytes / calls, calls, layout.data, True, "gradient all-reduce"))
     return out
 
 
@@ -179,7 +149,7 @@ def _exposed(c: Collective, seconds: float, fb_s: float, backend: str, hardware:
         return seconds
     if c.kind in ("all_gather", "reduce_scatter"):     # FSDP2 prefetch
         return max(seconds / c.calls, seconds - fb_s)
-    if c.dim == "dp" and backend == "torch_ddp":       # DDP buckets during the backward
+    if c.dim == "data" and backend == "torch_ddp":       # DDP buckets during the backward
         return max(seconds / c.calls, seconds - BACKWARD_SHARE * fb_s)
     return seconds
 
@@ -221,8 +191,9 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
     1-device run's background is not accounted either). `eval_batch`: the run also evaluates in batches of
     this many (its peak memory may be there); None: training only. `counted`: the collectives a compiler placed
     (keras_jax's GSPMD: a record's comm_per_step, as compiled), instead of the formulas; one stage only."""
+    check_modelled(layout)
     m = layout.micro_batches
-    micro = global_batch / (layout.dp * m)
+    micro = global_batch / (layout.data * m)
     contention = 1.0
     if hardware.device_kind == "cpu" and basis.cores and basis.threads_per_device:
         cores, threads = basis.cores, basis.threads_per_device
@@ -232,7 +203,7 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
             contention *= basis.co_run
     # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
     # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
-    whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_emb_dp=layout.vocab_emb_dp)))
+    whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_split=layout.vocab_split)))
     per_mac = basis.s_per_mac_sample * plain_share(spec, basis)
 
     def stage_s(launched: float, computed: float) -> float:
@@ -260,7 +231,7 @@ def predict(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, basis: 
         fb_s = m * per_micro[s]
         after.append(sum(_exposed(c, _comm_s(c, hardware, layout), fb_s, backend, hardware)
                          for c in comms if c.dim not in ("tp", "pp")))
-        optimizer.append(contention * basis.s_per_param * state_bytes(spec, layout, s * layout.dp * layout.tp,
+        optimizer.append(contention * basis.s_per_param * state_bytes(spec, layout, s * layout.data * layout.tp,
                                                                        stage_split).params / FLOAT)
         all_comms += comms
     tail = max(a + o for a, o in zip(after, optimizer))
@@ -312,5 +283,6 @@ def memory_per_rank(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
                     ) -> tuple[list[StateBytes], list[float], list[float]]:
     """Per rank, before any run: its state, what the model counts of its process peak (no framework overhead)
     and of its training's growth; predict()'s memory without a time basis (a fit check before launch)."""
-    micro = global_batch / (layout.dp * layout.micro_batches)
+    check_modelled(layout)
+    micro = global_batch / (layout.data * layout.micro_batches)
     return _memory(spec, layout, micro, precision or "fp32", stage_split, eval_batch, backend)

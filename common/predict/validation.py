@@ -34,7 +34,8 @@ from common.predict.basis import (
 )
 from common.predict.collectives import KINDS, Collective
 from common.predict.hardware import Hardware
-from common.predict.step import Prediction, predict
+from common.predict.prediction import Prediction
+from common.predict.step import predict
 from common.sections import Bubble, CommPerStep, GradComm, StateBytesPerRank
 from common.spec import model_spec
 

@@ -5,7 +5,7 @@ Forward multiply-adds per sample follow common.spec (BertSpec.forward_macs): per
 p(h^2 + hV); the embeddings' look-ups no multiply-adds. Forward + backward is 3x the forward, so shares of
 the forward are shares of the step's compute. Under a layout (Megatron's tensor parallel plan, torch_3d's):
   - tp divides every encoder layer's matmuls (heads and FFN columns split), the head's dense transform is
-    replicated, the decoder h x V is replicated unless the vocabulary is split (--no-vocab-emb-dp);
+    replicated, the decoder h x V is replicated unless the vocabulary is split (--vocab-split);
   - pp gives a stage its layers (common.layout's contiguous split, or a recorded `stage_split`), the MLM head
     to the last stage;
   - dp and FSDP divide the samples.
@@ -79,7 +79,7 @@ def stage_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[int] 
             raise ValueError("the model predicts the CNN data parallel only (dp, fsdp)")
         return [whole.total]
     counts = stage_layer_counts(layout, whole.layers, stage_split)
-    vocab = whole.head_vocab / (layout.tp if not layout.vocab_emb_dp else 1)
+    vocab = whole.head_vocab / (layout.tp if layout.vocab_split else 1)
     out = [n * whole.layer / layout.tp for n in counts]
     out[-1] += whole.head_dense + vocab
     return out
@@ -89,7 +89,7 @@ def recomputed_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[
     """Forward multiply-adds per sample that --recompute runs a second time in the backward on one rank of each
     stage: its encoder layers' (torch_3d and keras_jax checkpoint each encoder layer; the head is kept). Zero
     without --recompute, and for the CNN (no backend recomputes it)."""
-    if not layout.recompute or isinstance(spec, CnnSpec):
+    if not layout.recomputes or isinstance(spec, CnnSpec):
         return [0.0] * layout.pp
     whole = parts(spec)
     return [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers, stage_split)]
@@ -127,5 +127,5 @@ def rank_macs(spec: BertSpec | CnnSpec, layout: Layout, shares: ComputeShares | 
     if shares is None or layout.tp == 1:
         return mine
     whole = work(spec, dataclasses.replace(layout, tp=1), stage_split)
-    rest = shares.split / layout.tp + shares.vocab / (1 if layout.vocab_emb_dp else layout.tp) + shares.whole
+    rest = shares.split / layout.tp + shares.vocab / (layout.tp if layout.vocab_split else 1) + shares.whole
     return [shares.matmul * m + rest * w for m, w in zip(mine, whole)]

@@ -1,0 +1,111 @@
+"""bench.plan --model: which layout to train a decoder LLM with on a GPU cluster, from the decoders' step model
+(common.predict.llm_step) and a device's compute table, without a run.
+
+The space: every layout of common.layout's grammar the decoders' model costs, within the bounds a cluster's
+practice sets (each bound is a flag of bench.plan and said in docs/plan.md):
+  - tp and cp within a node (devices_per_node): a group spanning nodes costs its inter-node link on every layer,
+    and no published run does it;
+  - pp over the divisors of the devices that the layers fill; 1F1B and GPipe, and interleaved 1F1B with every
+    number of virtual stages that divides each stage's layers evenly (Megatron's requirement) up to MAX_VIRTUAL;
+  - the data ranks as plain data parallelism (with and without ZeRO-1), FSDP, and HSDP at every shard group size
+    that divides them;
+  - the micro-batch size over the powers of two that divide a data rank's share of the batch, up to MAX_MBS;
+  - recompute none, selective and full; with tp, sequence parallelism, the vocabulary split and, where the
+    stack can (Stack.tp_overlap_split), tensor-parallel overlap, each on and off.
+Each candidate is validated (Layout.validate against the model and batch), predicted, held against the device's
+memory (a point comparison: the decoders' memory model is an estimate checked against no measurement), and those
+that fit ranked by predicted step with what decides between them (common.plan.rank).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import product
+
+from common.errors import BadInput
+from common.layout import Layout
+from common.plan.fit import verdict
+from common.plan.rank import Ranked, rank
+from common.predict.decoder import DecoderSpec
+from common.predict.gpu_compute import DeviceCompute
+from common.predict.hardware import Hardware
+from common.predict.llm_step import predict_llm
+from common.predict.stacks import Stack
+
+MAX_MBS = 16
+MAX_VIRTUAL = 8
+
+
+@dataclass
+class DecoderSpace:
+    candidates: int = 0
+    refused: dict[str, int] = field(default_factory=dict)   # reason -> count
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two(limit: int, divides: int) -> list[int]:
+    return [b for b in (1 << k for k in range(MAX_MBS.bit_length())) if b <= limit and divides % b == 0]
+
+
+def candidates(spec: DecoderSpec, devices: int, global_batch: int, stack: Stack, devices_per_node: int
+               ) -> Iterator[Layout]:
+    """Every layout of the space (module doc), before validation."""
+    node = _divisors(min(devices_per_node, devices))
+    for tp, cp in product(node, node):
+        if devices % (tp * cp):
+            continue
+        for pp in (p for p in _divisors(devices // (tp * cp)) if p <= spec.layers):
+            data = devices // (tp * cp * pp)
+            if data == 0 or global_batch % data:
+                continue
+            schedules = [("gpipe", 1), ("1f1b", 1)] if pp > 1 else [("gpipe", 1)]
+            schedules += [("interleaved", v) for v in range(2, MAX_VIRTUAL + 1)
+                          if pp > 1 and spec.layers % (pp * v) == 0]
+            on_off = (False, True) if tp > 1 else (False,)
+            overlap = on_off if stack.tp_overlap_split else (False,)
+            for fsdp, mbs, (schedule, virtual), recompute, sp, vocab, tpo in product(
+                    _divisors(data), _powers_of_two(MAX_MBS, global_batch // data), schedules,
+                    ("none", "selective", "full"), on_off, on_off, overlap):
+                for zero1 in ((False, True) if fsdp == 1 and data > 1 else (False,)):
+                    yield Layout(dp=data // fsdp, fsdp=fsdp, tp=tp, pp=pp, cp=cp, micro_batch_size=mbs,
+                                 schedule=schedule, virtual_stages=virtual, recompute=recompute, sp=sp, zero1=zero1,
+                                 tp_overlap=tpo, vocab_split=vocab)
+
+
+def plan(spec: DecoderSpec, devices: int, global_batch: int, hardware: Hardware, stack: Stack,
+         compute: DeviceCompute | None, mfu: float | None, available: float) -> tuple[list[Ranked], DecoderSpace]:
+    """Every candidate predicted; those that fit `available` bytes ranked (common.plan.rank), the rest after."""
+    space, rows = DecoderSpace(), []
+    for layout in candidates(spec, devices, global_batch, stack, hardware.devices_per_node):
+        space.candidates += 1
+        try:
+            layout.validate(spec, global_batch)
+        except BadInput as exc:
+            why = str(exc).split(": ", 1)[-1]
+            space.refused[why] = space.refused.get(why, 0) + 1
+            continue
+        p = predict_llm(spec, layout, global_batch, hardware, stack, compute, mfu)
+        rows.append(Ranked(layout, p, p.memory_max, verdict(p.memory_max, available, None)))
+    return rank(rows, None), space
+
+
+def rank_of(rows: list[Ranked], layout: Layout) -> Ranked | None:
+    """The row of `layout` among a plan's rows (None: not in the space)."""
+    return next((r for r in rows if r.layout == layout), None)
+
+
+def plan_one(spec: DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware, stack: Stack,
+             compute: DeviceCompute | None, mfu: float | None, available: float) -> Ranked:
+    """One layout predicted and held against the memory, unranked (one the space's bounds leave out)."""
+    p = predict_llm(spec, layout, global_batch, hardware, stack, compute, mfu)
+    return Ranked(layout, p, p.memory_max, verdict(p.memory_max, available, None))
+
+
+def standing(rows: list[Ranked], row: Ranked) -> Ranked:
+    """Where a layout outside the space would rank among the plan's rows (0: it does not fit)."""
+    if row.fit != "does not fit":
+        row.rank = 1 + sum(1 for r in rows if r.rank and r.step_s < row.step_s)
+    return row

@@ -1,0 +1,105 @@
+"""bench.plan --model: a decoder LLM's layouts on a GPU cluster, enumerated (common.plan.decoders), predicted by the
+decoders' step model from a device's compute table, held against the memory and ranked; a layout asked for is
+placed in that ranking or refused in one line; a published run's layout is ranked in the plan for its cluster."""
+from __future__ import annotations
+
+import pytest
+
+from bench import plan as plan_cli
+from common.layout import Layout
+from common.plan import decoders
+from common.plan.fit import GIB
+from common.predict import constants, decoder, published, stacks
+from common.predict import hardware as hardware_files
+from common.predict.gpu_compute import compute_for
+
+LLAMA = decoder.load("llama3-8b")   # 32 layers, 32 heads, 8 KV heads
+
+
+def test_the_space_holds_every_kind_of_layout_the_model_costs_and_nothing_it_refuses():
+    stack = stacks.load("megatron-te")
+    space = list(decoders.candidates(LLAMA, 16, 32, stack, 8))
+    names = {lay.name for lay in space}
+    assert len(names) == len(space)                      # no layout twice
+    for name in ("dp16-mbs1", "fsdp16-mbs2-sel", "dp2xfsdp8-mbs1-rc", "dp4xtp4-mbs1-sp-zero1-tpo-vocab",
+                 "fsdp2xtp8-mbs1-sp-vocab", "tp8xpp2-mbs1-vp2-sp-tpo-vocab", "tp4xpp2xcp2-mbs2-1f1b",
+                 "fsdp2xtp2xpp2xcp2-mbs1", "pp16-mbs2"):
+        assert name in names, name
+    assert all(lay.tp <= 8 and lay.cp <= 8 and lay.devices == 16 for lay in space)   # tp and cp within a node
+    assert all(LLAMA.layers % (lay.pp * lay.virtual_stages) == 0 for lay in space if lay.virtual_stages > 1)
+    assert not any(lay.zero1 and lay.fsdp > 1 for lay in space)
+    # torch's eager stack has no tensor-parallel overlap: the space leaves it out rather than predict it refused
+    assert not any(lay.tp_overlap for lay in decoders.candidates(LLAMA, 16, 32, stacks.load("torch-eager"), 8))
+
+
+def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
+    hw = hardware_files.load("h100-sxm-8")
+    rows, space = decoders.plan(LLAMA, 8, 16, hw, stacks.load("torch-compile"), compute_for(hw), None,
+                                hw.memory_bytes)
+    ranked = [r for r in rows if r.rank]
+    assert space.candidates == len(rows) + sum(space.refused.values())
+    assert [r.rank for r in ranked] == list(range(1, len(ranked) + 1))
+    assert [r.step_s for r in ranked] == sorted(r.step_s for r in ranked)
+    assert all(r.memory <= hw.memory_bytes for r in ranked)
+    assert all(r.memory > hw.memory_bytes and not r.rank for r in rows[len(ranked):])
+    # a layout of the space is found where it ranks; one outside it is placed among the ranked rows
+    third = ranked[2]
+    assert decoders.rank_of(rows, third.layout) is third
+    outside = decoders.plan_one(LLAMA, Layout.parse("fsdp8-mbs1-rc", 8), 16, hw, stacks.load("torch-compile"),
+                                compute_for(hw), None, hw.memory_bytes)
+    placed = decoders.standing(rows, outside)
+    assert placed.rank == 1 + sum(1 for r in ranked if r.step_s < outside.step_s)
+
+
+def test_every_bundled_decoder_plans_on_every_gpu_with_a_compute_table():
+    gpus, models = constants.gpu_hardware(), decoder.available()
+    assert len(gpus) >= 2 and len(models) > len(gpus)
+    for i, model in enumerate(models):   # every decoder, and every GPU in turn
+        hardware = gpus[i % len(gpus)]
+        plan = plan_cli.decoder_plan(model, 8, 8, hardware, "torch-compile", 2048, None, None, 3)
+        assert plan["candidates"]["enumerated"] > 0, (model, hardware)
+        assert (plan["pick"] is None) == (plan["candidates"]["fit"] == 0), (model, hardware)
+        if plan["pick"]:
+            assert plan["rows"][0]["layout"] == plan["pick"] and plan["rows"][0]["rank"] == 1
+    # the smallest fits 8 GPUs, the largest does not (405B's weights alone are 810 GB in bf16)
+    assert plan_cli.decoder_plan("llama3-8b", 8, 8, "h100-sxm-8", "torch-compile", 2048, None, None, 3)["pick"]
+    assert plan_cli.decoder_plan("llama3-405b", 8, 8, "h100-sxm-8", "torch-compile", 2048, None, None, 3)["pick"] \
+        is None
+
+
+def _main(capsys, *argv):
+    with pytest.raises(SystemExit) as code:
+        plan_cli.main(list(argv))
+    return code.value.code, capsys.readouterr()
+
+
+def test_a_layout_asked_for_is_placed_or_refused_in_one_line(capsys):
+    base = ["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8", "--global-batch", "16",
+            "--seq-len", "2048", "--stack", "torch-compile", "--top", "3"]
+    assert plan_cli.main([*base, "--layout", "fsdp-mbs1-sel"]) == 0
+    out = capsys.readouterr().out
+    assert "fsdp8-mbs1-sel" in out and "pick:" in out
+    # one that does not fit: the predicted and the available figures
+    code, io = _main(capsys, *base, "--layout", "fsdp-mbs1", "--memory-per-device", "10")
+    assert code == 2 and len(io.err.strip().splitlines()) == 1
+    assert "does not fit: predicted" in io.err and "GiB on its fullest rank, 10.0 GiB available" in io.err
+    # one the model cannot express, before any search
+    for name, why in (("fsdp-fp8", "fp8 is not modelled"), ("tp3xdp", "do not divide them"),
+                      ("fsdp-splitauto", "needs a pipeline")):
+        code, io = _main(capsys, *base, "--layout", name)
+        assert code == 2 and why in io.err and len(io.err.strip().splitlines()) == 1, name
+    code, io = _main(capsys, "--model", "llama3-8b", "--devices", "8")
+    assert code == 2 and "--model needs --devices, --global-batch and --hardware" in io.err
+
+
+def test_a_published_layout_is_ranked_in_the_plan_for_its_cluster():
+    points = [p for p in published.all_points() if p.devices == 8 and "fp8" not in p.layout]
+    assert points   # torchtitan's 8B on 8 H100, eager and compiled
+    result = plan_cli.published_ranking(points)
+    for row, point in zip(result["points"], points):
+        assert row["published_layout"] == Layout.parse(point.layout, point.devices).name
+        assert row["rank"] >= 1 and row["pick_faster"] >= 0 and row["fitting"] >= row["rank"]
+        assert (row["rank"] == 1) == (row["pick_faster"] == 0)
+        assert row["published_memory_gib"] * GIB <= hardware_files.load(point.hardware).memory_bytes
+    table = plan_cli.published_markdown(result)
+    assert table.count("\n") == len(points) + 1 and "torchtitan 8B FSDP, 8 H100" in table
