@@ -22,6 +22,8 @@ class Entry:
     # What it executes of a layout beyond data parallelism (common.layout.FEATURES: tensor, pipeline, sharded
     # state...); it refuses the rest by flag, in one line (common.layout.refuse_layout). Empty: data parallel only.
     layouts: frozenset[str] = frozenset()
+    # Its own reason for a feature it does not execute, where it has one: (feature, why), said after the flag.
+    refusals: tuple[tuple[str, str], ...] = ()
     # Runs every layout common.layout defines, pipelines included, wherever it runs (CPU and CUDA): what
     # `--layouts` sweeps and checks when no --backends is given.
     every_layout: bool = False
@@ -37,9 +39,14 @@ BACKENDS = {
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
                             options=("parallel_mode",),
                             layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute",
-                                               "vocab_split"})),
+                                               "vocab_split"}),
+                            refusals=(("stage_split", "mindspore_auto cuts its pipeline evenly (pipeline_stage "
+                                                      "per layer in the tutorial's rule); torch_3d places layers by "
+                                                      "cost"),)),
     "keras_jax": Entry("backends.keras_jax.backend", "KerasJax", "jax", "jax", options=("jax_mode",),
-                       layouts=frozenset({"tp", "fsdp", "recompute", "vocab_split"})),
+                       layouts=frozenset({"tp", "fsdp", "recompute", "vocab_split"}),
+                       refusals=(("pp", "keras.distribution has no pipeline parallelism (its layouts shard tensors "
+                                        "over a device mesh; GSPMD does not schedule stages)"),)),
 }
 # Every run option that belongs to one backend.
 EXECUTED_BY = {f: [name for name, e in BACKENDS.items() if f in e.layouts] for f in

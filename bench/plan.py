@@ -17,7 +17,6 @@ docs/plan.md.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
@@ -31,7 +30,6 @@ from bench.reporting import validation as validation_report
 from bench.reporting.plan import document
 from common.config import PRECISIONS
 from common.errors import BadInput, Unsupported
-from common.layout import Layout
 from common.loop import EVAL_BATCH
 from common.plan import decoders
 from common.plan.fit import GIB
@@ -39,9 +37,7 @@ from common.plan.rank import explain, memory_error, predicted, rank, ranking_err
 from common.plan.space import enumerate_layouts
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
-from common.predict import published as published_points
 from common.predict.basis import from_mfu
-from common.predict.gpu_compute import compute_for
 from common.predict.validation import hardware_for, probed_kinds, probed_links, validate
 from common.results import load_records, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, model_spec
@@ -172,12 +168,12 @@ def _decoders(parser, console: Console, args) -> int:
     """bench.plan --model and --published: decoder LLMs on GPU clusters."""
     try:
         if args.published:
-            result = published_ranking()
+            result = decoders.published_ranking()
             console.print(published_markdown(result))
         else:
             if args.devices is None or args.global_batch is None or args.hardware == DEFAULT_HARDWARE:
                 parser.error("--model needs --devices, --global-batch and --hardware (a GPU with a compute table)")
-            result = decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
+            result = decoders.decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
                                   args.seq_len, args.memory_per_device, args.assume_mfu, args.top, args.layout)
             show_decoder_plan(console, result)
     except (ValueError, BadInput) as exc:
@@ -190,45 +186,6 @@ def _decoders(parser, console: Console, args) -> int:
         parser.error(f"--layout {asked['layout']}: does not fit: predicted {asked['memory_per_rank_max'] / GIB:,.1f} "
                      f"GiB on its fullest rank, {result['available_bytes'] / GIB:,.1f} GiB available")
     return 0
-
-
-def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack_name: str, seq_len: int | None,
-                 memory_gib: float | None, mfu: float | None, top: int, asked: str | None = None) -> dict:
-    """The plan document of a decoder on `devices` GPUs: the top rows, the counts, and the asked layout's row."""
-    hardware, stack = hardware_files.load(hardware_name), stacks.load(stack_name)
-    spec = decoder.load(model)
-    spec = replace(spec, seq_len=seq_len) if seq_len else spec
-    compute = None if mfu is not None else compute_for(hardware)
-    layout = None
-    if asked:   # what no plan can change is refused before the search
-        layout = Layout.parse(asked, devices)
-        layout.validate(spec, batch)
-    available = memory_gib * GIB if memory_gib else hardware.memory_bytes
-    rows, space = decoders.plan(spec, devices, batch, hardware, stack, compute, mfu, available)
-    ranked = [r for r in rows if r.rank]
-    pick = ranked[0] if ranked else None
-    explained = [(r, explain(r, pick, None, ranked[i - 1] if i else None)) for i, r in enumerate(ranked[:top])]
-    doc = {"title": f"{spec.name} on {devices} x {hardware.name} ({stack.name}), global batch {batch}, sequence "
-                    f"{spec.seq_len}", "model": spec.name, "devices": devices, "hardware": hardware.name,
-           "stack": stack.name, "global_batch": batch, "seq_len": spec.seq_len, "available_bytes": available,
-           "compute": (f"ASSUMED: MFU {mfu:g} of the datasheet bf16 peak" if mfu is not None else
-                       f"first principles: {compute.path}"),
-           "candidates": {"enumerated": space.candidates, "valid": len(rows), "fit": len(ranked),
-                          "refused": space.refused},
-           "pick": pick.layout.name if pick else None,
-           "rows": [_decoder_row(r, text, spec) for r, text in explained]}
-    if layout is not None:
-        row = decoders.rank_of(rows, layout) or decoders.standing(rows, decoders.plan_one(
-            spec, layout, batch, hardware, stack, compute, mfu, available))
-        doc["asked"] = _decoder_row(row, explain(row, pick, None) if pick and row.rank else "", spec)
-    return doc
-
-
-def _decoder_row(r, explanation: str, spec) -> dict:
-    p = r.prediction
-    return {"rank": r.rank, "layout": r.layout.name, "step_s": r.step_s,
-            "tokens_per_s_per_device": p.global_batch * spec.seq_len / r.step_s / p.devices,
-            "memory_per_rank_max": r.memory, "fit": r.fit, "parts_s": r.parts, "explanation": explanation}
 
 
 def show_decoder_plan(console: Console, plan: dict) -> None:
@@ -251,25 +208,6 @@ def show_decoder_plan(console: Console, plan: dict) -> None:
                   + ("; ".join(f"{n:,} x {why}" for why, n in refused) or "none"))
     if plan["pick"]:
         console.print(f"pick: {plan['pick']}")
-
-
-def published_ranking(points: list | None = None) -> dict:
-    """Each published point the model predicts (all of them, or `points`): where its publisher's layout ranks in the
-    plan for the same model, devices, batch, hardware and stack, and how much faster the plan predicts its pick."""
-    out = []
-    for point in published_points.all_points() if points is None else points:
-        try:
-            Layout.parse(point.layout, point.devices)
-        except ValueError:
-            continue   # refused by the model (fp8): --published says why
-        plan = decoder_plan(point.model, point.devices, point.global_batch, point.hardware, point.stack,
-                            point.seq_len, None, None, 1, point.layout)
-        asked, pick = plan["asked"], plan["rows"][0] if plan["rows"] else None
-        out.append({"point": point.name, "published_layout": asked["layout"], "rank": asked["rank"],
-                    "fit": asked["fit"], "fitting": plan["candidates"]["fit"], "pick": pick and pick["layout"],
-                    "pick_faster": pick and asked["step_s"] / pick["step_s"] - 1,
-                    "published_memory_gib": asked["memory_per_rank_max"] / GIB})
-    return {"points": out}
 
 
 def published_markdown(result: dict) -> str:

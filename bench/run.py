@@ -154,17 +154,15 @@ def check_backend_options(args) -> None:
 
 def check_layout_supported(backend: str, layout: Layout) -> None:
     """A backend refuses, by flag, what the layout asks that it does not execute (the registry's declaration)."""
-    refuse_layout(layout, backend, BACKENDS[backend].layouts, EXECUTED_BY)
+    entry = BACKENDS[backend]
+    refuse_layout(layout, backend, entry.layouts, EXECUTED_BY, dict(entry.refusals))
 
 
 def check_supported(name: str, backend, cfg: RunConfig, plan) -> None:
-    """Unsupported (or BadInput) for a run the backend will not do: a data-parallel-only backend refuses a layout
-    first; a layout backend names its own reasons first (e.g. keras_jax's pipelines), then what it does not
-    execute."""
-    if not BACKENDS[name].layouts:
-        check_layout_supported(name, cfg.layout)
-    backend.check(cfg, plan)
+    """Unsupported (or BadInput) for a run the backend will not do: what the layout asks that it does not execute
+    first (its registry entry), then the backend's own check."""
     check_layout_supported(name, cfg.layout)
+    backend.check(cfg, plan)
 
 
 def scaling_of(args) -> str:

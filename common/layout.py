@@ -504,13 +504,16 @@ def cnn_layers(spec) -> int:
     return len(spec.conv_channels) + len(spec.fc_sizes) + 1
 
 
-def refuse_layout(layout: Layout, backend: str, executes: frozenset[str], executed_by: dict[str, list[str]]
-                  ) -> None:
+def refuse_layout(layout: Layout, backend: str, executes: frozenset[str], executed_by: dict[str, list[str]],
+                  reasons: dict[str, str] | None = None) -> None:
     """Unsupported naming the first thing the layout asks that `backend` does not execute (its registry entry's
-    `layouts`), and the backends that do (`executed_by`: feature -> backends)."""
+    `layouts`): in the backend's own words where it has them (`reasons`), else with the backends that do
+    (`executed_by`: feature -> backends)."""
     for feature, flag in layout.features():
         if feature in executes:
             continue
+        if feature in (reasons or {}):
+            raise Unsupported(f"{flag}: {reasons[feature]}")
         if not executes:
             runs = sorted({b for names in executed_by.values() for b in names})
             raise Unsupported(f"{flag}: {backend} is data parallel only; {', '.join(runs)} run layouts")

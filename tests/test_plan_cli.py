@@ -20,6 +20,7 @@ from bench import plan_check, plan_run, plan_space
 from bench.reporting.plan import COLUMNS
 from common.layout import Layout
 from common.plan.space import enumerate_layouts
+from common.predict import decoder
 from common.predict import hardware as hardware_files
 from common.spec import BERT_SIZES, model_spec
 
@@ -93,7 +94,19 @@ def test_help_names_every_option_with_what_it_does(capsys):
     # descriptions are the files of common/predict/hardware/.
     assert "python -m bench.plan --devices N [--hardware NAME|FILE] (--from RESULTS | --assume-mfu MFU) " \
         "[--workload W] [--model-size S] [--global-batch B] [--memory-per-device GIB] [--top K] " \
-        "[--backend torch_3d|keras_jax] [--json FILE] [--run [--steps S] [--repeats R] [--out DIR]] options:" in text
+        "[--backend torch_3d|keras_jax] [--json FILE] [--run [--steps S] [--repeats R] [--out DIR]] " \
+        "python -m bench.plan --model NAME|FILE --hardware GPU --devices N --global-batch B [--seq-len S] " \
+        "[--stack STACK] [--memory-per-device GIB] [--top K] [--layout NAME] [--assume-mfu MFU] [--json FILE] " \
+        "python -m bench.plan --published [--json FILE] options:" in text.replace("- mfu", "-mfu")  # wrapped there
+    model_group, _, rest = text.partition(" --run: measure the top K")
+    assert "--model: a decoder LLM on a GPU cluster (the decoders' model, a device compute table): --model NAME|FILE " \
+        "a bundled decoder (" in model_group and all(m in model_group.replace("- ", "-") for m in decoder.available())
+    for says in ("--seq-len SEQ_LEN the sequence length (default: the model file's)",
+                 "--stack {megatron-te,torch-compile,torch-eager} the software running the step",
+                 "--layout NAME say where this layout stands (docs/layouts.md's grammar)",
+                 "--published every published run's layout ranked in the plan for its model"):
+        assert says in model_group, says
+    text = model_group.split(" --model: a decoder LLM")[0] + " --run: measure the top K" + rest
     assert text.endswith(
         "--devices DEVICES devices to lay the model out on (>= 2) --hardware NAME|FILE a bundled description "
         "(a100-sxm-8, cpu-loopback-2core, h100-96gb-500w-8, h100-sxm-8) or a TOML file (default "

@@ -56,14 +56,14 @@ def test_every_bundled_decoder_plans_on_every_gpu_with_a_compute_table():
     assert len(gpus) >= 2 and len(models) > len(gpus)
     for i, model in enumerate(models):   # every decoder, and every GPU in turn
         hardware = gpus[i % len(gpus)]
-        plan = plan_cli.decoder_plan(model, 8, 8, hardware, "torch-compile", 2048, None, None, 3)
+        plan = decoders.decoder_plan(model, 8, 8, hardware, "torch-compile", 2048, None, None, 3)
         assert plan["candidates"]["enumerated"] > 0, (model, hardware)
         assert (plan["pick"] is None) == (plan["candidates"]["fit"] == 0), (model, hardware)
         if plan["pick"]:
             assert plan["rows"][0]["layout"] == plan["pick"] and plan["rows"][0]["rank"] == 1
     # the smallest fits 8 GPUs, the largest does not (405B's weights alone are 810 GB in bf16)
-    assert plan_cli.decoder_plan("llama3-8b", 8, 8, "h100-sxm-8", "torch-compile", 2048, None, None, 3)["pick"]
-    assert plan_cli.decoder_plan("llama3-405b", 8, 8, "h100-sxm-8", "torch-compile", 2048, None, None, 3)["pick"] \
+    assert decoders.decoder_plan("llama3-8b", 8, 8, "h100-sxm-8", "torch-compile", 2048, None, None, 3)["pick"]
+    assert decoders.decoder_plan("llama3-405b", 8, 8, "h100-sxm-8", "torch-compile", 2048, None, None, 3)["pick"] \
         is None
 
 
@@ -95,7 +95,7 @@ def test_a_layout_asked_for_is_placed_or_refused_in_one_line(capsys):
 def test_a_published_layout_is_ranked_in_the_plan_for_its_cluster():
     points = [p for p in published.all_points() if p.devices == 8 and "fp8" not in p.layout]
     assert points   # torchtitan's 8B on 8 H100, eager and compiled
-    result = plan_cli.published_ranking(points)
+    result = decoders.published_ranking(points)
     for row, point in zip(result["points"], points):
         assert row["published_layout"] == Layout.parse(point.layout, point.devices).name
         assert row["rank"] >= 1 and row["pick_faster"] >= 0 and row["fitting"] >= row["rank"]

@@ -64,9 +64,6 @@ class KerasJax(Backend):
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         lay = cfg.layout
-        if lay.pp > 1:
-            raise Unsupported(f"--pipeline-stages {lay.pp}: keras.distribution has no pipeline parallelism (its "
-                              "layouts shard tensors over a device mesh; GSPMD does not schedule stages)")
         if cfg.workload == "cnn" and (lay.tp > 1 or lay.recomputes):
             flag = "--model-parallel" if lay.tp > 1 else "--recompute"
             raise Unsupported(f"keras_jax cnn {flag}: the CNN runs data parallel (and sharded state) only; its "

@@ -21,7 +21,6 @@ from common.config import RunConfig
 from common.devices import DevicePlan, accelerator_driver_present, cpu_plan
 from common.errors import Unsupported
 from common.launch import LOOPBACK, RunFailed, child_env, free_port, launch, log_tail, run_supervised
-from common.layout import OPTION as LAYOUT_OPTION
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 BARE_SCRIPT = Path(__file__).with_name("bare.py")
@@ -244,10 +243,6 @@ class MindSporeAuto(Backend):
 
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         pcfg = self.layout(cfg)
-        split = LAYOUT_OPTION["stage_split"].flag_for(cfg.layout.stage_split)
-        if split:
-            raise Unsupported(f"{split}: mindspore_auto cuts its pipeline evenly (pipeline_stage per layer in the "
-                              "tutorial's rule); torch_3d places layers by cost")
         pcfg.validate(cfg.devices, cfg.spec, cfg.global_batch, cfg.grad_accum)
         if plan.kind == "cpu" and pcfg.mode != "data":
             raise Unsupported(f"--parallel-mode {pcfg.mode} (model parallel {pcfg.model_parallel}, pipeline stages "

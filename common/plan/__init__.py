@@ -7,5 +7,7 @@ Framework-free, like common.predict (it imports no framework, never bench or bac
              error within which two layouts cannot be separated
   fit.py     memory per device predicted before launch against a device's limit, allowing for the measured error
   check.py   the goals nox -s plan-check holds a plan to against exhaustive measurement
+  decoders.py  bench.plan --model: a decoder LLM's layouts on a GPU cluster, from the decoders' step model and a
+             device's compute table, and each published run's layout ranked in the plan for its cluster
 docs/plan.md gives the rules and the figures.
 """

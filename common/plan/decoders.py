@@ -19,15 +19,18 @@ that fit ranked by predicted step with what decides between them (common.plan.ra
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 from common.errors import BadInput
 from common.layout import Layout
-from common.plan.fit import verdict
-from common.plan.rank import Ranked, rank
+from common.plan.fit import GIB, verdict
+from common.plan.rank import Ranked, explain, rank
+from common.predict import decoder, stacks
+from common.predict import hardware as hardware_files
+from common.predict import published as published_points
 from common.predict.decoder import DecoderSpec
-from common.predict.gpu_compute import DeviceCompute
+from common.predict.gpu_compute import DeviceCompute, compute_for
 from common.predict.hardware import Hardware
 from common.predict.llm_step import predict_llm
 from common.predict.stacks import Stack
@@ -109,3 +112,61 @@ def standing(rows: list[Ranked], row: Ranked) -> Ranked:
     if row.fit != "does not fit":
         row.rank = 1 + sum(1 for r in rows if r.rank and r.step_s < row.step_s)
     return row
+
+
+def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack_name: str, seq_len: int | None,
+                 memory_gib: float | None, mfu: float | None, top: int, asked: str | None = None) -> dict:
+    """The plan document of a decoder on `devices` GPUs: the top rows, the counts, and the asked layout's row."""
+    hardware, stack = hardware_files.load(hardware_name), stacks.load(stack_name)
+    spec = decoder.load(model)
+    spec = replace(spec, seq_len=seq_len) if seq_len else spec
+    compute = None if mfu is not None else compute_for(hardware)
+    layout = None
+    if asked:   # what no plan can change is refused before the search
+        layout = Layout.parse(asked, devices)
+        layout.validate(spec, batch)
+    available = memory_gib * GIB if memory_gib else hardware.memory_bytes
+    rows, space = plan(spec, devices, batch, hardware, stack, compute, mfu, available)
+    ranked = [r for r in rows if r.rank]
+    pick = ranked[0] if ranked else None
+    explained = [(r, explain(r, pick, None, ranked[i - 1] if i else None)) for i, r in enumerate(ranked[:top])]
+    doc = {"title": f"{spec.name} on {devices} x {hardware.name} ({stack.name}), global batch {batch}, sequence "
+                    f"{spec.seq_len}", "model": spec.name, "devices": devices, "hardware": hardware.name,
+           "stack": stack.name, "global_batch": batch, "seq_len": spec.seq_len, "available_bytes": available,
+           "compute": (f"ASSUMED: MFU {mfu:g} of the datasheet bf16 peak" if mfu is not None else
+                       f"first principles: {compute.path}"),
+           "candidates": {"enumerated": space.candidates, "valid": len(rows), "fit": len(ranked),
+                          "refused": space.refused},
+           "pick": pick.layout.name if pick else None,
+           "rows": [_decoder_row(r, text, spec) for r, text in explained]}
+    if layout is not None:
+        row = rank_of(rows, layout) or standing(rows, plan_one(
+            spec, layout, batch, hardware, stack, compute, mfu, available))
+        doc["asked"] = _decoder_row(row, explain(row, pick, None) if pick and row.rank else "", spec)
+    return doc
+
+
+def _decoder_row(r, explanation: str, spec) -> dict:
+    p = r.prediction
+    return {"rank": r.rank, "layout": r.layout.name, "step_s": r.step_s,
+            "tokens_per_s_per_device": p.global_batch * spec.seq_len / r.step_s / p.devices,
+            "memory_per_rank_max": r.memory, "fit": r.fit, "parts_s": r.parts, "explanation": explanation}
+
+
+def published_ranking(points: list | None = None) -> dict:
+    """Each published point the model predicts (all of them, or `points`): where its publisher's layout ranks in the
+    plan for the same model, devices, batch, hardware and stack, and how much faster the plan predicts its pick."""
+    out = []
+    for point in published_points.all_points() if points is None else points:
+        try:
+            Layout.parse(point.layout, point.devices)
+        except ValueError:
+            continue   # refused by the model (fp8): --published says why
+        plan = decoder_plan(point.model, point.devices, point.global_batch, point.hardware, point.stack,
+                            point.seq_len, None, None, 1, point.layout)
+        asked, pick = plan["asked"], plan["rows"][0] if plan["rows"] else None
+        out.append({"point": point.name, "published_layout": asked["layout"], "rank": asked["rank"],
+                    "fit": asked["fit"], "fitting": plan["candidates"]["fit"], "pick": pick and pick["layout"],
+                    "pick_faster": pick and asked["step_s"] / pick["step_s"] - 1,
+                    "published_memory_gib": asked["memory_per_rank_max"] / GIB})
+    return {"points": out}
