@@ -49,10 +49,10 @@ class Parts:
 def parts(spec: BertSpec | CnnSpec) -> Parts:
     if isinstance(spec, CnnSpec):
         return Parts(layer=float(spec.forward_macs()), layers=1, head_dense=0.0, head_vocab=0.0)
-    h, i, s, p = spec.hidden, spec.intermediate, spec.seq_len, spec.max_predictions
-    layer = 4 * s * h * h + 2 * s * s * h + 2 * s * h * i
-    return Parts(layer=float(layer), layers=spec.layers, head_dense=float(p * h * h),
-                 head_vocab=float(p * h * spec.vocab_size))
+    # common.spec's counts, the head's split by what tensor parallelism does with each of its two matmuls
+    dense = spec.max_predictions * spec.hidden * spec.hidden
+    return Parts(layer=float(spec.layer_forward_macs()), layers=spec.layers, head_dense=float(dense),
+                 head_vocab=float(spec.head_forward_macs() - dense))
 
 
 def stage_layer_counts(layout: Layout, layers: int, stage_split: list[int] | None = None) -> list[int]:
