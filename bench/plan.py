@@ -174,7 +174,8 @@ def _decoders(parser, console: Console, args) -> int:
             if args.devices is None or args.global_batch is None or args.hardware == DEFAULT_HARDWARE:
                 parser.error("--model needs --devices, --global-batch and --hardware (a GPU with a compute table)")
             result = decoders.decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
-                                  args.seq_len, args.memory_per_device, args.assume_mfu, args.top, args.layout)
+                                           args.seq_len, args.memory_per_device, args.assume_mfu, args.top,
+                                           args.layout)
             show_decoder_plan(console, result)
     except (ValueError, BadInput) as exc:
         parser.error(str(exc))

@@ -152,16 +152,11 @@ def check_backend_options(args) -> None:
             raise BadInput(f"{option.flags[0]}: an option of {', '.join(owners)}, not of {args.backend}")
 
 
-def check_layout_supported(backend: str, layout: Layout) -> None:
-    """A backend refuses, by flag, what the layout asks that it does not execute (the registry's declaration)."""
-    entry = BACKENDS[backend]
-    refuse_layout(layout, backend, entry.layouts, EXECUTED_BY, dict(entry.refusals))
-
-
 def check_supported(name: str, backend, cfg: RunConfig, plan) -> None:
     """Unsupported (or BadInput) for a run the backend will not do: what the layout asks that it does not execute
-    first (its registry entry), then the backend's own check."""
-    check_layout_supported(name, cfg.layout)
+    first (its registry entry, by flag), then the backend's own check."""
+    entry = BACKENDS[name]
+    refuse_layout(cfg.layout, name, entry.layouts, EXECUTED_BY, dict(entry.refusals))
     backend.check(cfg, plan)
 
 

@@ -202,11 +202,7 @@ class Layout:
                 continue   # means nothing without its dimension (validate refuses it)
             if f == "micro_batches" and self.pp > 1 and not self.micro_batch_size:
                 words.append(f"nmb{value}")
-            elif f == "schedule" and value == "interleaved":
-                continue   # vp<V> says it
-            elif f == "virtual_stages" and value > 1:
-                words.append(f"vp{value}")
-            elif f != "virtual_stages":
+            else:   # an interleaved schedule has no word: its vp<V> says it
                 words.append(OPTION[f].word_for(value))
         return "-".join(["x".join(dims) or "1 device", *(w for w in words if w)])
 

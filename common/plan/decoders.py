@@ -90,8 +90,7 @@ def plan(spec: DecoderSpec, devices: int, global_batch: int, hardware: Hardware,
             why = str(exc).split(": ", 1)[-1]
             space.refused[why] = space.refused.get(why, 0) + 1
             continue
-        p = predict_llm(spec, layout, global_batch, hardware, stack, compute, mfu)
-        rows.append(Ranked(layout, p, p.memory_max, verdict(p.memory_max, available, None)))
+        rows.append(plan_one(spec, layout, global_batch, hardware, stack, compute, mfu, available))
     return rank(rows, None), space
 
 
@@ -102,7 +101,7 @@ def rank_of(rows: list[Ranked], layout: Layout) -> Ranked | None:
 
 def plan_one(spec: DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware, stack: Stack,
              compute: DeviceCompute | None, mfu: float | None, available: float) -> Ranked:
-    """One layout predicted and held against the memory, unranked (one the space's bounds leave out)."""
+    """One layout predicted and held against the memory, unranked."""
     p = predict_llm(spec, layout, global_batch, hardware, stack, compute, mfu)
     return Ranked(layout, p, p.memory_max, verdict(p.memory_max, available, None))
 
@@ -138,18 +137,17 @@ def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack
            "candidates": {"enumerated": space.candidates, "valid": len(rows), "fit": len(ranked),
                           "refused": space.refused},
            "pick": pick.layout.name if pick else None,
-           "rows": [_decoder_row(r, text, spec) for r, text in explained]}
+           "rows": [_decoder_row(r, text) for r, text in explained]}
     if layout is not None:
         row = rank_of(rows, layout) or standing(rows, plan_one(
             spec, layout, batch, hardware, stack, compute, mfu, available))
-        doc["asked"] = _decoder_row(row, explain(row, pick, None) if pick and row.rank else "", spec)
+        doc["asked"] = _decoder_row(row, explain(row, pick, None) if pick and row.rank else "")
     return doc
 
 
-def _decoder_row(r, explanation: str, spec) -> dict:
-    p = r.prediction
+def _decoder_row(r: Ranked, explanation: str) -> dict:
     return {"rank": r.rank, "layout": r.layout.name, "step_s": r.step_s,
-            "tokens_per_s_per_device": p.global_batch * spec.seq_len / r.step_s / p.devices,
+            "tokens_per_s_per_device": r.prediction.tokens_per_s / r.prediction.devices,
             "memory_per_rank_max": r.memory, "fit": r.fit, "parts_s": r.parts, "explanation": explanation}
 
 
