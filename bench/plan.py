@@ -37,6 +37,7 @@ from common.plan.rank import explain, memory_error, predicted, rank, ranking_err
 from common.plan.space import enumerate_layouts
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
+from common.predict import published as published_points
 from common.predict.basis import from_mfu
 from common.predict.validation import hardware_for, probed_kinds, probed_links, validate
 from common.results import load_records, write_json_atomic
@@ -176,6 +177,8 @@ def _decoders(parser, console: Console, args) -> int:
             result = decoders.decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
                                            args.seq_len, args.memory_per_device, args.assume_mfu, args.top,
                                            args.layout)
+            checked = published_points.check()
+            result["model_error"] = {k: checked[k] for k in ("predicted", "median_abs_error", "max_abs_error")}
             show_decoder_plan(console, result)
     except (ValueError, BadInput) as exc:
         parser.error(str(exc))
@@ -207,6 +210,10 @@ def show_decoder_plan(console: Console, plan: dict) -> None:
                   f"{c['fit']:,} predicted to fit {plan['available_bytes'] / GIB:,.1f} GiB per device (a point "
                   "comparison: the decoders' memory model is checked against no measurement); refused: "
                   + ("; ".join(f"{n:,} x {why}" for why, n in refused) or "none"))
+    e = plan["model_error"]
+    console.print(f"the step model against {e['predicted']} published GPU-cluster runs: median |error| "
+                  f"{e['median_abs_error']:.1%}, largest {e['max_abs_error']:.1%} (python -m bench.predict "
+                  "--published); the order it gives two layouts of one cluster is checked against no measurement")
     if plan["pick"]:
         console.print(f"pick: {plan['pick']}")
 

@@ -79,6 +79,10 @@ def test_a_layout_asked_for_is_placed_or_refused_in_one_line(capsys):
     assert plan_cli.main([*base, "--layout", "fsdp-mbs1-sel"]) == 0
     out = capsys.readouterr().out
     assert "fsdp8-mbs1-sel" in out and "pick:" in out
+    # the prediction beside the error its model has against measured clusters
+    checked = published.check()
+    assert (f"the step model against {checked['predicted']} published GPU-cluster runs: median |error| "
+            f"{checked['median_abs_error']:.1%}, largest {checked['max_abs_error']:.1%}") in " ".join(out.split())
     # one that does not fit: the predicted and the available figures
     code, io = _main(capsys, *base, "--layout", "fsdp-mbs1", "--memory-per-device", "10")
     assert code == 2 and len(io.err.strip().splitlines()) == 1
