@@ -1,5 +1,5 @@
 """nox sessions: tests, tests-fast, calibrate-idioms, slurm, mutation, lint, compare, parity, report, report-browser,
-plan-check, and bench-<backend> for each backend.
+plan-check, gpu-wheels, gpu-check, and bench-<backend> for each backend.
 
 On a CPU-only machine, export PIP_CONSTRAINT=$PWD/.ci/constraints-cpu.txt first so that pip
 takes the CPU build of torch instead of the CUDA one (CI does this).
@@ -180,3 +180,26 @@ def plan_check(session: nox.Session) -> None:
     after -- go to bench.plan_check."""
     session.install("-e", ".[torch]")
     session.run("python", "-m", "bench.plan_check", *session.posargs, env=_env())
+
+
+# What the lent GPU machine's image lacks for keras_jax (it has torch, JAX with CUDA, numpy, h5py, rich, absl-py,
+# ml-dtypes): the versions the tests run, carried as wheels (docs/profiling.md, "On a GPU").
+GPU_WHEELS = ("keras==3.15.1", "keras-hub==0.32.0", "namex==0.1.0", "optree==0.20.0", "kagglehub==1.0.2",
+              "kagglesdk==0.1.28")
+GPU_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+@nox.session(python="3.11", name="gpu-wheels")
+def gpu_wheels(session: nox.Session) -> None:
+    """Download into .whl/ (git-ignored) the wheels the GPU machine's Python 3.12 lacks for bench.gpu_check."""
+    platforms = [arg for p in GPU_PLATFORMS for arg in ("--platform", p)]
+    session.run("python", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+                "--implementation", "cp", *platforms, "-d", ".whl", *GPU_WHEELS)
+
+
+@nox.session(python="3.11", name="gpu-check")
+def gpu_check(session: nox.Session) -> None:
+    """bench.gpu_check on this machine's GPU (a workstation's; a lent one runs it without nox, docs/profiling.md);
+    arguments after -- go to bench.gpu_check."""
+    session.install("-e", ".[torch,jax]")
+    session.run("python", "-m", "bench.gpu_check", *session.posargs, env=_env())

@@ -21,7 +21,7 @@ from rich.table import Table
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import compute_for
-from common.predict.llm_step import one_head, one_layer, optimizer_s
+from common.predict.kernels import one_head, one_layer, optimizer_s
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,7 @@
                           [--workload mlm] [--model-size base] [--batch-size B | --global-batch B]
                           [--precision amp] [--assume-mfu 0.4]
 python -m bench.predict --validate RESULTS [--hardware NAME|FILE]
-python -m bench.predict --model llama3-8b --hardware h100-sxm-8 --devices 8,128 --layouts fsdp-sel  (predict_llm.py)
+python -m bench.predict --model llama3-8b --hardware h100-sxm-8 --devices 8,128 --layouts fsdp-sel (decoders)
 python -m bench.predict --constants | --published [--json FILE]
 
 Predicts a training step of each layout at each device count on the hardware described (step time, samples/s,
@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import predict_llm
+from bench import predict_decoders
 from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
@@ -73,7 +73,7 @@ def build_parser() -> OneLineParser:
                         "--assume-mfu the math mode whose peak the MFU is of")
     p.add_argument("--out", help="folder for the figure and predictions.json (default: --from's folder, "
                                  "else ./predictions)")
-    predict_llm.add_arguments(p)
+    predict_decoders.add_arguments(p)
     return p
 
 
@@ -84,9 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.validate:
             return run_validation(console, Path(args.validate), args.hardware or DEFAULT_CPU_HARDWARE)
-        llm = predict_llm.dispatch(console, args)
-        if llm is not None:
-            return llm
+        decoders = predict_decoders.dispatch(console, args)
+        if decoders is not None:
+            return decoders
         if not args.hardware:
             parser.error("--hardware is needed to predict (or --validate RESULTS)")
         if not args.source and args.assume_mfu is None:
@@ -274,7 +274,7 @@ def _relabel(basis: Basis, extra: str) -> Basis:
 
 def _one_device_rate(spec, per_device_batch: float, basis: Basis, hardware, backend: str) -> float:
     """Samples/s of one device at the per-device batch: what N devices are held against (efficiency)."""
-    return predict(spec, Layout(), per_device_batch, basis, hardware, backend).samples_per_s
+    return predict(spec, Layout(), per_device_batch, hardware, basis, backend).samples_per_s
 
 
 def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, backend: str, one: float) -> dict:
@@ -285,7 +285,7 @@ def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, back
         # Layers per stage as torch_3d would place them (--stage-split even, auto or counts).
         split = layers_per_stage(layout.stage_split, spec, layout.pp, batch // layout.data) \
             if layout.pp > 1 and isinstance(spec, BertSpec) else None
-        p = predict(spec, layout, batch, basis, hardware, backend, stage_split=split)
+        p = predict(spec, layout, batch, hardware, basis, backend, stage_split=split)
     except (ValueError, BadInput) as exc:
         return {**row, "invalid": str(exc)}
     memory = p.memory_per_rank or p.model_per_rank

@@ -8,8 +8,66 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 WORKLOADS = ("cnn", "mlm")
+
+# ----------------------------------------------------------------------------- work: GEMMs and attention
+# Every model (CnnSpec, BertSpec, common.predict.decoder.DecoderSpec) describes its forward work as GEMMs at their
+# shapes (`gemms(samples)`) and attention's two products (`attention_flops(samples)`): the record's FLOPs, the
+# predictor's compute and the planner's are counted from them here, once (forward_flops).
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer: `inputs` x `outputs` weights; `split` how Megatron's tensor parallel plan cuts it (column:
+    outputs split; row: inputs split, its output all-reduced or reduce-scattered)."""
+    name: str
+    inputs: int
+    outputs: int
+    split: str
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One GEMM C[m, n] = A[m, k] B[k, n] of a micro-batch on one rank."""
+    name: str
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+
+def linear_gemms(linears: list[Linear], tokens: int, tp: int = 1) -> list[Gemm]:
+    """The forward GEMMs of `linears` for `tokens` rows on one tensor-parallel rank."""
+    return [Gemm(lin.name, tokens, lin.outputs // tp if lin.split == "column" else lin.outputs,
+                 lin.inputs // tp if lin.split == "row" else lin.inputs) for lin in linears]
+
+
+def attention_flops(queries: float, keys: int, width: float, causal: bool = False) -> float:
+    """Forward FLOPs of attention's scores (Q K^T) and context (P V) for `queries` queries over `keys` keys each,
+    `width` the heads' total width: 2 x 2 x queries x keys x width; half of it under a causal mask (flash attention
+    skips the masked blocks; the flash-attention papers' convention, whose backward is 2.5 x this)."""
+    return 4.0 * queries * keys * width * (0.5 if causal else 1.0)
+
+
+class Model(Protocol):
+    """What every model describes of itself to the record's FLOPs, the predictor and the planner."""
+
+    def param_count(self) -> int: ...
+
+    def gemms(self, samples: int) -> list[Gemm]: ...
+
+    def attention_flops(self, samples: int) -> float: ...
+
+
+def forward_flops(model: Model, samples: int = 1) -> float:
+    """Forward FLOPs of `samples` samples (a decoder's: sequences): its GEMMs and attention. Only matmuls and
+    convolutions count; norms, activations and pools are a few percent."""
+    return sum(g.flops for g in model.gemms(samples)) + model.attention_flops(samples)
 
 # ----------------------------------------------------------------------------- CNN
 
@@ -57,16 +115,23 @@ class CnnSpec:
             fin = fout
         return total
 
-    def forward_macs(self) -> int:
-        macs, cin = 0, self.in_channels
-        for cout, size in zip(self.conv_channels, self.feature_maps()):
-            macs += size * size * cout * cin * self.kernel**2
+    def gemms(self, samples: int) -> list[Gemm]:
+        """Each conv as the GEMM it lowers to (im2col: an output pixel a row, cin x k x k its reduction), the FCs."""
+        out, cin = [], self.in_channels
+        for i, (cout, size) in enumerate(zip(self.conv_channels, self.feature_maps())):
+            out.append(Gemm(f"conv{i}", samples * size * size, cout, cin * self.kernel**2))
             cin = cout
         fin = self.flat_features
-        for fout in (*self.fc_sizes, self.num_classes):
-            macs += fin * fout
+        for i, fout in enumerate((*self.fc_sizes, self.num_classes)):
+            out.append(Gemm(f"fc{i}", samples, fout, fin))
             fin = fout
-        return macs
+        return out
+
+    def attention_flops(self, samples: int) -> float:
+        return 0.0
+
+    def forward_macs(self) -> int:
+        return int(forward_flops(self)) // 2
 
 
 # ----------------------------------------------------------------------------- BERT MLM
@@ -131,18 +196,36 @@ class BertSpec:
     def param_count(self) -> int:
         return self.embedding_params() + self.layers * self.layer_params() + self.head_params()
 
+    def linears(self) -> list[Linear]:
+        """An encoder layer's linear layers in forward order (Megatron's split, torch_3d's plan)."""
+        h, i = self.hidden, self.intermediate
+        return [Linear("query", h, h, "column"), Linear("key", h, h, "column"), Linear("value", h, h, "column"),
+                Linear("output", h, h, "row"), Linear("ffn_in", h, i, "column"), Linear("ffn_out", i, h, "row")]
+
+    def head_gemms(self, samples: int) -> list[Gemm]:
+        """The MLM head's dense and vocabulary projection, at the `max_predictions` gathered positions only."""
+        rows = samples * self.max_predictions
+        return [Gemm("head_dense", rows, self.hidden, self.hidden), Gemm("head_vocab", rows, self.vocab_size,
+                                                                          self.hidden)]
+
+    def gemms(self, samples: int) -> list[Gemm]:
+        return self.layers * linear_gemms(self.linears(), samples * self.seq_len) + self.head_gemms(samples)
+
+    def attention_flops(self, samples: int) -> float:
+        return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.hidden)
+
     def layer_forward_macs(self) -> int:
         """Per sequence, one encoder layer: Q, K, V, O, the two attention products, the FFN."""
-        h, i, s = self.hidden, self.intermediate, self.seq_len
-        return 4 * s * h * h + 2 * s * s * h + 2 * s * h * i
+        gemms = sum(g.flops for g in linear_gemms(self.linears(), self.seq_len))
+        return int(gemms + attention_flops(self.seq_len, self.seq_len, self.hidden)) // 2
 
     def head_forward_macs(self) -> int:
-        """Per sequence: the head's dense and the vocabulary projection, at the `max_predictions` positions."""
-        return self.max_predictions * (self.hidden * self.hidden + self.hidden * self.vocab_size)
+        """Per sequence: the head's dense and the vocabulary projection."""
+        return int(sum(g.flops for g in self.head_gemms(1))) // 2
 
     def forward_macs(self) -> int:
         """Per sequence. The vocabulary projection runs only at the `max_predictions` gathered positions."""
-        return self.layers * self.layer_forward_macs() + self.head_forward_macs()
+        return int(forward_flops(self)) // 2
 
 
 BERT_SIZES = {
@@ -161,12 +244,10 @@ def model_spec(workload: str, size: str = "tiny") -> CnnSpec | BertSpec:
     return BERT_SIZES[size]
 
 
-def training_flops_per_sample(spec: CnnSpec | BertSpec) -> int:
-    """Forward + backward = 3x the forward multiply-adds, 2 FLOPs each (the usual analytical rule).
-
-    Only matmuls and convolutions count; norms, activations and pools are a few percent.
-    """
-    return 3 * 2 * spec.forward_macs()
+def training_flops_per_sample(spec: Model) -> int:
+    """Forward + backward = 3x the forward FLOPs (the usual analytical rule; no recomputation counted), of any
+    model (forward_flops)."""
+    return 3 * int(forward_flops(spec))
 
 
 # ----------------------------------------------------------------------------- training

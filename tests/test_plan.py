@@ -107,15 +107,15 @@ def test_the_backend_refusals_are_its_own():
 # ----------------------------------------------------------------------------- the ranking
 
 def test_recompute_costs_one_more_forward_of_the_encoder_layers():
-    plain, again = (predict(TINY, Layout(dp=2, recompute=rc), 32, BASIS, CPU) for rc in ("none", "full"))
+    plain, again = (predict(TINY, Layout(dp=2, recompute=rc), 32, CPU, BASIS) for rc in ("none", "full"))
     whole = parts(TINY)
     by_hand = BASIS.s_per_mac_sample * whole.layers * whole.layer * 16 / 3  # 16 samples a rank, forward = 1/3
     assert again.recompute_s == pytest.approx(by_hand) and plain.recompute_s == 0
     assert again.step_s - plain.step_s == pytest.approx(by_hand, rel=1e-9)
     # A basis measured with --recompute holds its own recomputation: predicting that run gives its own time back.
     measured = replace(BASIS, recompute=True)
-    assert predict(TINY, Layout(recompute="full"), 32, measured, CPU).compute_s == \
-        pytest.approx(predict(TINY, Layout(), 32, BASIS, CPU).compute_s)
+    assert predict(TINY, Layout(recompute="full"), 32, CPU, measured).compute_s == \
+        pytest.approx(predict(TINY, Layout(), 32, CPU, BASIS).compute_s)
 
 
 def test_the_ranking_error_is_the_median_difference_of_two_layouts_errors():
@@ -154,7 +154,7 @@ def test_what_does_not_fit_is_dropped_and_what_may_not_fit_is_flagged():
     assert verdict(130, 100, 0.2) == "does not fit" and verdict(79, 100, 0.2) == "fits"
     assert verdict(1e12, None, None) == "not checked"
     layouts = [Layout(dp=2), Layout(fsdp=2), Layout(dp=2, recompute="full")]
-    fsdp_memory = max(predict(TINY, layouts[1], 32, BASIS, CPU).memory_per_rank)
+    fsdp_memory = max(predict(TINY, layouts[1], 32, CPU, BASIS).memory_per_rank)
     rows = rank(predicted(TINY, layouts, 32, BASIS, CPU, "torch_3d", None, fsdp_memory * 1.01, None), None)
     # Those that do not fit follow, unranked, the leanest first.
     assert [(r.layout.name, r.rank, r.fit) for r in rows] == [("fsdp2", 1, "fits"), ("dp2-rc", 0, "does not fit"),

@@ -24,8 +24,9 @@ from common.plan.space import (
 )
 from common.predict import hardware as hardware_files
 from common.predict.basis import Basis
+from common.predict.executed import memory_per_rank
 from common.predict.prediction import Prediction
-from common.predict.step import memory_per_rank, predict
+from common.predict.step import predict
 from common.sections import FitCheck
 from common.spec import BERT_SIZES, CNN, BertSpec
 
@@ -158,24 +159,24 @@ def test_the_memory_error_is_the_validation_s_largest_memory_error():
 def test_each_layout_is_predicted_with_its_placement_and_evaluation():
     auto = replace(MINI_PP2, stage_split="auto")   # placed 3+1: the placement predict is given
     rows = predicted(MINI, [auto], 32, BASIS, CPU, "torch_3d", 128, 1e12, None)
-    as_predicted = predict(MINI, auto, 32, BASIS, CPU, stage_split=[3, 1], eval_batch=128)
+    as_predicted = predict(MINI, auto, 32, CPU, BASIS, stage_split=[3, 1], eval_batch=128)
     assert rows[0].memory == max(as_predicted.memory_per_rank) and rows[0].step_s == as_predicted.step_s
     assert rows[0].fit == "fits"
     # 3+1 holds other layers per stage than the even 2+2; evaluating 128 sequences at once holds more than
     # training's micro-batches of 16: the peak is the evaluation's
-    even = predict(MINI, auto, 32, BASIS, CPU, stage_split=[2, 2], eval_batch=128)
+    even = predict(MINI, auto, 32, CPU, BASIS, stage_split=[2, 2], eval_batch=128)
     assert rows[0].memory != max(even.memory_per_rank)
-    assert rows[0].memory > max(predict(MINI, auto, 32, BASIS, CPU, stage_split=[3, 1]).memory_per_rank)
+    assert rows[0].memory > max(predict(MINI, auto, 32, CPU, BASIS, stage_split=[3, 1]).memory_per_rank)
     # Without a measured overhead the peak is the model's count alone
     bare = replace(BASIS, memory_overhead=None)
     row = predicted(MINI, [auto], 32, bare, CPU, "torch_3d", None, 1.0, None)[0]
-    assert row.memory == max(predict(MINI, auto, 32, bare, CPU, stage_split=[3, 1]).model_per_rank)
+    assert row.memory == max(predict(MINI, auto, 32, CPU, bare, stage_split=[3, 1]).model_per_rank)
     assert row.fit == "does not fit"                          # one byte per device
     # Each backend holds its own state: keras_jax's FSDP shards are not torch_3d's
     fsdp = Layout(fsdp=2)
     keras = predicted(TINY, [fsdp], 32, BASIS, CPU, "keras_jax", None, 1e12, None)[0]
-    assert keras.memory == max(predict(TINY, fsdp, 32, BASIS, CPU, "keras_jax").memory_per_rank)
-    assert keras.memory != max(predict(TINY, fsdp, 32, BASIS, CPU, "torch_3d").memory_per_rank)
+    assert keras.memory == max(predict(TINY, fsdp, 32, CPU, BASIS, "keras_jax").memory_per_rank)
+    assert keras.memory != max(predict(TINY, fsdp, 32, CPU, BASIS, "torch_3d").memory_per_rank)
 
 
 def test_the_rank_orders_fit_then_step_then_memory_then_name():

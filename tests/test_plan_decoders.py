@@ -12,6 +12,7 @@ from common.plan.fit import GIB
 from common.predict import constants, decoder, published, stacks
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import compute_for
+from common.predict.step import predict
 
 LLAMA = decoder.load("llama3-8b")   # 32 layers, 32 heads, 8 KV heads
 
@@ -34,7 +35,7 @@ def test_the_space_holds_every_kind_of_layout_the_model_costs_and_nothing_it_ref
 
 def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
     hw = hardware_files.load("h100-sxm-8")
-    rows, space = decoders.plan(LLAMA, 8, 16, hw, stacks.load("torch-compile"), compute_for(hw), None,
+    rows, space = decoders.plan(LLAMA, 8, 16, hw, stacks.load("torch-compile"), compute_for(hw),
                                 hw.memory_bytes)
     ranked = [r for r in rows if r.rank]
     assert space.candidates == len(rows) + sum(space.refused.values())
@@ -46,7 +47,7 @@ def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
     third = ranked[2]
     assert decoders.rank_of(rows, third.layout) is third
     outside = decoders.plan_one(LLAMA, Layout.parse("fsdp8-mbs1-rc", 8), 16, hw, stacks.load("torch-compile"),
-                                compute_for(hw), None, hw.memory_bytes)
+                                compute_for(hw), hw.memory_bytes)
     placed = decoders.standing(rows, outside)
     assert placed.rank == 1 + sum(1 for r in ranked if r.step_s < outside.step_s)
 
@@ -107,3 +108,25 @@ def test_a_published_layout_is_ranked_in_the_plan_for_its_cluster():
         assert row["published_memory_gib"] * GIB <= hardware_files.load(point.hardware).memory_bytes
     table = plan_cli.published_markdown(result)
     assert table.count("\n") == len(points) + 1 and "torchtitan 8B FSDP, 8 H100" in table
+
+
+def test_a_stack_refuses_in_one_line_what_its_code_does_not_run_and_the_plan_never_picks_it():
+    hw = hardware_files.load("h100-sxm-8")
+    compute, titan, megatron = compute_for(hw), stacks.load("torch-compile"), stacks.load("megatron-te")
+    for name, why in (("dp4xtp2-mbs1-sp-zero1", "no ZeRO-1"), ("dp4xtp2-mbs1-sp", "DDP only alone"),
+                      ("fsdp4xtp2-mbs1", "SequenceParallel"), ("fsdp4xcp2-mbs1", "context-parallel")):
+        with pytest.raises(ValueError, match=why) as refused:
+            predict(LLAMA, Layout.parse(name, 8), 16, hw, compute, stack=titan)
+        assert "\n" not in str(refused.value) and "torch-compile does not run it" in str(refused.value)
+    for name in ("fsdp4xtp2-mbs1-sp", "dp8-mbs1", "dp2xfsdp4-mbs1"):   # FSDP with tp, DDP alone, HSDP
+        assert predict(LLAMA, Layout.parse(name, 8), 16, hw, compute, stack=titan).step_s > 0
+    with pytest.raises(ValueError, match="shards no parameters"):
+        predict(LLAMA, Layout.parse("fsdp8-mbs1", 8), 16, hw, compute, stack=megatron)
+    rows, space = decoders.plan(LLAMA, 8, 16, hw, titan, compute, hw.memory_bytes)
+    for r in rows:
+        lay = r.layout
+        assert not (lay.zero1 or lay.cp > 1 or (lay.tp > 1 and not lay.sp)
+                    or (lay.dp > 1 and lay.fsdp == 1 and lay.devices > lay.dp)), lay.name
+    assert any("no ZeRO-1" in why for why in space.refused) and any("DDP" in why for why in space.refused)
+    assert not any(r.layout.fsdp > 1 for r in decoders.plan(LLAMA, 8, 16, hw, megatron, compute,
+                                                            hw.memory_bytes)[0])

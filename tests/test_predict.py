@@ -27,9 +27,10 @@ from common.predict.basis import (
     per_process,
 )
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
+from common.predict.executed import collectives
 from common.predict.hardware import Link
 from common.predict.memory import fsdp_numel, state_bytes
-from common.predict.step import collectives, pipeline_s, predict, sync_factor
+from common.predict.step import pipeline_s, predict, sync_factor
 from common.results import load_records
 from common.sections import CoRun
 from common.spec import BERT_SIZES
@@ -159,14 +160,14 @@ def _basis(**kw) -> Basis:
 
 def test_data_parallel_step_is_its_share_of_compute_plus_the_exposed_all_reduce():
     hw = hardware_files.load("h100-sxm-8")
-    one = predict(BASE, Layout(), 32, _basis(), hw)
-    dp8 = predict(BASE, Layout(dp=8), 256, _basis(), hw)
+    one = predict(BASE, Layout(), 32, hw, _basis())
+    dp8 = predict(BASE, Layout(dp=8), 256, hw, _basis())
     assert dp8.compute_s == pytest.approx(one.compute_s)   # 32 samples per rank either way
     expected = cost_s("all_reduce", 4 * BASE.param_count(), 8, hw.link(False))
     assert dp8.comm_exposed_s == pytest.approx(expected)   # torch_3d reduces after the backward
     assert dp8.step_s == pytest.approx(one.step_s + expected)
     # DDP's buckets hide behind the backward on a GPU: only the last bucket stays exposed.
-    ddp = predict(BASE, Layout(dp=8), 256, _basis(), hw, backend="torch_ddp")
+    ddp = predict(BASE, Layout(dp=8), 256, hw, _basis(), backend="torch_ddp")
     assert ddp.comm_exposed_s < expected
 
 
@@ -180,15 +181,15 @@ def test_synchronised_ranks_wait_for_each_others_interruptions():
     assert interruption_share({"step_times_s": [1, 1, 1, 1, 2]}) == pytest.approx(0.2 / 1.2)
     assert interruption_share({"step_times_s": [1, 2]}) == 0.0   # too few steps to say
     cpu = hardware_files.load("cpu-loopback-2core")
-    quiet = predict(TINY, Layout(dp=2), 32, _basis(), cpu)
-    noisy = predict(TINY, Layout(dp=2), 32, _basis(interruption_share=0.1), cpu)
+    quiet = predict(TINY, Layout(dp=2), 32, cpu, _basis())
+    noisy = predict(TINY, Layout(dp=2), 32, cpu, _basis(interruption_share=0.1))
     assert noisy.step_s == pytest.approx(quiet.step_s * (1 + 0.1 * 0.5))
-    assert predict(TINY, Layout(), 32, _basis(interruption_share=0.1), cpu).step_s == \
-        pytest.approx(predict(TINY, Layout(), 32, _basis(), cpu).step_s)
+    assert predict(TINY, Layout(), 32, cpu, _basis(interruption_share=0.1)).step_s == \
+        pytest.approx(predict(TINY, Layout(), 32, cpu, _basis()).step_s)
     # A GPU's queued kernels run on through its host's interruptions: no wait is added there.
     gpu = hardware_files.load("h100-sxm-8")
-    assert predict(BASE, Layout(dp=8), 256, _basis(interruption_share=0.1), gpu).step_s == \
-        pytest.approx(predict(BASE, Layout(dp=8), 256, _basis(), gpu).step_s)
+    assert predict(BASE, Layout(dp=8), 256, gpu, _basis(interruption_share=0.1)).step_s == \
+        pytest.approx(predict(BASE, Layout(dp=8), 256, gpu, _basis()).step_s)
 
 
 def test_other_programs_load_is_the_busy_cores_less_the_runs_own():
@@ -314,8 +315,8 @@ def test_a_gpu_cluster_from_cpu_records_is_refused_in_one_line(sweep):
 def test_a_rank_beyond_the_device_memory_does_not_fit_and_fsdp_shrinks_it():
     hw = replace(hardware_files.load("h100-sxm-8"), memory_bytes=1.5 * 2**30)
     basis = from_mfu(0.4, hw, "amp")
-    dp = predict(BASE, Layout(dp=8), 256, basis, hw)
-    fsdp = predict(BASE, Layout(fsdp=8), 256, basis, hw)
+    dp = predict(BASE, Layout(dp=8), 256, hw, basis)
+    fsdp = predict(BASE, Layout(fsdp=8), 256, hw, basis)
     # BERT-base's 110M float32 parameters with gradients and AdamW moments: 16 bytes each, 1.6 GiB per replica.
     assert max(s.total for s in dp.state_per_rank) > 1.6 * 2**30 and not dp.fits(hw.memory_bytes)
     assert max(s.total for s in fsdp.state_per_rank) < 0.25 * 2**30 and fsdp.fits(hw.memory_bytes)

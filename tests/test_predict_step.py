@@ -10,9 +10,10 @@ import pytest
 from common.layout import Layout
 from common.predict.basis import Basis
 from common.predict.collectives import Collective, bus_factor, cost_s, message_steps
+from common.predict.executed import TP_UNPROFILED, collectives, memory_per_rank
 from common.predict.hardware import Hardware, Link
 from common.predict.memory import state_bytes
-from common.predict.step import TP_UNPROFILED, collectives, memory_per_rank, predict, sync_factor
+from common.predict.step import predict, sync_factor
 from common.predict.work import ComputeShares, rank_macs, stage_layer_counts
 from common.spec import BERT_SIZES, BertSpec
 
@@ -39,7 +40,7 @@ def test_ring_costs_by_kind():
 def test_data_parallel_by_hand():
     """dp2, 4 samples a rank: 1056 ns of compute, the 856 gradient bytes all-reduced over 2 (factor 1), 214 ns of
     AdamW, the 10 ms step."""
-    p = predict(TOY, Layout(dp=2), 8, BASIS, GPU)
+    p = predict(TOY, Layout(dp=2), 8, GPU, BASIS)
     assert p.compute_s == pytest.approx(4 * MACS * 1e-9) and p.comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)
     assert p.optimizer_s == pytest.approx(PARAMS * 1e-9) and p.overhead_s == 0.01 and p.bubble_s == 0.0
     assert p.step_s == pytest.approx(0.01 + (4 * MACS + 4 * PARAMS + PARAMS) * 1e-9, rel=1e-12)
@@ -48,13 +49,13 @@ def test_data_parallel_by_hand():
                          "optimizer": p.optimizer_s, "overhead": 0.01, "sync_wait": 0.0}
     assert (p.devices, p.global_batch, p.contention, p.notes) == (2, 8, 1.0, [])
     # across nodes (4 devices on nodes of 2): the network's 0.5 GB/s, factor 2 x 3/4
-    p4 = predict(TOY, Layout(dp=4), 16, BASIS, GPU)
+    p4 = predict(TOY, Layout(dp=4), 16, GPU, BASIS)
     assert p4.comm_exposed_s == pytest.approx(1.5 * 4 * PARAMS / 0.5e9)
     # memory: the model's count plus the basis' overheads, per rank
     assert p.memory_per_rank == pytest.approx([m + 100 for m in p.model_per_rank])
     assert p.training_per_rank == pytest.approx([g + 10 for g in p.training_model_per_rank])
     assert p.fits(max(p.memory_per_rank)) and not p.fits(max(p.memory_per_rank) - 1)
-    bare = predict(TOY, Layout(dp=2), 8, replace(BASIS, memory_overhead=None, training_overhead=None), GPU)
+    bare = predict(TOY, Layout(dp=2), 8, GPU, replace(BASIS, memory_overhead=None, training_overhead=None))
     assert bare.memory_per_rank is None and bare.training_per_rank is None and bare.fits(max(bare.model_per_rank))
 
 
@@ -62,7 +63,7 @@ def test_a_pipeline_by_hand():
     """pp2 of 4 micro-batches of 2: stage 0 computes two layers (2 x 160 ns), stage 1 a layer and the head
     (2 x 104 ns); each sends 8 activations and gradients of 32 bytes (256 ns, 64 ns a micro-batch); the step
     is sum + 3 x max of the stages, then the tied embedding's 80-byte all-reduce and the busier optimizer."""
-    p = predict(TOY, Layout(pp=2, micro_batches=4), 8, BASIS, GPU)
+    p = predict(TOY, Layout(pp=2, micro_batches=4), 8, GPU, BASIS)
     e0, e1 = 320e-9 + 64e-9, 208e-9 + 64e-9
     pipe = e0 + e1 + 3 * e0
     tail = 80e-9 + 140e-9  # the tie's all-reduce, then stage 0's 140 parameters (stage 1: 94)
@@ -77,14 +78,14 @@ def test_a_pipeline_by_hand():
 
 def test_tensor_parallel_and_fsdp_by_hand():
     # tp2: per layer and micro-batch 6 all-reduces of the 4 x 2 x 2 activations (32 bytes), inside the step
-    p = predict(TOY, Layout(tp=2), 4, BASIS, GPU)
+    p = predict(TOY, Layout(tp=2), 4, GPU, BASIS)
     assert [(c.kind, c.calls, c.nbytes) for c in p.collectives] == [("all_reduce", 18, 64)]
     assert p.comm_exposed_s == pytest.approx(18 * 64e-9)
     assert p.compute_s == pytest.approx(4 * (3 * 40 + 24) * 1e-9)
     split = collectives(TOY, Layout(tp=2, vocab_split=True), 4, 0, "torch_3d")
     assert split[0].calls == 19  # and the embedding's partial sums once per micro-batch
     # FSDP over 2: gathers of each layer twice and the root once, one scatter per unit, exposed on this GPU
-    fsdp = predict(TOY, Layout(fsdp=2), 8, BASIS, GPU)
+    fsdp = predict(TOY, Layout(fsdp=2), 8, GPU, BASIS)
     gathers, scatters = fsdp.collectives
     assert (gathers.kind, gathers.calls, scatters.kind, scatters.calls) == ("all_gather", 7, "reduce_scatter", 4)
     assert gathers.total_bytes == pytest.approx(4 * (2 * 3 * 54 + 52)) and scatters.total_bytes == \
@@ -93,15 +94,15 @@ def test_tensor_parallel_and_fsdp_by_hand():
     assert fsdp.comm_exposed_s == pytest.approx(exposed)
     # where collectives run beside the compute, only what exceeds it, or one call of each, is exposed
     overlapping = replace(GPU, comm_overlaps_compute=True)
-    hidden = predict(TOY, Layout(fsdp=2), 8, BASIS, overlapping)
+    hidden = predict(TOY, Layout(fsdp=2), 8, overlapping, BASIS)
     fb = 4 * MACS * 1e-9
     assert hidden.comm_exposed_s == pytest.approx(max(0.5 * gathers.total_bytes * 1e-9 / 7,
                                                       0.5 * gathers.total_bytes * 1e-9 - fb)
                                                   + max(0.5 * scatters.total_bytes * 1e-9 / 4,
                                                         0.5 * scatters.total_bytes * 1e-9 - fb))
-    ddp = predict(TOY, Layout(dp=2), 8, BASIS, overlapping, backend="torch_ddp")
+    ddp = predict(TOY, Layout(dp=2), 8, overlapping, BASIS, backend="torch_ddp")
     assert ddp.comm_exposed_s == pytest.approx(max(4 * PARAMS * 1e-9, 4 * PARAMS * 1e-9 - 2 / 3 * fb))
-    assert predict(TOY, Layout(dp=2), 8, BASIS, overlapping).comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)
+    assert predict(TOY, Layout(dp=2), 8, overlapping, BASIS).comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)
 
 
 def test_tensor_parallel_divides_what_the_profile_says_it_divides():
@@ -110,15 +111,15 @@ def test_tensor_parallel_divides_what_the_profile_says_it_divides():
     vocabulary split the head's 20 and the softmax divide too: 0.5 x (120 + 4 + 10) + 264 x (0.1 + 0.05 + 0.2)."""
     shares = ComputeShares(matmul=0.5, split=0.2, vocab=0.1, whole=0.2, run_id="prof")
     profiled = replace(BASIS, compute_shares=shares, record_ids=("prof",))
-    assert predict(TOY, Layout(tp=2), 4, profiled, GPU).compute_s == pytest.approx(4 * (0.5 * 144 + 264 * 0.4) * 1e-9)
+    assert predict(TOY, Layout(tp=2), 4, GPU, profiled).compute_s == pytest.approx(4 * (0.5 * 144 + 264 * 0.4) * 1e-9)
     # the fixed cost per micro-batch stays one per micro-batch: a tp rank launches every kernel, shares or not
     launches = replace(profiled, s_per_micro_batch=1e-6)
-    assert predict(TOY, Layout(tp=2), 4, launches, GPU).compute_s == pytest.approx(
+    assert predict(TOY, Layout(tp=2), 4, GPU, launches).compute_s == pytest.approx(
         1e-6 + 4 * (0.5 * 144 + 264 * 0.4) * 1e-9)
-    vocab = predict(TOY, Layout(tp=2, vocab_split=True), 4, profiled, GPU)
+    vocab = predict(TOY, Layout(tp=2, vocab_split=True), 4, GPU, profiled)
     assert vocab.compute_s == pytest.approx(4 * (0.5 * 134 + 264 * 0.35) * 1e-9)
     # without tensor parallelism the shares change nothing: every operation is the rank's own share of the samples
-    assert predict(TOY, Layout(dp=2), 8, profiled, GPU).compute_s == pytest.approx(4 * MACS * 1e-9)
+    assert predict(TOY, Layout(dp=2), 8, GPU, profiled).compute_s == pytest.approx(4 * MACS * 1e-9)
     # a pipeline stage's rest goes with its own layers: stage 0's one layer, stage 1's two and the head
     counts = stage_layer_counts(Layout(pp=2), 3)
     assert rank_macs(TOY, Layout(pp=2, tp=2), shares) == pytest.approx(
@@ -127,26 +128,26 @@ def test_tensor_parallel_divides_what_the_profile_says_it_divides():
     assert rank_macs(TOY, Layout(tp=2, recompute="full"), shares, recomputed=True) == pytest.approx([
         0.5 * 120 + 0.4 * 240])
     # an unprofiled measured basis says its tensor parallel prediction is too fast; an assumed MFU has no profile
-    unprofiled = predict(TOY, Layout(tp=2), 4, replace(BASIS, record_ids=("plain",)), GPU)
+    unprofiled = predict(TOY, Layout(tp=2), 4, GPU, replace(BASIS, record_ids=("plain",)))
     assert unprofiled.notes == [TP_UNPROFILED] and unprofiled.compute_s == pytest.approx(4 * 144 * 1e-9)
-    assert predict(TOY, Layout(tp=2), 4, BASIS, GPU).notes == []
+    assert predict(TOY, Layout(tp=2), 4, GPU, BASIS).notes == []
 
 
 def test_a_cpu_host_s_contention_and_interruptions():
     cpu = replace(GPU, device_kind="cpu", devices_per_node=8)
     basis = replace(BASIS, threads_per_device=1, cores=2, background=0.5, interruption_share=0.1)
-    alone = predict(TOY, Layout(dp=2), 8, basis, cpu)                # 2 ranks on 2 cores: no contention
+    alone = predict(TOY, Layout(dp=2), 8, cpu, basis)                # 2 ranks on 2 cores: no contention
     assert alone.contention == 1.0 and alone.notes == []
-    busy = predict(TOY, Layout(dp=4), 16, basis, cpu, background=1.0)  # (4 + 1) / 2 over max(1, 1.5 / 2)
+    busy = predict(TOY, Layout(dp=4), 16, cpu, basis, background=1.0)  # (4 + 1) / 2 over max(1, 1.5 / 2)
     assert busy.contention == pytest.approx(2.5)
     assert busy.compute_s == pytest.approx(2.5 * 4 * MACS * 1e-9) and busy.overhead_s == pytest.approx(0.025)
     assert busy.notes == ["contention: 4 ranks x 1 threads + 1.0 other runnable on 2 cores: compute x2.50"]
-    quiet = predict(TOY, Layout(dp=4), 16, basis, cpu)                 # no background given: none either side
+    quiet = predict(TOY, Layout(dp=4), 16, cpu, basis)                 # no background given: none either side
     assert quiet.contention == 2.0 and quiet.notes == ["contention: 4 ranks x 1 threads on 2 cores: compute x2.00"]
     # interruptions: dp2 waits for the longer of two (H_2 = 1.5): half its own share more
     without = alone.step_s - alone.sync_wait_s
     assert alone.sync_wait_s == pytest.approx(0.1 * without * 0.5)
-    assert predict(TOY, Layout(dp=2), 8, basis, GPU).sync_wait_s == 0.0
+    assert predict(TOY, Layout(dp=2), 8, GPU, basis).sync_wait_s == 0.0
     assert sync_factor(Layout(dp=3)) == pytest.approx(1 + 1 / 2 + 1 / 3)
     assert sync_factor(Layout(fsdp=3, tp=2)) == 6
 
@@ -154,13 +155,13 @@ def test_a_cpu_host_s_contention_and_interruptions():
 def test_ranks_side_by_side_on_a_cpu_host_take_the_co_run_probe_s_slowdown_and_one_rank_does_not():
     cpu = replace(GPU, device_kind="cpu", devices_per_node=8)
     basis = replace(BASIS, threads_per_device=1, cores=2, co_run=1.04)
-    side = predict(TOY, Layout(dp=2), 8, basis, cpu)
+    side = predict(TOY, Layout(dp=2), 8, cpu, basis)
     assert side.contention == pytest.approx(1.04) and side.compute_s == pytest.approx(1.04 * 4 * MACS * 1e-9)
     assert side.notes == ["contention: 2 ranks x 1 threads on 2 cores, side by side x1.040: compute x1.04"]
-    crowded = predict(TOY, Layout(dp=4), 16, basis, cpu)               # oversubscribed, and side by side too
+    crowded = predict(TOY, Layout(dp=4), 16, cpu, basis)               # oversubscribed, and side by side too
     assert crowded.contention == pytest.approx(2 * 1.04)
-    assert predict(TOY, Layout(), 4, basis, cpu).contention == 1.0    # one rank: alone, as measured
-    assert predict(TOY, Layout(dp=2), 8, basis, GPU).contention == 1.0  # a GPU's ranks have devices of their own
+    assert predict(TOY, Layout(), 4, cpu, basis).contention == 1.0    # one rank: alone, as measured
+    assert predict(TOY, Layout(dp=2), 8, GPU, basis).contention == 1.0  # a GPU's ranks have devices of their own
 
 
 def test_names_at_a_device_count_and_where_their_groups_lie():
@@ -234,47 +235,47 @@ def test_predict_s_less_travelled_paths_by_hand():
     # collectives a compiler placed (keras_jax's comm_per_step): costed over every device, across nodes at 4 on
     # nodes of 2; a pipeline ignores them
     counted = [Collective("all_reduce", "all", 1000.0, 3, 4, True, "as compiled")]
-    p = predict(TOY, Layout(dp=4), 16, BASIS, GPU, backend="keras_jax", counted=counted)
+    p = predict(TOY, Layout(dp=4), 16, GPU, BASIS, backend="keras_jax", counted=counted)
     assert p.comm_exposed_s == pytest.approx(3 * 1.5 * 1000 / 0.5e9) and p.collectives == counted
     # at 2 devices (one node) the node link, the collective over its own 4 ranks
-    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU, counted=counted).comm_exposed_s == pytest.approx(3 * 1.5 * 1000e-9)
-    assert predict(TOY, Layout(pp=2, micro_batches=4), 8, BASIS, GPU, counted=counted).collectives != counted
+    assert predict(TOY, Layout(dp=2), 8, GPU, BASIS, counted=counted).comm_exposed_s == pytest.approx(3 * 1.5 * 1000e-9)
+    assert predict(TOY, Layout(pp=2, micro_batches=4), 8, GPU, BASIS, counted=counted).collectives != counted
     # a fixed cost per micro-batch goes with the layers' share of the whole model's multiply-adds; tp keeps it whole
     fixed = replace(BASIS, s_per_micro_batch=1e-3, s_per_mac_sample=0.0)
-    assert predict(TOY, Layout(tp=2), 4, fixed, GPU).compute_s == pytest.approx(1e-3 * (120 + 24) / (120 + 24))
-    piped = predict(TOY, Layout(pp=2, micro_batches=4), 8, fixed, GPU)
+    assert predict(TOY, Layout(tp=2), 4, GPU, fixed).compute_s == pytest.approx(1e-3 * (120 + 24) / (120 + 24))
+    piped = predict(TOY, Layout(pp=2, micro_batches=4), 8, GPU, fixed)
     assert piped.compute_s == pytest.approx(4 * 1e-3 * 160 / MACS)  # stage 0: two layers of the whole
     # the tied embedding's all-reduce crosses nodes when its two stages do (stride 2 x 1 on nodes of 2)
-    tie = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, BASIS, GPU)
+    tie = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, GPU, BASIS)
     assert [c.dim for c in tie.collectives_of_rank0] == ["pp", "tie", "data"]
     far = [c for c in tie.collectives_of_rank0 if c.dim == "tie"][0]
     assert cost_s("all_reduce", far.nbytes, 2, GPU.link(True)) == pytest.approx(far.nbytes / 0.5e9)
     # DDP's buckets hide behind two thirds of a long backward, at least one bucket exposed
     slow = replace(BASIS, s_per_mac_sample=1e-3)
     overlapping = replace(GPU, comm_overlaps_compute=True)
-    ddp = predict(TOY, Layout(dp=2), 8, slow, overlapping, backend="torch_ddp")
+    ddp = predict(TOY, Layout(dp=2), 8, overlapping, slow, backend="torch_ddp")
     assert ddp.comm_exposed_s == pytest.approx(4 * PARAMS * 1e-9)  # one bucket: all of it, whatever the backward
     # under autocast the activations a pipeline sends are 2 bytes a value
-    half = predict(TOY, Layout(pp=2, micro_batches=4), 8, replace(BASIS, precision="amp"), GPU)
+    half = predict(TOY, Layout(pp=2, micro_batches=4), 8, GPU, replace(BASIS, precision="amp"))
     assert half.collectives_of_rank0[0].nbytes == 16
     # contention with two threads a rank and the reference's own background
     cpu = replace(GPU, device_kind="cpu", devices_per_node=8)
     busy = replace(BASIS, threads_per_device=2, cores=2, background=1.0)
-    assert predict(TOY, Layout(dp=2), 8, busy, cpu, background=1.0).contention == pytest.approx((5 / 2) / (3 / 2))
-    assert predict(TOY, Layout(dp=2), 8, busy, cpu).contention == pytest.approx(2.0)
+    assert predict(TOY, Layout(dp=2), 8, cpu, busy, background=1.0).contention == pytest.approx((5 / 2) / (3 / 2))
+    assert predict(TOY, Layout(dp=2), 8, cpu, busy).contention == pytest.approx(2.0)
     # memory of a Keras optimizer (one step counter), and an evaluation's values in the peak
-    keras = predict(TOY, Layout(dp=2), 8, BASIS, GPU, backend="keras_jax")
+    keras = predict(TOY, Layout(dp=2), 8, GPU, BASIS, backend="keras_jax")
     assert keras.state_per_rank[0].optimizer == 8 * PARAMS + 8
-    evaluated = predict(TOY, Layout(dp=2), 8, BASIS, GPU, eval_batch=10**6)
-    assert max(evaluated.model_per_rank) > max(predict(TOY, Layout(dp=2), 8, BASIS, GPU).model_per_rank)
-    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU).bubble_s == 0.0
+    evaluated = predict(TOY, Layout(dp=2), 8, GPU, BASIS, eval_batch=10**6)
+    assert max(evaluated.model_per_rank) > max(predict(TOY, Layout(dp=2), 8, GPU, BASIS).model_per_rank)
+    assert predict(TOY, Layout(dp=2), 8, GPU, BASIS).bubble_s == 0.0
 
 
 def test_memory_per_rank_is_predict_s_count_without_a_time_basis():
     # The fit check before launch (common.plan.fit) asks memory_per_rank; the plan's table shows predict()'s.
     layout = Layout(dp=2, micro_batches=2)
     states, model, growth = memory_per_rank(TOY, layout, 16, None, eval_batch=64)
-    p = predict(TOY, layout, 16, BASIS, GPU, eval_batch=64)
+    p = predict(TOY, layout, 16, GPU, BASIS, eval_batch=64)
     assert (states, model, growth) == (p.state_per_rank, p.model_per_rank, p.training_model_per_rank)
     # 16 samples over 2 replicas x 2 micro-batches: micro-batches of 4, as dp2 of one micro-batch of 8 samples
     assert memory_per_rank(TOY, Layout(dp=2), 8, "fp32")[2] == growth
@@ -285,12 +286,12 @@ def test_memory_per_rank_is_predict_s_count_without_a_time_basis():
 def test_the_tied_embedding_s_all_reduce_takes_the_link_between_its_two_stages():
     """The first and last stages' ranks 0 and stride x (pp - 1): the network link once that reaches another node."""
     # pp2 on nodes of one device: test_a_pipeline_by_hand at the network's 0.5 GB/s, sends and tie alike
-    apart = predict(TOY, Layout(pp=2, micro_batches=4), 8, BASIS, replace(GPU, devices_per_node=1))
+    apart = predict(TOY, Layout(pp=2, micro_batches=4), 8, replace(GPU, devices_per_node=1), BASIS)
     assert apart.comm_exposed_s == pytest.approx(4 * 128e-9 + 160e-9)
     # pp3 of one micro-batch of 2 on nodes of 2: ranks 0 and 2 on two nodes. Stages compute 160, 160, 208 ns and
     # send 32 bytes a call at 0.5 GB/s (2, 4, 2 calls of 64 ns): the middle stage is the busiest (416 ns), its
     # 256 ns of sends exposed, then the tie's 80 bytes over the network, 160 ns
-    three = predict(TOY, Layout(pp=3), 2, BASIS, GPU)
+    three = predict(TOY, Layout(pp=3), 2, GPU, BASIS)
     assert three.comm_exposed_s == pytest.approx(256e-9 + 160e-9)
     # the tail: the tie and stage 2's 94 parameters (a layer, the head, the table's copy) against 54 and 86
     assert three.step_s == pytest.approx(0.01 + (288 + 416 + 336) * 1e-9 + (160 + 94) * 1e-9, rel=1e-12)
@@ -303,39 +304,39 @@ def test_ddp_buckets_hide_behind_two_thirds_of_the_backward_and_nothing_else_doe
     # forward+backward of 30 ms (a fixed 30 ms a micro-batch) hides 20 ms of the 47.25 ms
     assert mini.param_count() == 11_812_610
     fb = replace(BASIS, s_per_mac_sample=0.0, s_per_micro_batch=0.03)
-    ddp = predict(mini, Layout(dp=2), 16, fb, overlapping, backend="torch_ddp")
+    ddp = predict(mini, Layout(dp=2), 16, overlapping, fb, backend="torch_ddp")
     assert ddp.comm_exposed_s == pytest.approx(2 * 23_625_220e-9 - 2 / 3 * 0.03, rel=1e-12)
     # collectives placed by a compiler are not DDP's buckets: all of them exposed, whatever the backward
     counted = [Collective("all_reduce", "all", 1000.0, 3, 2, True, "as compiled")]
     slow = replace(BASIS, s_per_mac_sample=1e-3)
-    placed = predict(TOY, Layout(dp=2), 8, slow, overlapping, backend="torch_ddp", counted=counted)
+    placed = predict(TOY, Layout(dp=2), 8, overlapping, slow, backend="torch_ddp", counted=counted)
     assert placed.comm_exposed_s == pytest.approx(3 * 1000e-9)
     # the fixed cost per micro-batch of tensor parallel with the vocabulary split: its one stage is all the model
     fixed = replace(BASIS, s_per_micro_batch=1e-3, s_per_mac_sample=0.0)
-    assert predict(TOY, Layout(tp=2, vocab_split=True), 4, fixed, GPU).compute_s == pytest.approx(1e-3, rel=1e-12)
+    assert predict(TOY, Layout(tp=2, vocab_split=True), 4, GPU, fixed).compute_s == pytest.approx(1e-3, rel=1e-12)
 
 
 def test_what_each_stage_holds_reaches_the_step():
     # the prediction says which layout it is of
-    assert predict(TOY, Layout(dp=2), 8, BASIS, GPU).layout == Layout(dp=2)
+    assert predict(TOY, Layout(dp=2), 8, GPU, BASIS).layout == Layout(dp=2)
     # the tied table's gradient all-reduce: the whole 10 x 2 table under tp2 (80 bytes), its 10 // 2 rows of a
     # rank with the vocabulary split (40 bytes); mini's 33,282 words over tp4: 8,320 rows of 256
     tie = {vocab: [c.nbytes for c in predict(TOY, Layout(tp=2, pp=2, micro_batches=2, vocab_split=not vocab), 8,
-                                            BASIS, GPU).collectives_of_rank0 if c.dim == "tie"]
+                                            GPU, BASIS).collectives_of_rank0 if c.dim == "tie"]
            for vocab in (True, False)}
     assert tie == {True: [80], False: [40]}
-    mini = predict(BERT_SIZES["mini"], Layout(tp=4, pp=2, micro_batches=2, vocab_split=True), 8, BASIS, GPU)
+    mini = predict(BERT_SIZES["mini"], Layout(tp=4, pp=2, micro_batches=2, vocab_split=True), 8, GPU, BASIS)
     assert [c.nbytes for c in mini.collectives_of_rank0 if c.dim == "tie"] == [4 * 8320 * 256]
     # --recompute with the layers cut 1 + 2: stage 1 recomputes its two layers' forward (160 of 240 MACs a sample
     # forward+backward: a third more), 4 micro-batches of 2 samples
-    again = predict(TOY, Layout(pp=2, micro_batches=4, recompute="full"), 8, BASIS, GPU, stage_split=[1, 2])
+    again = predict(TOY, Layout(pp=2, micro_batches=4, recompute="full"), 8, GPU, BASIS, stage_split=[1, 2])
     assert again.recompute_s == pytest.approx(4 * 2 * 160 / 3 * 1e-9, rel=1e-12)
     # each stage's optimizer steps its own parameters: cut 1 + 2, stage 1 holds two layers, the head and the
     # table's copy (108 + 20 + 20 = 148), stage 0 the embeddings and a layer (86); under dp2 and under tp2
-    cut = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, BASIS, GPU, stage_split=[1, 2])
+    cut = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, GPU, BASIS, stage_split=[1, 2])
     assert cut.optimizer_s == pytest.approx(148e-9, rel=1e-12)
-    sharded = predict(TOY, Layout(tp=2, pp=2, micro_batches=2), 8, BASIS, GPU, stage_split=[1, 2])
+    sharded = predict(TOY, Layout(tp=2, pp=2, micro_batches=2), 8, GPU, BASIS, stage_split=[1, 2])
     stage1 = state_bytes(TOY, Layout(tp=2, pp=2, micro_batches=2), 2, [1, 2]).params / 4
     assert sharded.optimizer_s == pytest.approx(stage1 * 1e-9, rel=1e-12) and stage1 > 86 / 2
     # six micro-batches accumulated on one device: no pipeline, no bubble, exactly
-    assert predict(TOY, Layout(micro_batches=6), 12, BASIS, GPU).bubble_s == 0.0
+    assert predict(TOY, Layout(micro_batches=6), 12, GPU, BASIS).bubble_s == 0.0

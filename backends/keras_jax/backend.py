@@ -9,7 +9,6 @@ from pathlib import Path
 from backends.base import Backend
 from backends.keras_jax.devices import jax_env
 from backends.keras_jax.modes import mode_of
-from common.calibration import refuse_bare_options
 from common.config import RunConfig
 from common.devices import DevicePlan, accelerator_driver_present, cpu_plan, cuda_plan
 from common.errors import Unsupported
@@ -84,7 +83,8 @@ class KerasJax(Backend):
     def run_bare(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> dict:
         if mode_of(cfg) != "single_process":
             raise Unsupported("the bare Keras loop runs model.fit in one process (--jax-mode single_process)")
-        refuse_bare_options(cfg, self.name)
+        # No precision refused: the bare loop starts as the suite does (its dtype policy, mixed_bfloat16 under amp)
+        # and fit compiles with XLA as the suite's step does.
         return launch(cfg, workdir, ["-m", "backends.keras_jax.bare"], self._launcher(cfg, plan, workdir))
 
     def _launcher(self, cfg: RunConfig, plan: DevicePlan, workdir: Path) -> Launcher:

@@ -26,7 +26,8 @@ from common.config import RunConfig  # noqa: E402
 from common.initial_weights import run_initial_weights  # noqa: E402
 from common.results import write_json_atomic  # noqa: E402
 
-IDIOM = "Keras model.fit (JAX trainer, jit_compile) over NumPy arrays under the same keras.distribution layout"
+IDIOM = ("Keras model.fit (JAX trainer, jit_compile) over NumPy arrays under the same keras.distribution layout "
+         "and dtype policy")
 
 
 class StepClock(keras.callbacks.Callback):

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from common.predict.compute_table import attention_flops
+from common.spec import attention_flops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 BATCHES = 5
@@ -119,7 +119,7 @@ def sdpa_backend(kernel: str):
 def attention_tflops(device: torch.device, kernel: str, precision: str, seq: int, tokens: int, heads: int,
                      head_dim: int, target_s: float) -> tuple[float, float]:
     """(forward, backward) TFLOP/s of causal scaled-dot-product attention through `kernel`, tokens / seq
-    sequences of `heads` heads; FLOPs in the flash-attention papers' convention (compute_table.attention_flops),
+    sequences of `heads` heads; FLOPs in the flash-attention papers' convention (common.spec.attention_flops),
     the backward timed as forward-and-backward less the forward."""
     from torch.nn.attention import sdpa_kernel
     batch = max(1, tokens // seq)
@@ -140,7 +140,7 @@ def attention_tflops(device: torch.device, kernel: str, precision: str, seq: int
 
         fwd_s = seconds_per_call(device, forward, target_s)
         both_s = seconds_per_call(device, forward_backward, target_s)
-    flops = attention_flops(batch, seq, heads, head_dim)
+    flops = attention_flops(batch * seq, seq, heads * head_dim, causal=True)
     bwd_s = max(both_s - fwd_s, 1e-12)
     return flops / fwd_s / 1e12, flops * 2.5 / bwd_s / 1e12
 

@@ -1,5 +1,5 @@
 """bench.plan --model: which layout to train a decoder LLM with on a GPU cluster, from the decoders' step model
-(common.predict.llm_step) and a device's compute table, without a run.
+(common.predict.step) and a device's compute table, without a run.
 
 The space: every layout of common.layout's grammar the decoders' model costs, within the bounds a cluster's
 practice sets (each bound is a flag of bench.plan and said in docs/plan.md):
@@ -29,11 +29,13 @@ from common.plan.rank import Ranked, explain, rank
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
+from common.predict.basis import Basis
 from common.predict.decoder import DecoderSpec
-from common.predict.gpu_compute import DeviceCompute, compute_for
+from common.predict.gpu_compute import DeviceCompute
 from common.predict.hardware import Hardware
-from common.predict.llm_step import predict_llm
+from common.predict.kernels import compute_label, device_compute
 from common.predict.stacks import Stack
+from common.predict.step import predict
 
 MAX_MBS = 16
 MAX_VIRTUAL = 8
@@ -79,18 +81,19 @@ def candidates(spec: DecoderSpec, devices: int, global_batch: int, stack: Stack,
 
 
 def plan(spec: DecoderSpec, devices: int, global_batch: int, hardware: Hardware, stack: Stack,
-         compute: DeviceCompute | None, mfu: float | None, available: float) -> tuple[list[Ranked], DecoderSpace]:
+         compute: DeviceCompute | Basis, available: float) -> tuple[list[Ranked], DecoderSpace]:
     """Every candidate predicted; those that fit `available` bytes ranked (common.plan.rank), the rest after."""
     space, rows = DecoderSpace(), []
     for layout in candidates(spec, devices, global_batch, stack, hardware.devices_per_node):
         space.candidates += 1
         try:
             layout.validate(spec, global_batch)
-        except BadInput as exc:
+            stack.check(layout)
+        except (BadInput, ValueError) as exc:
             why = str(exc).split(": ", 1)[-1]
             space.refused[why] = space.refused.get(why, 0) + 1
             continue
-        rows.append(plan_one(spec, layout, global_batch, hardware, stack, compute, mfu, available))
+        rows.append(plan_one(spec, layout, global_batch, hardware, stack, compute, available))
     return rank(rows, None), space
 
 
@@ -100,9 +103,9 @@ def rank_of(rows: list[Ranked], layout: Layout) -> Ranked | None:
 
 
 def plan_one(spec: DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware, stack: Stack,
-             compute: DeviceCompute | None, mfu: float | None, available: float) -> Ranked:
+             compute: DeviceCompute | Basis, available: float) -> Ranked:
     """One layout predicted and held against the memory, unranked."""
-    p = predict_llm(spec, layout, global_batch, hardware, stack, compute, mfu)
+    p = predict(spec, layout, global_batch, hardware, compute, stack=stack)
     return Ranked(layout, p, p.memory_max, verdict(p.memory_max, available, None))
 
 
@@ -119,28 +122,28 @@ def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack
     hardware, stack = hardware_files.load(hardware_name), stacks.load(stack_name)
     spec = decoder.load(model)
     spec = replace(spec, seq_len=seq_len) if seq_len else spec
-    compute = None if mfu is not None else compute_for(hardware)
+    compute = device_compute(hardware, mfu)
     layout = None
     if asked:   # what no plan can change is refused before the search
         layout = Layout.parse(asked, devices)
         layout.validate(spec, batch)
+        stack.check(layout)
     available = memory_gib * GIB if memory_gib else hardware.memory_bytes
-    rows, space = plan(spec, devices, batch, hardware, stack, compute, mfu, available)
+    rows, space = plan(spec, devices, batch, hardware, stack, compute, available)
     ranked = [r for r in rows if r.rank]
     pick = ranked[0] if ranked else None
     explained = [(r, explain(r, pick, None, ranked[i - 1] if i else None)) for i, r in enumerate(ranked[:top])]
     doc = {"title": f"{spec.name} on {devices} x {hardware.name} ({stack.name}), global batch {batch}, sequence "
                     f"{spec.seq_len}", "model": spec.name, "devices": devices, "hardware": hardware.name,
            "stack": stack.name, "global_batch": batch, "seq_len": spec.seq_len, "available_bytes": available,
-           "compute": (f"ASSUMED: MFU {mfu:g} of the datasheet bf16 peak" if mfu is not None else
-                       f"first principles: {compute.path}"),
+           "compute": compute_label(compute),
            "candidates": {"enumerated": space.candidates, "valid": len(rows), "fit": len(ranked),
                           "refused": space.refused},
            "pick": pick.layout.name if pick else None,
            "rows": [_decoder_row(r, text) for r, text in explained]}
     if layout is not None:
         row = rank_of(rows, layout) or standing(rows, plan_one(
-            spec, layout, batch, hardware, stack, compute, mfu, available))
+            spec, layout, batch, hardware, stack, compute, available))
         doc["asked"] = _decoder_row(row, explain(row, pick, None) if pick and row.rank else "")
     return doc
 

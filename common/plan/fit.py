@@ -14,7 +14,7 @@ from __future__ import annotations
 from common.errors import BadInput
 from common.layout import Layout
 from common.predict.basis import from_records, record_layout
-from common.predict.step import memory_per_rank
+from common.predict.executed import memory_per_rank
 from common.sections import FitCheck
 from common.spec import BertSpec, CnnSpec
 from common.stage_split import layers_per_stage

@@ -76,7 +76,7 @@ def predicted(spec: BertSpec | CnnSpec, layouts: list[Layout], global_batch: int
     own basis (its micro-batches' 1-device runs), else `basis` for every one."""
     out = []
     for layout in layouts:
-        p = predict(spec, layout, global_batch, basis_for(layout) if basis_for else basis, hardware, backend,
+        p = predict(spec, layout, global_batch, hardware, basis_for(layout) if basis_for else basis, backend,
                     stage_split=stage_split_of(spec, layout, global_batch), eval_batch=eval_batch)
         memory = p.memory_max
         out.append(Ranked(layout, p, memory, verdict(memory, available, error)))

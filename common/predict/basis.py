@@ -53,6 +53,7 @@ class Basis:
     recompute: bool = False        # measured with --recompute: its time per multiply-add holds the recomputation
     co_run: float = 1.0            # compute of ranks side by side on a CPU host over one alone (co_run_slowdown())
     compute_shares: ComputeShares | None = None  # how tensor parallelism divides its compute (--profile)
+    flops_per_s: float | None = None  # an assumed MFU's rate: every FLOP at mfu x a peak (from_mfu)
 
     @property
     def assumed(self) -> bool:
@@ -257,6 +258,7 @@ def from_mfu(mfu: float, hardware: Hardware, precision: str = "fp32", achievable
                          "(common.peak_flops, or achievable_TFLOPS in the hardware file)")
     opt = ADAMW_BYTES_PER_ELEMENT / (hardware.memory_GBps * GB) if hardware.memory_GBps else 0.0
     return Basis(s_per_mac_sample=TRAINING_FLOPS_PER_MAC / (mfu * peak), s_per_micro_batch=0.0, s_per_param=opt,
+                 flops_per_s=mfu * peak,
                  s_per_step=0.0, memory_overhead=0.0, training_overhead=None, threads_per_device=None, cores=None,
                  label=f"compute ASSUMED: MFU {mfu:g} of {hardware.name}'s {math} {what} "
                        f"{peak / 1e12:g} TFLOP/s (no measured record)", precision=precision)

@@ -17,12 +17,6 @@ ATTENTION_TOKENS, ATTENTION_HEADS, ATTENTION_HEAD_DIM = 16384, 16, 128
 COPY_BYTES = (64 << 20, 256 << 20, 1 << 30)
 
 
-def attention_flops(batch: int, seq: int, heads: int, head_dim: int) -> float:
-    """Causal forward FLOPs in the flash-attention papers' convention: 4 s^2 d per head and sequence, halved by the
-    mask (the backward counts 2.5 x this)."""
-    return 4.0 * batch * heads * seq * seq * head_dim / 2
-
-
 def grid_shapes(axis: tuple[int, ...] = GRID) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in axis for n in axis for k in axis]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from common.peak_flops import peak_flops
 from common.predict import hardware as hardware_files
-from common.predict import llm_step, published
+from common.predict import kernels, published
 from common.predict.gpu_compute import compute_for
 from common.predict.stacks import STACKS
 
@@ -95,10 +95,10 @@ def stack_constants() -> list[Constant]:
 
 
 def model_constants() -> list[Constant]:
-    return [Constant("flash attention backward FLOPs", f"{llm_step.FLASH_BACKWARD:g}", "x forward",
+    return [Constant("flash attention backward FLOPs", f"{kernels.FLASH_BACKWARD:g}", "x forward",
                      "Dao 2023, FlashAttention-2, section 3 (the backward's 5 matmuls to the forward's 2); the FA "
                      "papers' TFLOP/s convention"),
-            Constant("Megatron gradient bucket", f"{llm_step.MEGATRON_BUCKET_PARAMS:g}", "parameters",
+            Constant("Megatron gradient bucket", f"{kernels.MEGATRON_BUCKET_PARAMS:g}", "parameters",
                      "megatron/core/distributed/distributed_data_parallel.py (core_r0.8.0): max(40M, 1M x dp)"),
             Constant("Megatron MFU peak", f"{published.MEGATRON_PEAK / 1e12:g}", "TFLOP/s",
                      "H100 SXM dense bf16 (NVIDIA datasheet); the Megatron table's 408.8 / 989 = 41%"),

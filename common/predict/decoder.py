@@ -16,7 +16,7 @@ Formulas (per token unless said; n heads, g key/value heads, d = hidden / n, f t
   - activations kept for the backward (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
     Transformer Models", section 4.1): counted component by component (stored_activation_bytes), which gives
     their closed form, s x b x h x (34 + 5 a s / h) bytes per GPT layer in 16-bit, and sbh(10 + 24/t + 5as/(ht))
-    under t-way tensor parallelism, 34sbh/t with sequence parallelism (tests/test_predict_llm.py holds both).
+    under t-way tensor parallelism, 34sbh/t with sequence parallelism (tests/test_predict_decoders.py holds both).
 """
 from __future__ import annotations
 
@@ -24,32 +24,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from common.predict.hardware import tomllib
+from common.spec import Gemm, Linear, attention_flops, linear_gemms
 
 MODELS_DIR = Path(__file__).parent / "models"
 FFN_KINDS = ("gelu", "swiglu")
-
-
-@dataclass(frozen=True)
-class Linear:
-    """One linear layer of a transformer layer: `inputs` x `outputs` weights; `split` how Megatron's tensor
-    parallel plan cuts it (column: outputs split; row: inputs split, its output all-reduced or reduce-scattered)."""
-    name: str
-    inputs: int
-    outputs: int
-    split: str
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """One GEMM C[m, n] = A[m, k] B[k, n] of a micro-batch on one rank."""
-    name: str
-    m: int
-    n: int
-    k: int
-
-    @property
-    def flops(self) -> float:
-        return 2.0 * self.m * self.n * self.k
 
 
 @dataclass(frozen=True)
@@ -125,8 +103,7 @@ class DecoderSpec:
             qkv = Linear("qkv", self.hidden, self.q_width + 2 * self.kv_width, "column")
             up = Linear("fc1", self.hidden, self.ffn * (2 if self.ffn_kind == "swiglu" else 1), "column")
             lins = [qkv, by["wo"], up, by["w2"]]
-        return [Gemm(lin.name, tokens, lin.outputs // tp if lin.split == "column" else lin.outputs,
-                     lin.inputs // tp if lin.split == "row" else lin.inputs) for lin in lins]
+        return linear_gemms(lins, tokens, tp)
 
     @staticmethod
     def backward_gemms(forward: Gemm) -> list[Gemm]:
@@ -140,20 +117,21 @@ class DecoderSpec:
         parallel)."""
         return Gemm("output", tokens, self.vocab // tp, self.hidden)
 
+    def gemms(self, samples: int) -> list[Gemm]:
+        """Every forward GEMM of `samples` sequences (common.spec.forward_flops counts FLOPs from them)."""
+        tokens = samples * self.seq_len
+        return self.layers * self.layer_gemms(tokens) + [self.head_gemm(tokens)]
+
+    def attention_flops(self, samples: int, causal: bool = True) -> float:
+        return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.q_width, causal)
+
     def matmul_flops_per_token(self) -> float:
         """Forward FLOPs of the linear layers and the output layer, per token (2 x their weights)."""
-        return 2.0 * (self.layers * sum(lin.inputs * lin.outputs for lin in self.linears())
-                      + self.hidden * self.vocab)
+        return sum(g.flops for g in self.gemms(1)) / self.seq_len
 
-    def attention_flops_per_token(self, causal: bool = True, seq_len: int | None = None) -> float:
-        """Forward FLOPs of the attention scores and context per token, all layers: 2 x 2 x s x nd, half of it
-        under a causal mask."""
-        s = seq_len or self.seq_len
-        return self.layers * 4.0 * s * self.q_width * (0.5 if causal else 1.0)
-
-    def training_flops_per_token(self, causal: bool = True) -> float:
-        """Model FLOPs of one token's forward and backward (3 x forward; no recomputation counted)."""
-        return 3.0 * (self.matmul_flops_per_token() + self.attention_flops_per_token(causal))
+    def attention_flops_per_token(self, causal: bool = True) -> float:
+        """Forward FLOPs of the attention scores and context per token, all layers (common.spec.attention_flops)."""
+        return self.attention_flops(1, causal) / self.seq_len
 
     # -- activations ------------------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.predict.decoder import Gemm
 from common.predict.hardware import GB, Hardware, tomllib
+from common.spec import Gemm
 
 COMPUTE_DIR = Path(__file__).parent / "hardware" / "compute"
 TERA = 1e12
@@ -122,7 +122,11 @@ def compute_for(hardware: Hardware) -> DeviceCompute:
     path = Path(hardware.compute) if hardware.compute.endswith(".toml") else COMPUTE_DIR / f"{hardware.compute}.toml"
     if not path.is_file():
         raise ValueError(f"--hardware {hardware.name}: compute table {path} does not exist")
-    raw = tomllib.loads(path.read_text())
+    return table_from(tomllib.loads(path.read_text()), hardware, str(path))
+
+
+def table_from(raw: dict, hardware: Hardware, path: str) -> DeviceCompute:
+    """A compute table's content (the TOML read) as `hardware` computes with it; `path` says where it came from."""
     # Memory-bound work at the bandwidth the table measured (a copy) where the hardware is the part measured;
     # another part (another memory) at its own datasheet figure.
     measured = raw.get("memory", {}) if raw.get("device") == hardware.device_name else {}
@@ -144,6 +148,6 @@ def compute_for(hardware: Hardware) -> DeviceCompute:
                  for kernel, a in raw.get("attention", {}).items()}
     return DeviceCompute(name=raw.get("name", hardware.compute), matmul=matmul, attention=attention,
                          launch_floor_s=float(raw["launch_floor_us"]) * 1e-6, memory_Bps=memory_GBps * GB,
-                         scale=hardware.compute_scale, path=str(path),
+                         scale=hardware.compute_scale, path=path,
                          launch_floor_source=raw.get("launch_floor_source", ""),
                          scale_source=hardware.compute_scale_source, memory_source=memory_source)

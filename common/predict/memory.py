@@ -19,6 +19,14 @@ vocabulary); the embeddings 2sh. A stage keeps the micro-batches in flight: GPip
 Evaluation (common.loop, batches of EVAL_BATCH, no gradients) keeps one layer's values at a time, but the rank
 holding the MLM head materialises the logits and their log-softmax, 2pV/t values per sample: at 256 sequences
 of the tiny MLM 1.4 GB, more than training's peak, so a process's peak is its state plus the larger of the two.
+
+Decoders on GPUs (bf16 mixed precision; an estimate for "fits or not": the published points say memory only for
+torchtitan, and the model is not checked against it): state per parameter element of the rank's tensor-parallel
+share, Megatron's (plain data parallel or distributed optimizer) bf16 weights 2, float32 gradient buffer 4, float32
+master weights and two moments 12, the last divided over dp under zero1; FSDP / HSDP's (torchtitan's FSDP2) float32
+sharded weights 4, gradients 4 and moments 8, all over the shard group, the two layers' bf16 weights gathered at a
+time (the one computing and the one prefetched); activations by Korthikanti et al.'s accounting
+(DecoderSpec.stored_activation_bytes) times the micro-batches in flight; the last stage's logits.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ import math
 from common.initial_weights import Tensor
 from common.initial_weights import layout as tensor_layout
 from common.layout import Layout
+from common.predict.decoder import DecoderSpec
 from common.predict.work import stage_layer_counts
 from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
@@ -136,11 +145,18 @@ def stage_params(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_spl
     return sum(math.prod(tp_shape(t, layout)) for t in stage_tensors(spec, layout, stage, stage_split))
 
 
-def in_flight(layout: Layout, stage: int) -> int:
-    """Micro-batches whose activations a stage holds at its peak."""
-    if layout.pp == 1:
+def in_flight(layout: Layout, stage: int, micro_batches: int | None = None) -> float:
+    """Micro-batches whose activations a stage holds at its peak (of `micro_batches`, else the layout's count):
+    1 without a pipeline, GPipe all m, 1F1B p - stage, interleaved 1F1B on stage 0 p x (1 + (p - 1) / (p v))
+    (Narayanan et al. 2021, section 2.2.2)."""
+    p, m = layout.pp, micro_batches or layout.micro_batches
+    if p == 1:
         return 1
-    return layout.micro_batches if layout.schedule == "gpipe" else min(layout.micro_batches, layout.pp - stage)
+    if layout.schedule == "gpipe":
+        return m
+    if layout.schedule == "interleaved":
+        return min(m, p * (1 + (p - 1) / (p * layout.virtual_stages)))
+    return min(m, p - stage)
 
 
 def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro_batch: int,
@@ -188,3 +204,88 @@ def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_
 
 def layer_elements(spec: BertSpec, layout: Layout) -> int:
     return sum(math.prod(tp_shape(t, layout)) for t in tensor_layout(spec) if _layer_of(t.name) == 0)
+
+
+def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, precision: str,
+                     stage_split: list[int] | None, eval_batch: int | None, backend: str
+                     ) -> tuple[list[StateBytes], list[float], list[float]]:
+    """Per rank, for micro-batches of `micro` samples: its state, what the model counts of its process peak (state
+    + the larger of training's and evaluation's live values) and of its training's growth over the start
+    (gradients, optimizer state and training's live values: the weights were there before); the framework's
+    overhead comes on top."""
+    states, model, growth = [], [], []
+    for rank in range(layout.devices):
+        stage = layout.coordinates(rank)["pp"]
+        state = state_bytes(spec, layout, rank, stage_split, backend)
+        training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
+                                         value_bytes(precision)) + \
+            transient_bytes(spec, layout, stage, stage_split)
+        evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
+        states.append(state)
+        model.append(state.total + max(training_live, evaluation))
+        growth.append(state.grads + state.optimizer + training_live)
+    return states, model, growth
+
+
+def executed_memory(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, precision: str,
+                    stage_split: list[int] | None, eval_batch: int | None, backend: str,
+                    overhead: float | None, training_overhead: float | None) -> dict:
+    """Prediction's memory fields for a run: counted_per_rank's, and with the framework's measured overheads (a
+    basis's) the process peak and the training's growth per rank."""
+    micro = global_batch / (layout.data * layout.micro_batches)
+    states, model, growth = counted_per_rank(spec, layout, micro, precision, stage_split, eval_batch, backend)
+    return {"state_per_rank": states, "model_per_rank": model, "training_model_per_rank": growth,
+            "memory_per_rank": [m + overhead for m in model] if overhead is not None else None,
+            "training_per_rank": [g + training_overhead for g in growth] if training_overhead is not None else None,
+            "memory_overhead": overhead, "training_overhead": training_overhead}
+
+
+# -- decoders (bf16 mixed precision on GPUs, Megatron's and torchtitan's state) -------------------------------
+
+
+def decoder_state_bytes(params: float, layout: Layout) -> float:
+    """Training state of a rank holding `params` elements (its tensor-parallel share of its stage)."""
+    if layout.sharded:
+        return params * (FLOAT + FLOAT + 2 * FLOAT) / layout.fsdp
+    optimizer = 3 * FLOAT * params / (layout.dp if layout.zero1 else 1)
+    return params * (HALF + FLOAT) + optimizer
+
+
+def decoder_activation_bytes(spec: DecoderSpec, layout: Layout, tokens: int, layers: int, micro_batches: int,
+                             selective: str = "attention", stage: int = 0) -> float:
+    """What the busiest stage keeps for its backward: its layers' activations per micro-batch in flight.
+    Selective recomputation as Megatron does it (the attention core) keeps what flash attention keeps anyway;
+    torchtitan's op policy ("odd-mm") keeps the block's input, the 1st, 3rd, ... matmuls' outputs and the
+    attention's output and log-sum-exp, and recomputes the rest."""
+    per_layer = spec.stored_activation_bytes(tokens, layout.tp, layout.sp, flash=True)
+    if layout.recompute == "selective" and selective == "odd-mm":
+        saved = [g.n for g in spec.layer_gemms(tokens, layout.tp)][0::2]
+        per_layer = tokens * (HALF * (sum(saved) + spec.q_width / layout.tp
+                                      + spec.hidden / (layout.tp if layout.sp else 1))
+                              + FLOAT * spec.heads / layout.tp)
+    if layout.recompute == "full":
+        kept = tokens * spec.hidden * HALF / (layout.tp if layout.sp else 1)
+        per_stage = layers * kept + per_layer          # the inputs, and the one layer being recomputed
+    else:
+        per_stage = layers * per_layer
+    return per_stage * in_flight(layout, stage, micro_batches)
+
+
+def logits_bytes(spec: DecoderSpec, layout: Layout, tokens: int) -> float:
+    """The last stage's logits: bf16 out of the output layer, their float32 copy and its gradient (a split
+    vocabulary's share)."""
+    return tokens * spec.vocab / (layout.tp if layout.vocab_split else 1) * (HALF + 2 * FLOAT)
+
+
+def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
+                       layers: int, micro_batches: int, last_stage: bool, selective: str = "attention",
+                       stage: int = 0, gathered_layers: int = 2) -> float:
+    """A rank of `stage`: state + activations (+ FSDP's gathered layers: the one computing and the one prefetched,
+    or all a stage keeps gathered from forward to backward; + the logits on the last stage)."""
+    total = decoder_state_bytes(stage_params, layout) + decoder_activation_bytes(
+        spec, layout, tokens, layers, micro_batches, selective, stage)
+    if layout.sharded:
+        total += gathered_layers * layer_params * HALF
+    if last_stage:
+        total += logits_bytes(spec, layout, tokens)
+    return total

@@ -1,7 +1,8 @@
-"""One predicted training step, whichever model made it: the executed workloads' (common.predict.step, from a
-measured 1-device run) or the decoders' (common.predict.llm_step, from a device's compute table). The fields after
-`optimizer_s` that a model does not compute keep their defaults (the decoders' host has no measured overhead,
-sync wait or framework memory overhead)."""
+"""What common.predict.step's one step function works with and returns: the stages of a layout as a workload's
+work is timed (Stages: the executed workloads' from a measured 1-device run, common.predict.executed; a decoder's
+kernel by kernel, common.predict.kernels) and the predicted step (Prediction). The fields after `optimizer_s` that
+a timing does not give keep their defaults (a GPU's kernels: no measured overhead, sync wait or framework memory
+overhead)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,11 +26,11 @@ class Prediction:
     sync_wait_s: float = 0.0    # waiting for other ranks' interruptions (CPU hosts: step.sync_factor)
     idle_per_stage: list[float] | None = None
     state_per_rank: list[StateBytes] = field(default_factory=list)
-    # The process's peak per rank, predicted from the measured overhead (the decoders': one rank of each pipeline
-    # stage, the ranks of a stage holding alike; no framework overhead).
+    # The process's peak per rank, predicted from the measured overhead (None where there is none).
     memory_per_rank: list[float] | None = None
     training_per_rank: list[float] | None = None    # the training's growth: grads + optimizer + live values
-    model_per_rank: list[float] = field(default_factory=list)   # state + activations + buffers, no overhead
+    # State + activations + buffers, no overhead (a decoder's: one rank of each pipeline stage, its ranks alike).
+    model_per_rank: list[float] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)   # every stage's, one rank of each
     collectives_of_rank0: list[Collective] = field(default_factory=list)
     training_model_per_rank: list[float] = field(default_factory=list)   # gradients + optimizer + live values
@@ -63,3 +64,42 @@ class Prediction:
 
     def fits(self, memory_bytes: float) -> bool:
         return self.memory_max <= memory_bytes
+
+
+@dataclass
+class Stages:
+    """One rank of each pipeline stage, as its work is timed: per micro-batch its forward+backward (recomputation
+    included) and the communication inside the micro-batch loop left exposed; once a step what runs after the
+    pipeline (exposed communication, memory copies, the optimizer); its collectives; what the model counts of its
+    memory. common.predict.step puts them together into one step."""
+    micro_batches: int
+    compute: list[float] = field(default_factory=list)
+    inside: list[float] = field(default_factory=list)
+    recompute: list[float] = field(default_factory=list)
+    after_comm: list[float] = field(default_factory=list)
+    after_other: list[float] = field(default_factory=list)
+    optimizer: list[float] = field(default_factory=list)
+    collectives: list[list[Collective]] = field(default_factory=list)
+    parts: list[dict[str, float]] = field(default_factory=list)
+    model_bytes: list[float] = field(default_factory=list)
+    overhead: float = 0.0             # per step: data, Python (a measured 1-device run's rest)
+    interruption_share: float = 0.0   # of a step, lost to a CPU host's interruptions (step.sync_factor)
+    contention: float = 1.0
+    notes: list[str] = field(default_factory=list)
+    memory: dict = field(default_factory=dict)    # Prediction's memory fields, where counted per rank
+    seq_len: int = 0
+
+    def add(self, *, compute: float, inside: float, recompute: float = 0.0, after_comm: float = 0.0,
+            after_other: float = 0.0, optimizer: float = 0.0, collectives: list[Collective] = (),
+            parts: dict[str, float] | None = None, model_bytes: float | None = None) -> None:
+        """The next stage."""
+        self.compute.append(compute)
+        self.inside.append(inside)
+        self.recompute.append(recompute)
+        self.after_comm.append(after_comm)
+        self.after_other.append(after_other)
+        self.optimizer.append(optimizer)
+        self.collectives.append(list(collectives))
+        self.parts.append(parts or {})
+        if model_bytes is not None:
+            self.model_bytes.append(model_bytes)

@@ -11,10 +11,13 @@ num_floating_point_operations, MEGATRON_PEAK for its MFU), so the model's FLOP f
 comparison: a predicted step time is turned into the publisher's figure with the publisher's formula.
 error = predicted / published - 1. Ranking: points on one model, hardware and device count are a group; the
 Spearman correlation of predicted and published order, and whether every pair whose published figures differ
-by more than 10% is ordered alike.
+by more than 10% is ordered alike. A part's compute table is one measurement of it: each point is predicted
+again from every table measured of the same part (results/reference/*/compute/*.json, bench.compute_table's
+records), and the goals are judged on each point's worst error over them.
 """
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,11 +25,13 @@ from pathlib import Path
 from common.layout import Layout
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
-from common.predict.gpu_compute import DeviceCompute, compute_for
-from common.predict.hardware import tomllib
-from common.predict.llm_step import predict_llm
+from common.predict.compute_table import toml_text
+from common.predict.gpu_compute import DeviceCompute, compute_for, table_from
+from common.predict.hardware import Hardware, tomllib
+from common.predict.step import predict
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
+REFERENCE_DIR = Path(__file__).resolve().parents[2] / "results" / "reference"   # a checkout's committed records
 METRICS = ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu")
 MEGATRON_PEAK = 989.5e12     # H100 SXM dense bf16 (common.peak_flops): Megatron's MFU is of it (408.8 / 989.5 = 41%)
 ORDER_MARGIN = 0.10
@@ -102,7 +107,7 @@ def predict_point(point: Point, compute_of=compute_for) -> dict:
     except ValueError as exc:
         return {**row, "predicted": None, "error": None, "refused": str(exc)}
     hardware = hardware_files.load(point.hardware)
-    p = predict_llm(spec, layout, point.global_batch, hardware, stacks.load(point.stack), compute_of(hardware))
+    p = predict(spec, layout, point.global_batch, hardware, compute_of(hardware), stack=stacks.load(point.stack))
     predicted = metric_of(point, spec, p.step_s)
     return {**row, "layout_full": layout.name, "predicted": predicted, "error": predicted / point.published - 1,
             "step_s": p.step_s, "parts_s": p.parts_s, "memory_per_rank": p.memory_max}
@@ -177,12 +182,46 @@ def rankings(rows: list[dict]) -> list[dict]:
     return out
 
 
-def check(points: list[Point] | None = None) -> dict:
-    """Every published point predicted: the JSON bench.predict --published writes."""
+def measured_tables(hardware: Hardware, reference: Path = REFERENCE_DIR) -> dict[str, DeviceCompute]:
+    """Every compute table measured of the part `hardware`'s table describes (bench.compute_table's JSON records
+    under `reference`/*/compute/ whose device is that part and which hold bf16 GEMMs), by record: the bundled
+    table with what the record measured in its place (the published rates it holds beside, e.g. the cuDNN
+    attention Megatron's stack takes, stay); {} where the checkout holds none."""
+    bundled = compute_for(hardware)
+    raw = tomllib.loads(Path(bundled.path).read_text())
+    tables = {}
+    for path in sorted(reference.glob("*/compute/*.json")):
+        measured = json.loads(path.read_text())
+        if measured.get("device") == raw.get("device") and "bf16" in (measured.get("matmul") or {}):
+            label = path.relative_to(reference).as_posix()
+            again = tomllib.loads(toml_text(measured, bundled.name, label))
+            merged = {**raw, **again, "matmul": {**raw.get("matmul", {}), **again.get("matmul", {})},
+                      "attention": {**raw.get("attention", {}), **again.get("attention", {})}}
+            tables[label] = table_from(merged, hardware, label)
+    return tables
+
+
+def check(points: list[Point] | None = None, reference: Path = REFERENCE_DIR) -> dict:
+    """Every published point predicted, from its hardware's bundled table and again from every table measured of
+    the same part: the JSON bench.predict --published writes. Each point's `worst_error` is the largest |error|
+    over them; the goals read `worst_median_abs_error` and `worst_max_abs_error`."""
     rows = [predict_point(p) for p in (points if points is not None else all_points())]
+    tables: dict[str, dict[str, DeviceCompute]] = {}
+    for point, row in zip(points if points is not None else all_points(), rows):
+        if row["error"] is None:
+            continue
+        if point.hardware not in tables:
+            tables[point.hardware] = measured_tables(hardware_files.load(point.hardware), reference)
+        row["error_by_table"] = {label: predict_point(point, lambda _hw, t=table: t)["error"]
+                                 for label, table in tables[point.hardware].items()}
+        row["worst_error"] = max([row["error"], *row["error_by_table"].values()], key=abs)
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    worst = [abs(r["worst_error"]) for r in rows if r["error"] is not None]
     return {"points": rows,
             "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,
+            "worst_median_abs_error": statistics.median(worst) if worst else None,
+            "worst_max_abs_error": max(worst) if worst else None,
+            "tables": {hw: sorted(t) for hw, t in tables.items()},
             "predicted": len(errors), "refused": sum(1 for r in rows if r.get("refused")),
             "rankings": rankings(rows)}

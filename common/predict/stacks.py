@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from common.layout import Layout
 from common.predict.decoder import DecoderSpec
 
 
@@ -37,6 +38,16 @@ class Stack:
     # tokens, by name (a forward GEMM's, or its ".dgrad"), "tp" for one chunk per tensor-parallel rank or a count.
     tp_overlap_split: tuple[tuple[str, str], ...] = ()
     tp_overlap_source: str = ""
+    # FSDP under a pipeline: whether a layer is gathered again for its backward (resharded after its forward).
+    fsdp_reshard_under_pp: bool = True
+    # What the stack does not run as a layout names it: (the test on the layout, why), read off its code.
+    refuses: tuple[tuple[Callable[[Layout], bool], str], ...] = ()
+
+    def check(self, layout: Layout) -> None:
+        """ValueError in one line for a layout this stack does not run."""
+        for refused, why in self.refuses:
+            if refused(layout):
+                raise ValueError(f"{layout.name}: {self.name} does not run it: {why}")
 
 
 def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
@@ -73,6 +84,17 @@ def _torch_compile(spec: DecoderSpec) -> tuple[float, float]:
     return 2 * 8 * h, rope + repeat + 4 * q + ffn
 
 
+# torchtitan 9dec370 (torchtitan/parallelisms/parallelize_llama.py, parallel_dims.py): what it runs.
+TORCHTITAN_REFUSES = (
+    (lambda layout: layout.zero1, "torchtitan 9dec370 has no ZeRO-1: it shards with FSDP2 (fsdp)"),
+    (lambda layout: layout.dp > 1 and layout.fsdp == 1 and layout.devices > layout.dp,
+     "torchtitan 9dec370 replicates with DDP only alone (\"DDP has not supported > 1D parallelism\"): shard "
+     "with fsdp"),
+    (lambda layout: layout.tp > 1 and not layout.sp, "torchtitan's tensor-parallel plan always splits the norms "
+     "over the sequence (SequenceParallel): name it with sp"),
+    (lambda layout: layout.cp > 1, "torchtitan shards the parameters over the data and context-parallel ranks "
+     "together (FSDP over dp_shard x cp): not modelled"),
+)
 MEGATRON_TE = Stack(
     "megatron-te", "Megatron-Core with Transformer Engine: fused kernels, cuDNN attention",
     attention_kernel="cudnn", fused_projections=True, elementwise=_megatron_te, elementwise_kernels=5,
@@ -89,7 +111,9 @@ MEGATRON_TE = Stack(
            "(megatron/core/fusions), TEDotProductAttention (cuDNN fused attention on sm_90), vocab-parallel "
            "cross entropy in float32, distributed optimizer with TE/apex fused Adam (reads parameter, "
            "gradient and moments in float32, writes them and the bf16 copy: 30 B) and multi-tensor clipping "
-           "(12 B)")
+           "(12 B)",
+    refuses=((lambda layout: layout.fsdp > 1, "Megatron-LM core_r0.8.0 shards no parameters (its arguments have "
+              "no FSDP; the distributed optimizer shards the optimizer state: zero1)"),))
 TORCH_EAGER = Stack(
     "torch-eager", "PyTorch eager (torchtitan without torch.compile): FSDP2, SDPA flash attention",
     attention_kernel="torch_flash", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
@@ -102,7 +126,10 @@ TORCH_EAGER = Stack(
            "cross_entropy on float32 logits (6 + 8 forward, 22 backward per logit), foreach AdamW "
            "(optimizer.fused false: lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay: 80 B) and "
            "foreach clipping (12 B); FSDP2's all-gather copy-out (2 + 2 per gathered element) and "
-           "reduce-scatter copy-in to float32 (2 + 4)")
+           "reduce-scatter copy-in to float32 (2 + 4)",
+    # parallelize_llama.apply_fsdp: reshard_after_forward = not pp_enabled ("to avoid per-microbatch all-gathers")
+    fsdp_reshard_under_pp=False,
+    refuses=TORCHTITAN_REFUSES)
 # torch.compile changes the elementwise work only (and makes async TP possible); the rest is torch-eager's.
 TORCH_COMPILE = replace(
     TORCH_EAGER, name="torch-compile",

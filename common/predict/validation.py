@@ -284,9 +284,9 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
             basis = basis_of(spec, refs, records)
             eval_batch = EVAL_BATCH if evaluated(run) else None
             counted = compiled_collectives(run, layout)
-            prediction = predict(spec, layout, run["global_batch"], basis, target, run["backend"], stage_split(run),
+            prediction = predict(spec, layout, run["global_batch"], target, basis, run["backend"], stage_split(run),
                                  background_load(run) if account_load else None, eval_batch, counted)
-            plain = predict(spec, layout, run["global_batch"], basis, target, run["backend"], stage_split(run),
+            plain = predict(spec, layout, run["global_batch"], target, basis, run["backend"], stage_split(run),
                             eval_batch=eval_batch, counted=counted)
         except ValueError as exc:
             skipped.append({"run_id": run["run_id"], "why": str(exc)})

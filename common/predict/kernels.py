@@ -1,7 +1,7 @@
-"""One training step of a decoder under a layout (common.layout) on a GPU cluster, from first principles:
-bench.predict's step (compute + exposed communication + bubble + optimizer), its collectives' alpha-beta costs
-(collectives.py), its hardware descriptions and its pipeline formula (step.pipeline_s), with the compute of each
-kernel timed by the device's measured rates (gpu_compute.py) instead of a 1-device run.
+"""A decoder's pipeline stages timed kernel by kernel on a GPU (common.predict.step puts them together): each
+GEMM at its shape at the device's measured rate (gpu_compute.py), flash attention at its kernel's rate, the
+memory-bound work at the device's bandwidth, the collectives' alpha-beta costs (collectives.py), the software's
+choices from its stack description (stacks.py). docs/prediction-at-scale.md gives the formulas and their sources.
 
 Per micro-batch of b sequences, T = b s / cp tokens on a rank, one layer:
   - GEMMs: DecoderSpec.layer_gemms (Megatron's column/row split over tp; fused QKV and FC1 where the stack fuses
@@ -20,10 +20,9 @@ Per micro-batch of b sequences, T = b s / cp tokens on a rank, one layer:
     backward), hidden behind the attention it feeds, the rest exposed.
 A stage runs its layers (the first also the embedding, the last the final norm, output layer and loss); 1F1B
 and GPipe sends of T h / (tp if sp) bf16 per micro-batch and boundary are exposed, interleaved 1F1B's are
-overlapped (Megatron's overlap_p2p_comm). Pipeline: step.pipeline_s for GPipe and 1F1B; interleaved with v
-chunks sum_s e_s / v + (m - 1/v) max_s e_s, (m + (p-1)/v) e for equal stages (Narayanan et al. 2021).
-Once a step: plain data parallel all-reduces the float32 gradients, zero1 reduce-scatters them and all-gathers
-bf16 weights (Megatron's distributed optimizer), both overlapped with the last micro-batch's backward
+overlapped (Megatron's overlap_p2p_comm).
+Once a step, each stage: plain data parallel all-reduces the float32 gradients, zero1 reduce-scatters them and
+all-gathers bf16 weights (Megatron's distributed optimizer), both overlapped with the last micro-batch's backward
 (and the gather with the first forward), at least the last bucket exposed; FSDP gathers each layer's bf16
 weights forward and backward and reduce-scatters float32 gradients every micro-batch, prefetched behind compute,
 the root (embeddings, output) and the first layer's gather exposed; HSDP adds the replicas' all-reduce of the
@@ -33,40 +32,60 @@ from __future__ import annotations
 
 from common.errors import BadInput
 from common.layout import Layout
-from common.peak_flops import peak_flops
+from common.predict.basis import Basis, from_mfu
 from common.predict.collectives import Collective, cost_s, crosses_nodes
-from common.predict.decoder import DecoderSpec, Gemm
-from common.predict.gpu_compute import DeviceCompute
+from common.predict.decoder import DecoderSpec
+from common.predict.gpu_compute import DeviceCompute, compute_for
 from common.predict.hardware import Hardware
-from common.predict.llm_memory import per_rank
-from common.predict.prediction import Prediction
+from common.predict.memory import decoder_rank_bytes
+from common.predict.prediction import Stages
 from common.predict.stacks import Stack
-from common.predict.step import pipeline_s
+from common.spec import Gemm, attention_flops
 
 BF16, FP32 = 2, 4
 FLASH_BACKWARD = 2.5            # flash attention's backward FLOPs over its forward's (Dao 2023)
 MEGATRON_BUCKET_PARAMS = 40e6   # megatron/core/distributed: bucket_size = max(40M, 1M x dp) parameters
 
 
-def interleaved_pipeline_s(per_micro_batch: list[float], micro_batches: int, virtual: int) -> float:
-    """Interleaved 1F1B: each stage's work is v chunks, the warm-up and cool-down a chunk each per stage."""
-    return sum(per_micro_batch) / virtual + (micro_batches - 1 / virtual) * max(per_micro_batch)
+class Timer:
+    """Kernel times of one rank: a device's measured rates (DeviceCompute) or, from an assumed MFU (basis.from_mfu),
+    every FLOP at its rate, the memory-bound work absorbed in it and the optimizer at its rate per element."""
 
-
-class _Timer:
-    """Kernel times of one rank: measured rates (DeviceCompute) or, under --assume-mfu, FLOPs at mfu x peak."""
-
-    def __init__(self, compute: DeviceCompute | None, mfu_flops: float | None, precision: str = "bf16"):
-        self.compute, self.mfu_flops, self.precision = compute, mfu_flops, precision
+    def __init__(self, compute: DeviceCompute | Basis, precision: str = "bf16"):
+        self.precision = precision
+        self.compute = compute if isinstance(compute, DeviceCompute) else None
+        self.assumed = None if self.compute else compute
 
     def gemm(self, g: Gemm) -> float:
-        return g.flops / self.mfu_flops if self.mfu_flops else self.compute.gemm_s(g, self.precision)
+        return g.flops / self.assumed.flops_per_s if self.assumed else self.compute.gemm_s(g, self.precision)
 
     def attention(self, kernel: str, flops: float, seq: float, backward: bool) -> float:
-        return flops / self.mfu_flops if self.mfu_flops else self.compute.attention_s(kernel, flops, seq, backward)
+        if self.assumed:
+            return flops / self.assumed.flops_per_s
+        return self.compute.attention_s(kernel, flops, seq, backward)
 
     def memory(self, nbytes: float, kernels: int = 1) -> float:
-        return 0.0 if self.mfu_flops else self.compute.memory_s(nbytes, kernels)
+        return 0.0 if self.assumed else self.compute.memory_s(nbytes, kernels)
+
+    def optimizer(self, elements: float, stack: Stack) -> float:
+        """The optimizer's step (clipping included) over `elements` parameters a rank updates: memory-bound."""
+        if self.assumed:
+            return elements * self.assumed.s_per_param
+        return self.memory(elements * stack.optimizer_bytes, 8)
+
+
+def device_compute(hardware: Hardware, mfu: float | None = None) -> DeviceCompute | Basis:
+    """What a decoder's kernels are timed by on `hardware`: its compute table, or with `mfu` the one assumed-MFU
+    rule every prediction uses (basis.from_mfu: of the measured or filed achievable bf16 peak, else the
+    datasheet's)."""
+    return from_mfu(mfu, hardware, "bf16") if mfu is not None else compute_for(hardware)
+
+
+def compute_label(compute: DeviceCompute | Basis) -> str:
+    """What a decoder's prediction rests on, for every table and document."""
+    if isinstance(compute, Basis):
+        return compute.label
+    return f"compute from first principles: {compute.path} (measured and published kernel rates, each with its source)"
 
 
 def _cost(hardware: Hardware, layout: Layout, dim: str, ranks: int, kind: str, nbytes: float) -> float:
@@ -74,7 +93,7 @@ def _cost(hardware: Hardware, layout: Layout, dim: str, ranks: int, kind: str, n
     return cost_s(kind, nbytes, ranks, hardware.link(crosses_nodes(layout, dim, hardware.devices_per_node, ranks)))
 
 
-def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: _Timer, hardware: Hardware,
+def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardware: Hardware,
            tokens: int) -> dict[str, float]:
     """One layer, one micro-batch, one rank: forward and backward times, exposed communication, and the GEMM time
     tensor-parallel overlap can hide behind."""
@@ -93,8 +112,8 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: _Timer, hardw
     gemm_fwd = [timed(g) for g in gemms]
     gemm_bwd = sum(timed(b) for g in gemms for b in spec.backward_gemms(g))
     seq = spec.seq_len / layout.cp
-    # Causal: b sequences' 4 s^2 nd / 2 FLOPs, shared over tp (heads) and cp (load-balanced chunks).
-    attn_flops = 2.0 * tokens * spec.seq_len * spec.q_width / tp
+    # Causal, shared over tp (heads) and cp (a rank's tokens: load-balanced chunks).
+    attn_flops = attention_flops(tokens, spec.seq_len, spec.q_width / tp, causal=True)
     attn_fwd = timer.attention(stack.attention_kernel, attn_flops, seq, False)
     attn_bwd = timer.attention(stack.attention_kernel, FLASH_BACKWARD * attn_flops, seq, True)
     wide, narrow = stack.elementwise(spec)
@@ -131,7 +150,7 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: _Timer, hardw
             "elementwise": ew_fwd + ew_bwd, "recompute": recompute}
 
 
-def _head(spec: DecoderSpec, tp: int, stack: Stack, timer: _Timer, tokens: int) -> dict[str, float]:
+def _head(spec: DecoderSpec, tp: int, stack: Stack, timer: Timer, tokens: int) -> dict[str, float]:
     """The last stage's own work, forward and backward: the final norm, the output layer's GEMMs (`tp`: the ranks
     its vocabulary is split over, 1 where it is replicated) and the loss over the logits."""
     head = spec.head_gemm(tokens, tp)
@@ -143,19 +162,19 @@ def _head(spec: DecoderSpec, tp: int, stack: Stack, timer: _Timer, tokens: int) 
 def one_head(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, micro_batch: int,
              precision: str = "bf16") -> dict[str, float]:
     """The model's final norm, output layer and loss on one device, forward and backward, by part."""
-    return _head(spec, 1, stack, _Timer(compute, None, precision), micro_batch * spec.seq_len)
+    return _head(spec, 1, stack, Timer(compute, precision), micro_batch * spec.seq_len)
 
 
 def optimizer_s(elements: float, stack: Stack, compute: DeviceCompute) -> float:
-    """The optimizer's step (clipping included) over `elements` parameters a rank updates: memory-bound."""
-    return _Timer(compute, None).memory(elements * stack.optimizer_bytes, 8)
+    """The optimizer's step over `elements` parameters a rank updates (bench.layer_check's figure)."""
+    return Timer(compute).optimizer(elements, stack)
 
 
 def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware: Hardware, micro_batch: int,
               precision: str = "bf16", recompute: str = "none") -> dict[str, float]:
     """The model's forward and backward of one layer on one device (no parallelism), its GEMMs at `precision`'s
     rates, with the parts it adds up: what bench.layer_check holds against a measured layer."""
-    return _layer(spec, Layout(recompute=recompute), stack, _Timer(compute, None, precision), hardware,
+    return _layer(spec, Layout(recompute=recompute), stack, Timer(compute, precision), hardware,
                   micro_batch * spec.seq_len)
 
 
@@ -167,84 +186,66 @@ def _stage_layers(spec: DecoderSpec, layout: Layout) -> list[int]:
     return [sum(per_chunk[s::layout.pp]) for s in range(layout.pp)]
 
 
-def predict_llm(spec: DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware, stack: Stack,
-                compute: DeviceCompute | None = None, mfu: float | None = None) -> Prediction:
-    """The step of `layout` at `global_batch` sequences. `compute`: the device's measured rates; `mfu`: instead,
-    every FLOP at mfu x the datasheet bf16 peak (labelled ASSUMED by the callers), memory-bound work absorbed."""
+def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware, stack: Stack | None,
+                   compute: DeviceCompute | Basis) -> Stages:
+    """One rank of each stage of `layout` at `global_batch` sequences. `compute`: the device's measured rates, or
+    an assumed MFU (basis.from_mfu)."""
     try:
         layout.validate(spec, global_batch)
     except BadInput as exc:
         raise ValueError(str(exc)) from None
+    if stack is None:
+        raise ValueError(f"{spec.name}: a decoder's step needs the software stack that runs it (--stack)")
+    if isinstance(compute, Basis) and not compute.flops_per_s:
+        raise ValueError(f"{spec.name}: a decoder is timed from a device's compute table or an assumed MFU; no "
+                         "decoder is executed here, so no measured 1-device run times one")
     if layout.tp_overlap and layout.tp > 1 and not stack.tp_overlap_split:
         raise ValueError(f"{layout.name}: {stack.name} cannot overlap tensor-parallel communication (tpo): "
                          "torch's async TP needs torch.compile (--stack torch-compile)")
-    mfu_flops = None
-    if mfu is not None:
-        peak = peak_flops(hardware.device_name, "bf16")
-        if not peak:
-            raise ValueError(f"--assume-mfu: no bf16 datasheet peak for {hardware.device_name or hardware.name!r}")
-        mfu_flops = mfu * peak
-    elif compute is None:
-        raise ValueError("predict_llm needs the device's compute table or an assumed MFU")
-    timer = _Timer(compute, mfu_flops)
+    stack.check(layout)
+    timer = Timer(compute)
     m = layout.micro_batches_at(global_batch)
     tokens = global_batch // (layout.data * m) * spec.seq_len // layout.cp
     vocab_tp = layout.tp if layout.vocab_split else 1
     layer = _layer(spec, layout, stack, timer, hardware, tokens)
-    per_layer = layer["fwd"] + layer["bwd"] + layer["tp_exposed"] + layer["cp_exposed"]
-    counts = _stage_layers(spec, layout)
     # First stage: the embedding's look-up and its gradient (memory-bound); last: final norm, output layer, loss.
     embed = timer.memory(tokens * spec.hidden * BF16 * 4 / (layout.tp if layout.sp else 1), 2)
     head_s = sum(_head(spec, vocab_tp, stack, timer, tokens).values())
-    send = 0.0
-    collectives = []
+    exposed_send, sends = 0.0, []
     if layout.pp > 1:
         act = BF16 * tokens * spec.hidden / (layout.tp if layout.sp else 1)
-        send = 2 * _cost(hardware, layout, "pp", 2, "send_recv", act)
-        collectives.append(Collective("send_recv", "pp", act, 2 * m * layout.virtual_stages, 2,
-                                      layout.schedule != "interleaved", "pipeline activations and gradients"))
-    exposed_send = 0.0 if layout.schedule == "interleaved" else send
-    stages = []
-    for s, n in enumerate(counts):
-        e = n * per_layer + (embed if s == 0 else 0.0) + (head_s if s == layout.pp - 1 else 0.0)
-        stages.append(e + (exposed_send if layout.pp > 1 else 0.0))
-    if layout.pp == 1:
-        pipe = m * stages[0]
-    elif layout.schedule == "interleaved":
-        pipe = interleaved_pipeline_s(stages, m, layout.virtual_stages)
-    else:
-        pipe = pipeline_s(stages, m)
-    busiest = max(range(layout.pp), key=lambda s: stages[s])
-    n = counts[busiest]
-    compute_s = m * (n * (layer["fwd"] + layer["bwd"]) + (embed if busiest == 0 else 0.0)
-                     + (head_s if busiest == layout.pp - 1 else 0.0))
-    inside = m * (n * (layer["tp_exposed"] + layer["cp_exposed"]) + exposed_send)
-    bubble = pipe - m * stages[busiest] if layout.pp > 1 else 0.0
-    # Parameters the busiest rank holds: its layers' tensor-parallel share, the embedding or output layer's.
+        if layout.schedule != "interleaved":
+            exposed_send = 2 * _cost(hardware, layout, "pp", 2, "send_recv", act)
+        sends.append(Collective("send_recv", "pp", act, 2 * m * layout.virtual_stages, 2,
+                                layout.schedule != "interleaved", "pipeline activations and gradients"))
     layer_params = spec.layer_params() / layout.tp
-    stage_params = n * layer_params + (spec.embedding_params() / vocab_tp if busiest == 0 else 0.0) \
-        + (spec.head_params() / vocab_tp if busiest == layout.pp - 1 else 0.0)
-    window_bwd = n * layer["bwd"]
-    window_fwd = n * layer["fwd"]
-    dp_exposed, data_comm, copies, dp_colls = _data_parallel(spec, layout, hardware, timer, stack, stage_params,
-                                                             layer_params, n, m, window_fwd, window_bwd)
-    collectives += dp_colls
-    updated = stage_params / (layout.fsdp if layout.sharded else layout.dp if layout.zero1 else 1)
-    optimizer = 0.0 if mfu_flops else optimizer_s(updated, stack, compute)
-    step = pipe + dp_exposed + optimizer + copies
     last = layout.pp - 1
-    memory = [per_rank(spec, layout, tokens, k * layer_params + (spec.embedding_params() / vocab_tp if s == 0 else 0.0)
-                       + (spec.head_params() / vocab_tp if s == last else 0.0), layer_params, k, m, s == last,
-                       stack.selective, stage=s) for s, k in enumerate(counts)]
-    return Prediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=step,
-                      compute_s=compute_s, comm_exposed_s=inside + dp_exposed, bubble_s=bubble, optimizer_s=optimizer,
-                      memory_per_rank=memory, collectives=collectives, recompute_s=m * n * layer["recompute"],
-                      parts={"fsdp_copies": copies, "data_parallel_comm": data_comm, "gemm": m * n * layer["gemm"],
-                             "attention": m * n * layer["attention"], "elementwise": m * n * layer["elementwise"]},
-                      seq_len=spec.seq_len)
+    out = Stages(micro_batches=m, seq_len=spec.seq_len)
+    for s, n in enumerate(_stage_layers(spec, layout)):
+        # Parameters a rank of the stage holds: its layers' tensor-parallel share, the embedding or output layer's.
+        params = n * layer_params + (spec.embedding_params() / vocab_tp if s == 0 else 0.0) \
+            + (spec.head_params() / vocab_tp if s == last else 0.0)
+        exposed, data_comm, copies, colls = _data_parallel(spec, layout, hardware, timer, stack, params,
+                                                           layer_params, n, m, n * layer["fwd"], n * layer["bwd"])
+        updated = params / (layout.fsdp if layout.sharded else layout.dp if layout.zero1 else 1)
+        out.add(compute=n * (layer["fwd"] + layer["bwd"]) + (embed if s == 0 else 0.0) + (head_s if s == last else 0.0),
+                inside=n * (layer["tp_exposed"] + layer["cp_exposed"]) + exposed_send,
+                recompute=n * layer["recompute"], after_comm=exposed, after_other=copies,
+                optimizer=timer.optimizer(updated, stack), collectives=sends + colls,
+                parts={"fsdp_copies": copies, "data_parallel_comm": data_comm, "gemm": m * n * layer["gemm"],
+                       "attention": m * n * layer["attention"], "elementwise": m * n * layer["elementwise"]},
+                model_bytes=decoder_rank_bytes(spec, layout, tokens, params, layer_params, n, m, s == last,
+                                               stack.selective, s, 2 if _regathered(layout, stack) else max(2, n)))
+    return out
 
 
-def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer: _Timer, stack: Stack,
+def _regathered(layout: Layout, stack: Stack) -> bool:
+    """Whether FSDP gathers a layer again for its backward: resharded after its forward, unless the stack keeps it
+    gathered under a pipeline (torchtitan: one gather per micro-batch instead of two, the stage's layers held)."""
+    return layout.pp == 1 or stack.fsdp_reshard_under_pp
+
+
+def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer: Timer, stack: Stack,
                    params: float, layer_params: float, layers: int, m: int, window_fwd: float,
                    window_bwd: float) -> tuple[float, float, float, list[Collective]]:
     """(exposed seconds, total communication seconds, FSDP copy seconds, collectives) of the data dimension."""
@@ -261,11 +262,13 @@ def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer:
         replicas = _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * layer_params / s) \
             if layout.dp > 1 else 0.0
         root_comm += _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * root / s) if layout.dp > 1 else 0
-        fwd_comm, bwd_comm = layers * gather, layers * (gather + scatter + replicas)
+        again = 1 if _regathered(layout, stack) else 0   # a layer gathered again for its backward
+        fwd_comm, bwd_comm = layers * gather, layers * (again * gather + scatter + replicas)
         exposed = m * (gather + max(0.0, fwd_comm - window_fwd) + max(0.0, bwd_comm - window_bwd)) + root_comm
-        copies = timer.memory(m * layers * layer_params * (2 * stack.fsdp_gather_copy_bytes
-                                                           + stack.fsdp_scatter_copy_bytes), 3 * layers)
-        colls += [Collective("all_gather", "fsdp", BF16 * layer_params, 2 * m * layers, s, True, "FSDP gathers"),
+        copies = timer.memory(m * layers * layer_params * ((1 + again) * stack.fsdp_gather_copy_bytes
+                                                           + stack.fsdp_scatter_copy_bytes), (2 + again) * layers)
+        colls += [Collective("all_gather", "fsdp", BF16 * layer_params, (1 + again) * m * layers, s, True,
+                             "FSDP gathers"),
                   Collective("reduce_scatter", "fsdp", FP32 * layer_params, m * layers, s, True, "FSDP scatters")]
         return exposed, m * (fwd_comm + bwd_comm) + root_comm, copies, colls
     ranks = layout.dp

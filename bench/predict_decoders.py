@@ -1,6 +1,6 @@
 """bench.predict's decoder-LLM part (--model, --constants, --published): a training step of a decoder (GPT-3,
 Megatron's GPT, Llama 3) under the layouts large models train with, on a GPU cluster, computed from first
-principles (common/predict/llm_step.py), and the model held against published GPU-cluster results.
+principles (common/predict/step.py, kernels.py), and the model held against published GPU-cluster results.
 
 python -m bench.predict --model llama3-8b --hardware h100-sxm-8 --devices 8,128 --layouts fsdp-sel,tp2xfsdp-sp
 python -m bench.predict --constants
@@ -22,8 +22,8 @@ from common.layout import Layout, check_name
 from common.predict import constants, decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
-from common.predict.gpu_compute import compute_for
-from common.predict.llm_step import predict_llm
+from common.predict.kernels import compute_label, device_compute
+from common.predict.step import predict
 from common.results import write_atomic, write_json_atomic
 
 GIB = 2**30
@@ -69,19 +69,24 @@ def run_constants(console: Console, args) -> int:
 def run_published(console: Console, args) -> int:
     result = published_points.check()
     table = Table(title="predicted against published GPU-cluster results", title_justify="left")
-    for column in ("point", "metric", "published", "predicted", "error", "layout as modelled", "source"):
+    for column in ("point", "metric", "published", "predicted", "error", "on every table measured", "layout as "
+                   "modelled", "source"):
         table.add_column(column, overflow="fold")
     for r in result["points"]:
         if r.get("refused"):
-            table.add_row(escape(r["name"]), r["metric"], f"{r['published']:g}", "refused", "",
+            table.add_row(escape(r["name"]), r["metric"], f"{r['published']:g}", "refused", "", "",
                           escape(r["refused"].split(": ", 1)[-1]), escape(r["source"].split(":")[0]))
             continue
+        others = [r["error"], *r["error_by_table"].values()]
         table.add_row(escape(r["name"]), r["metric"], f"{r['published']:g}", _figure(r["predicted"]),
-                      f"{r['error']:+.1%}", escape(r["layout_full"] + " " + r["stack"]),
-                      escape(r["source"].split(":")[0]))
+                      f"{r['error']:+.1%}", f"{min(others):+.1%} to {max(others):+.1%}",
+                      escape(r["layout_full"] + " " + r["stack"]), escape(r["source"].split(":")[0]))
     console.print(table)
+    tables = max((len(t) for t in result["tables"].values()), default=0)
     console.print(f"{result['predicted']} points predicted, {result['refused']} refused: median |error| "
-                  f"{result['median_abs_error']:.1%}, largest {result['max_abs_error']:.1%}")
+                  f"{result['median_abs_error']:.1%}, largest {result['max_abs_error']:.1%} on the bundled tables; "
+                  f"each point's worst over every table measured of its part ({tables} of the H100): median "
+                  f"{result['worst_median_abs_error']:.1%}, largest {result['worst_max_abs_error']:.1%}")
     for g in result["rankings"]:
         rho = "n/a" if g["spearman"] is None else f"{g['spearman']:+.2f}"
         console.print(f"ranking {g['model']} on {g['devices']} x {g['hardware']}: Spearman {rho}; order of "
@@ -109,11 +114,8 @@ def run_model(console: Console, args) -> int:
     hardware = hardware_files.load(args.hardware)
     spec = decoder.load(args.model)
     stack = stacks.load(args.stack)
-    compute = None if args.assume_mfu is not None else compute_for(hardware)
-    label = (f"compute ASSUMED: MFU {args.assume_mfu:g} of {hardware.name}'s datasheet bf16 peak"
-             if args.assume_mfu is not None else
-             f"compute from first principles: {compute.path} "
-             "(measured and published kernel rates, each with its source: --constants)")
+    compute = device_compute(hardware, args.assume_mfu)
+    label = compute_label(compute)
     names = [e.strip() for e in args.layouts.split(",") if e.strip()]
     for name in names:   # what no device count can change is refused before anything is predicted
         check_name(name)
@@ -138,7 +140,7 @@ def _row(spec, name: str, devices: int, args, hardware, stack, compute) -> dict:
     try:
         layout = Layout.parse(name, devices)
         batch = args.global_batch or layout.data * (args.batch_size or 1)
-        p = predict_llm(spec, layout, batch, hardware, stack, compute, args.assume_mfu)
+        p = predict(spec, layout, batch, hardware, compute, stack=stack)
     except ValueError as exc:
         return {**row, "invalid": str(exc)}
     return {**row, "layout_full": layout.name, "global_batch": batch, "step_s": p.step_s,

@@ -1,4 +1,4 @@
-"""bench.predict at LLM scale (common/predict/decoder.py, common/layout.py, gpu_compute.py, llm_step.py,
+"""bench.predict at LLM scale (common/predict/decoder.py, common/layout.py, gpu_compute.py, kernels.py, step.py,
 published.py): the formulas against hand counts and the papers' closed forms, the published points as data,
 and refusals in one line. Unit tests only: no process is started."""
 from __future__ import annotations
@@ -13,9 +13,10 @@ from bench.reporting.published_plot import published_blocks
 from common.layout import Layout, Refused
 from common.predict import constants, decoder, published, stacks
 from common.predict import hardware as hardware_files
-from common.predict.decoder import Gemm
 from common.predict.gpu_compute import compute_for
-from common.predict.llm_step import interleaved_pipeline_s, predict_llm
+from common.predict.kernels import device_compute
+from common.predict.step import pipeline_s, predict
+from common.spec import Gemm
 
 GPT = decoder.load("megatron-gpt-177b")     # h 12288, 96 heads, s 4096, GELU 4h, biases, untied
 LLAMA = decoder.load("llama3-8b")           # h 4096, 32 heads, 8 KV heads, SwiGLU 14336, no biases
@@ -105,11 +106,11 @@ def test_gemm_rates_come_from_the_table_interpolated_in_log_space():
 
 def test_interleaving_shrinks_the_bubble_by_the_chunks():
     e, p, m, v = 2.0, 4, 8, 2
-    assert interleaved_pipeline_s([e] * p, m, v) == pytest.approx((m + (p - 1) / v) * e)
+    assert pipeline_s([e] * p, m, v) == pytest.approx((m + (p - 1) / v) * e)
     spec, hw = decoder.load("megatron-gpt-70b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")
-    plain = predict_llm(spec, Layout.parse("tp8xpp4-sp-zero1-mbs1-1f1b-vocab", 32), 32, hw, meg, c)
-    chunked = predict_llm(spec, Layout.parse("tp8xpp4-sp-zero1-vp3-mbs1-vocab", 32), 32, hw, meg, c)
+    plain = predict(spec, Layout.parse("tp8xpp4-sp-zero1-mbs1-1f1b-vocab", 32), 32, hw, c, stack=meg)
+    chunked = predict(spec, Layout.parse("tp8xpp4-sp-zero1-vp3-mbs1-vocab", 32), 32, hw, c, stack=meg)
     assert chunked.bubble_s < plain.bubble_s
     assert chunked.compute_s == pytest.approx(plain.compute_s)
 
@@ -128,8 +129,9 @@ def test_layout_names_and_refusals_are_one_line():
     with pytest.raises(Refused, match="'sp' needs tensor parallelism"):
         Layout.parse("fsdp-sp", 8)
     with pytest.raises(ValueError, match="vocabulary 128256 is not divisible by tp 5"):   # the model's own limit
-        predict_llm(replace(LLAMA, heads=40, kv_heads=5, ffn=14000), Layout.parse("tp5-vocab", 5), 5,
-                    hardware_files.load("h100-sxm-8"), stacks.load("torch-eager"), None, mfu=0.4)
+        h100 = hardware_files.load("h100-sxm-8")
+        predict(replace(LLAMA, heads=40, kv_heads=5, ffn=14000), Layout.parse("tp5-vocab", 5), 5, h100,
+                device_compute(h100, 0.4), stack=stacks.load("torch-eager"))
 
 
 def test_the_cli_refuses_a_layout_it_cannot_model_in_one_line(capsys):
@@ -185,10 +187,44 @@ def test_every_constant_has_a_value_and_a_source(capsys):
 def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
     spec, hw = decoder.load("megatron-gpt-177b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")
-    exposed = predict_llm(spec, Layout.parse("tp8xpp6-sp-zero1-mbs1-1f1b-vocab", 48), 48, hw, meg, c)
-    overlapped = predict_llm(spec, Layout.parse("tp8xpp6-sp-zero1-tpo-mbs1-1f1b-vocab", 48), 48, hw, meg, c)
+    exposed = predict(spec, Layout.parse("tp8xpp6-sp-zero1-mbs1-1f1b-vocab", 48), 48, hw, c, stack=meg)
+    overlapped = predict(spec, Layout.parse("tp8xpp6-sp-zero1-tpo-mbs1-1f1b-vocab", 48), 48, hw, c, stack=meg)
     # Transformer Engine's ring exchange runs QKV and FC1 in 8 chunks of 512 tokens: slower GEMMs, hidden comm.
     assert overlapped.parts["gemm"] > exposed.parts["gemm"]
     assert overlapped.comm_exposed_s < exposed.comm_exposed_s
     with pytest.raises(ValueError, match="async TP needs torch.compile"):    # eager torch has no async TP
-        predict_llm(LLAMA, Layout.parse("tp2xfsdp-sp-tpo", 8), 8, hw, stacks.load("torch-eager"), c)
+        predict(LLAMA, Layout.parse("tp2xfsdp-sp-tpo", 8), 8, hw, c, stack=stacks.load("torch-eager"))
+
+
+def test_torchtitan_keeps_a_pipeline_stage_s_layers_gathered_from_forward_to_backward():
+    """apply_fsdp's reshard_after_forward = not pp_enabled: under a pipeline each layer is gathered once a
+    micro-batch (forward), not twice, and the stage holds all its layers' bf16 weights between the two."""
+    hw = hardware_files.load("h100-sxm-8")
+    c, titan = compute_for(hw), stacks.load("torch-compile")
+    piped = Layout.parse("fsdp2xpp4-mbs1-1f1b", 8)     # 8 micro-batches, 8 layers a stage
+    kept = predict(LLAMA, piped, 16, hw, c, stack=titan)
+    resharded = predict(LLAMA, piped, 16, hw, c, stack=replace(titan, fsdp_reshard_under_pp=True))
+
+    def gathers(p):
+        return next(x for x in p.collectives if x.kind == "all_gather" and x.dim == "fsdp").calls
+    assert (gathers(kept), gathers(resharded)) == (8 * 8, 2 * 8 * 8)
+    assert kept.model_per_rank[0] - resharded.model_per_rank[0] == pytest.approx((8 - 2) * LLAMA.layer_params() * 2)
+    assert kept.parts["data_parallel_comm"] < resharded.parts["data_parallel_comm"]
+    flat = Layout.parse("fsdp8-mbs1", 8)                # no pipeline: resharded after forward either way
+    assert predict(LLAMA, flat, 16, hw, c, stack=titan).step_s == \
+        predict(LLAMA, flat, 16, hw, c, stack=replace(titan, fsdp_reshard_under_pp=True)).step_s
+
+
+def test_every_point_is_predicted_again_on_every_table_measured_of_its_part(tmp_path):
+    """The bundled H100 table was written from one of the six records measured of that H100: predicted from that
+    record the point's error is the bundled one; each point's worst error is its largest over them all, and the
+    goals' figures are of the worst. A checkout without records predicts from the bundled table alone."""
+    point = next(p for p in published.all_points() if p.name == "megatron GPT-3 177B strong scaling, 96 H100")
+    result = published.check([point])
+    [row] = result["points"]
+    assert len(row["error_by_table"]) == 6 == len(result["tables"]["h100-sxm-8"])
+    assert row["error_by_table"]["h100x1/compute/h100-compute-hot-interleaved.json"] == pytest.approx(row["error"])
+    assert row["worst_error"] == max([row["error"], *row["error_by_table"].values()], key=abs) > row["error"]
+    assert result["worst_max_abs_error"] == abs(row["worst_error"]) > result["max_abs_error"]
+    bare = published.check([point], reference=tmp_path)
+    assert bare["points"][0]["error_by_table"] == {} and bare["worst_max_abs_error"] == bare["max_abs_error"]

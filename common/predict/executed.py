@@ -1,0 +1,226 @@
+"""The executed workloads (the BERT MLM, the CNN) in stages as parbench runs them, timed from a measured 1-device
+run (basis.py) or an assumed MFU; common.predict.step puts the stages together into one step.
+
+The collectives a layout issues, per step (checked against torch_3d's counted comm_per_step in
+tests/test_predict.py):
+  - data (no FSDP): one all-reduce of the rank's gradients over the data ranks (torch_3d: one flat buffer after the
+    backward; torch_ddp: 25 MiB buckets during it). Ring cost 2(n-1)/n x gradient bytes.
+  - FSDP/ZeRO-3 over dp: each layer unit all-gathered before its forward and again before its backward, the
+    root unit once, and every unit's gradients reduce-scattered once: (n-1)/n x (2 x layers + root) bytes
+    gathered + (n-1)/n x all bytes scattered, 1.5x data parallel's 2(n-1)/n when the root is small.
+  - tp (Megatron): per micro-batch and layer, 2 all-reduces of b x s x h forward (attention output, FFN out)
+    and TP_BACKWARD_ALL_REDUCES backward (DTensor reduces the input gradient of each column-parallel module:
+    Q, K, V and FFN-in separately); with a split vocabulary also the embedding's partial sums.
+  - pp: per micro-batch and stage boundary b x s x h sent forward and its gradient backward (each rank sends
+    one and receives the other per boundary: 2 transfers per micro-batch and boundary); the tied token
+    embedding's gradient all-reduced between the first and last stage once per step.
+keras_jax's collectives are XLA's (GSPMD places, fuses and combines them): they come as compiled, from a run's
+comm_per_step, costed over all its devices and exposed (an assumption).
+Overlap, per backend and layout (the rest is on the critical path):
+  - torch_3d: everything exposed, except FSDP's gathers and scatters on hardware whose collectives run beside
+    compute (a GPU's own stream; FSDP2 prefetches the next unit): there only what exceeds the compute, or at
+    least one unit's gather and scatter, is exposed. Its dp all-reduce runs after the backward by design.
+  - torch_ddp: bucketed all-reduces overlap the backward (2/3 of forward+backward) where collectives run beside
+    compute; at least the last bucket is exposed. On a CPU gloo's ring runs on the cores that compute:
+    exposed (an assumption the validation checks).
+CPU contention: a thread gets cores / max(cores, runnable threads) of a core, runnable threads being the ranks'
+(ranks x threads per device) plus, with `background`, other programs' (common.predict.basis.background_load);
+compute stretches by the 1-device run's share over this run's, and where ranks run side by side by the co-run
+probe's slowdown (basis.co_run: the 1-device command run as that many processes at once, bench.co_run).
+"""
+from __future__ import annotations
+
+from common.layout import Layout
+from common.predict.basis import Basis
+from common.predict.collectives import Collective, cost_s, crosses_nodes, group_stride
+from common.predict.hardware import Hardware, Link
+from common.predict.memory import (
+    FLOAT,
+    counted_per_rank,
+    executed_memory,
+    layer_elements,
+    stage_params,
+    state_bytes,
+    value_bytes,
+)
+from common.predict.prediction import Stages
+from common.predict.work import parts, rank_macs, recomputed_macs, stage_layer_counts, stage_macs
+from common.sections import StateBytes
+from common.spec import BertSpec, CnnSpec
+
+TP_FORWARD_ALL_REDUCES = 2
+TP_BACKWARD_ALL_REDUCES = 4
+DDP_BUCKET_BYTES = 25 * 2**20
+BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
+
+
+# What this model of the executed workloads models: what torch_3d executes, whose collectives it counts.
+MODELLED = frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split", "stage_split"})
+
+
+def check_modelled(layout: Layout) -> None:
+    """ValueError in one line for a layout option this model cannot cost (its collectives are torch_3d's)."""
+    for feature, flag in layout.features():
+        if feature not in MODELLED:
+            raise ValueError(f"{layout.name}: {flag} is not modelled for the executed workloads (their step model "
+                             "counts what torch_3d executes); the decoders' model does (bench.predict --model)")
+
+
+def _link(hardware: Hardware, layout: Layout, dim: str) -> Link:
+    return hardware.link(crosses_nodes(layout, dim, hardware.devices_per_node))
+
+
+def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, stage: int, backend: str,
+                stage_split: list[int] | None = None, activation_value_bytes: int = FLOAT) -> list[Collective]:
+    """What one rank of `stage` issues per step. Activations travel at the run's precision
+    (`activation_value_bytes`: bf16 under autocast), gradients and parameters as float32 (torch's amp keeps
+    both in float32)."""
+    micro = global_batch // (layout.data * layout.micro_batches)
+    out: list[Collective] = []
+    params = stage_params(spec, layout, stage, stage_split)
+    if isinstance(spec, BertSpec):
+        layers = stage_layer_counts(layout, spec.layers, stage_split)[stage]
+        activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
+        m = layout.micro_batches
+        if layout.tp > 1:
+            calls = m * layers * (TP_FORWARD_ALL_REDUCES + TP_BACKWARD_ALL_REDUCES)
+            if layout.vocab_split and stage == 0:
+                calls += m
+            out.append(Collective("all_reduce", "tp", activation, calls, layout.tp, True,
+                                  "tensor-parallel activations"))
+        if layout.pp > 1:
+            # Per micro-batch and boundary the activation crosses forward and its gradient backward: a rank
+            # sends one and receives the other (CommCounter counts both).
+            boundaries = (stage > 0) + (stage < layout.pp - 1)
+            out.append(Collective("send_recv", "pp", activation, 2 * m * boundaries, 2, True,
+                                  "pipeline activations and their gradients"))
+            if stage in (0, layout.pp - 1):
+                rows = spec.vocab_size // (layout.tp if layout.vocab_split else 1)
+                out.append(Collective("all_reduce", "tie", FLOAT * rows * spec.hidden, 1, 2, True,
+                                      "tied embedding gradient"))
+    if layout.sharded:
+        # FSDP units: each encoder layer, and the root (the rest of the stage); every micro-batch gathers each
+        # layer twice (forward, backward) and the root, which stays gathered, once; gradients scatter once.
+        units = stage_layer_counts(layout, spec.layers, stage_split)[stage] if isinstance(spec, BertSpec) else 0
+        per_layer = layer_elements(spec, layout) if units else 0
+        root = params - units * per_layer
+        m = layout.micro_batches
+        gathers = m * (2 * units + 1)
+        out.append(Collective("all_gather", "data", FLOAT * m * (2 * units * per_layer + root) / gathers, gathers,
+                              layout.data, True, "FSDP parameter all-gathers"))
+        out.append(Collective("reduce_scatter", "data", FLOAT * params / (units + 1), units + 1, layout.data, True,
+                              "FSDP gradient reduce-scatters"))
+    elif layout.data > 1:
+        nbytes = FLOAT * params
+        calls = max(1, -(-int(nbytes) // DDP_BUCKET_BYTES)) if backend == "torch_ddp" else 1
+        out.append(Collective("all_reduce", "data", nbytes / calls, calls, layout.data, True, "gradient all-reduce"))
+    return out
+
+
+def _exposed(c: Collective, seconds: float, fb_s: float, backend: str, hardware: Hardware) -> float:
+    if not hardware.comm_overlaps_compute:
+        return seconds
+    if c.kind in ("all_gather", "reduce_scatter"):     # FSDP2 prefetch
+        return max(seconds / c.calls, seconds - fb_s)
+    if c.dim == "data" and backend == "torch_ddp":       # DDP buckets during the backward
+        return max(seconds / c.calls, seconds - BACKWARD_SHARE * fb_s)
+    return seconds
+
+
+def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
+    if c.dim == "all":
+        return c.calls * cost_s(c.kind, c.nbytes, c.ranks, hardware.link(layout.devices > hardware.devices_per_node))
+    if c.dim == "tie":
+        stride = group_stride(layout, "pp") * (layout.pp - 1)
+        link = hardware.link(stride >= hardware.devices_per_node)
+    else:
+        link = _link(hardware, layout, c.dim)
+    return c.calls * cost_s(c.kind, c.nbytes, c.ranks, link)
+
+
+def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, hardware: Hardware, basis: Basis,
+                    backend: str = "torch_3d", stage_split: list[int] | None = None, background: float | None = None,
+                    eval_batch: int | None = None, counted: list[Collective] | None = None) -> Stages:
+    """`background`: other programs' runnable threads on a CPU host during the run (None: none, and the
+    1-device run's background is not accounted either). `eval_batch`: the run also evaluates in batches of
+    this many (its peak memory may be there); None: training only. `counted`: the collectives a compiler placed
+    (keras_jax's GSPMD: a record's comm_per_step, as compiled), instead of the formulas; one stage only."""
+    if not isinstance(basis, Basis):
+        raise ValueError(f"{type(spec).__name__}: a compute table times a decoder's kernels; the executed workloads "
+                         "are timed from a measured 1-device run or an assumed MFU (--from, --assume-mfu)")
+    check_modelled(layout)
+    m = layout.micro_batches
+    micro = global_batch / (layout.data * m)
+    contention = 1.0
+    if hardware.device_kind == "cpu" and basis.cores and basis.threads_per_device:
+        cores, threads = basis.cores, basis.threads_per_device
+        ours, theirs = (0.0, 0.0) if background is None else (background, basis.background)
+        contention = max(1.0, (layout.devices * threads + ours) / cores) / max(1.0, (threads + theirs) / cores)
+        if layout.devices > 1:  # ranks side by side share the host's cache and memory bandwidth
+            contention *= basis.co_run
+    # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
+    # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
+    whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_split=layout.vocab_split)))
+    per_mac = basis.s_per_mac_sample * plain_share(spec, basis)
+
+    def stage_s(launched: float, computed: float) -> float:
+        """launched: the multiply-adds the fixed cost goes with; computed: those the time per sample goes with."""
+        return contention * (basis.s_per_micro_batch * launched / whole + per_mac * computed * micro)
+    # --recompute runs each encoder layer's forward again in the backward: its forward share of forward+backward
+    # (1 - BACKWARD_SHARE) more, costed as that many more multiply-adds (and their launches).
+    launched = stage_macs(spec, layout, stage_split)
+    launched_again = [(1 - BACKWARD_SHARE) * r for r in recomputed_macs(spec, layout, stage_split)]
+    macs = rank_macs(spec, layout, basis.compute_shares, stage_split)
+    again = [(1 - BACKWARD_SHARE) * r for r in rank_macs(spec, layout, basis.compute_shares, stage_split, True)]
+    stage_comm = [counted] if counted is not None and layout.pp == 1 else \
+        [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
+         for s in range(layout.pp)]
+    out = Stages(micro_batches=m, overhead=contention * basis.s_per_step, contention=contention,
+                 # Interruptions (step.sync_factor): on a CPU host only, a GPU's queue of launched kernels runs on
+                 # while its host thread is interrupted.
+                 interruption_share=basis.interruption_share if hardware.device_kind == "cpu" else 0.0)
+    for s, comms in enumerate(stage_comm):
+        plain = stage_s(launched[s], macs[s])
+        computed = stage_s(launched[s] + launched_again[s], macs[s] + again[s])
+        # Communication inside the micro-batch loop (tp all-reduces, pipeline sends) sits in the stage's time;
+        # what runs once per step (dp, FSDP, the tie) after it.
+        inside = sum(_comm_s(c, hardware, layout) for c in comms if c.dim in ("tp", "pp")) / m
+        after = sum(_exposed(c, _comm_s(c, hardware, layout), m * computed, backend, hardware)
+                    for c in comms if c.dim not in ("tp", "pp"))
+        optimizer = contention * basis.s_per_param * state_bytes(spec, layout, s * layout.data * layout.tp,
+                                                                   stage_split).params / FLOAT
+        out.add(compute=computed, inside=inside, recompute=computed - plain, after_comm=after, optimizer=optimizer,
+                collectives=comms)
+    out.memory = executed_memory(spec, layout, global_batch, basis.precision, stage_split, eval_batch, backend,
+                                 basis.memory_overhead, basis.training_overhead)
+    if contention != 1:
+        out.notes.append(f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
+                         + (f" + {background:.1f} other runnable" if background else "")
+                         + f" on {basis.cores} cores" + (f", side by side x{basis.co_run:.3f}" if basis.co_run != 1
+                                                         else "") + f": compute x{contention:.2f}")
+    if layout.tp > 1 and basis.compute_shares is None and not basis.assumed:
+        out.notes.append(TP_UNPROFILED)
+    return out
+
+
+TP_UNPROFILED = ("tensor parallel: the 1-device run has no --profile, so its norms, dropouts and loss are taken to "
+                 "divide as its matmuls do (they do not: predicted too fast)")
+
+
+def plain_share(spec: BertSpec | CnnSpec, basis: Basis) -> float:
+    """The share of a basis's time per multiply-add that is the plain forward+backward: all of it, except for a
+    basis measured with --recompute, whose 1-device run also recomputed its encoder layers' forward."""
+    if not basis.recompute or isinstance(spec, CnnSpec):
+        return 1.0
+    whole = parts(spec)
+    return whole.total / (whole.total + (1 - BACKWARD_SHARE) * whole.layers * whole.layer)
+
+
+def memory_per_rank(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, precision: str | None,
+                    backend: str = "torch_3d", stage_split: list[int] | None = None, eval_batch: int | None = None
+                    ) -> tuple[list[StateBytes], list[float], list[float]]:
+    """Per rank, before any run: its state, what the model counts of its process peak (no framework overhead)
+    and of its training's growth; predict()'s memory without a time basis (a fit check before launch)."""
+    check_modelled(layout)
+    micro = global_batch / (layout.data * layout.micro_batches)
+    return counted_per_rank(spec, layout, micro, precision or "fp32", stage_split, eval_batch, backend)

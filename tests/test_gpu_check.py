@@ -1,0 +1,53 @@
+"""bench.gpu_check, the device check prepared for a lent GPU, run on a CPU: the same code (a tiny model, a few steps),
+every run of its groups ok beside its framework's bare loop and profiled, and the summary's ratios those of the
+records. The compiled group differs only by --compile (inductor takes minutes on this CPU): its command is held."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import gpu_check
+from tests.conftest import run_cli
+
+
+def test_the_compiled_group_is_the_eager_one_under_torch_compile():
+    args = gpu_check.build_parser().parse_args(["--out", "x"])
+    eager, compiled = (gpu_check.calibrate_command(args, g) for g in ("mlm", "mlm-compiled"))
+    assert compiled[compiled.index("--backends") + 1] == "torch_3d,torch_ddp" and compiled[-1] == "--compile"
+    without = [a for a in compiled if a != "--compile"]
+    assert without[:without.index("--backends")] == eager[:eager.index("--backends")]
+    assert eager[eager.index("--precision") + 1] == "amp" and eager[eager.index("--batch-size") + 1] == "256"
+    assert eager[eager.index("--model-size") + 1] == "base" and "--profile" in eager and "--data" in eager
+    record = {"backend": "torch_3d", "workload": "mlm", "config": {"compile": "default"}}
+    assert gpu_check.group_of(record) == "mlm-compiled"
+    assert gpu_check.group_of({**record, "backend": "keras_jax"}) == "mlm"   # XLA compiles every keras_jax step
+
+
+@pytest.mark.e2e
+def test_the_device_check_runs_on_a_cpu(tmp_path):
+    out = tmp_path / "check"
+    proc = run_cli("bench.gpu_check", "--out", str(out), "--groups", "mlm,cnn", "--device-kind", "cpu",
+                   "--model-size", "tiny", "--batch-size", "4", "--cnn-batch-size", "8", "--steps", "3",
+                   "--warmup-steps", "1", "--profile", "1", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "gpu-check.json").read_text())
+    rows = {(r["group"], r["backend"]): r for r in summary["rows"]}
+    assert set(rows) == {("mlm", "torch_3d"), ("mlm", "torch_ddp"), ("mlm", "keras_jax"), ("cnn", "torch_ddp"),
+                         ("cnn", "torch_dp")} and summary["failed_groups"] == []
+    reference = rows[("mlm", "torch_3d")]["step_s"]
+    for (group, backend), row in rows.items():
+        record = json.loads((out / "runs" / f"{row['run_id']}.json").read_text())
+        assert record["config"]["precision"] == "amp" and record["device_kind"] == "cpu"
+        assert (record.get("backend_metrics") or {}).get("attribution"), (backend, "not profiled")
+        # its framework's bare loop: its own, or for torch_3d (none of its own) torch_ddp's of the same group
+        loop = "torch_ddp" if backend == "torch_3d" else backend
+        bare = json.loads((out / "runs" / f"{rows[(group, loop)]['run_id']}.json").read_text())["calibration"]
+        assert row["bare_loop"] == loop and row["bare_ratio"] == pytest.approx(
+            record["samples_per_s"] / bare["bare_samples_per_s"])
+        assert row["step_s"] == record["step_time_s"]["p50"] and row["mfu"] == record["mfu"]
+        expected = row["step_s"] / reference if group == "mlm" else None
+        assert row["step_over_torch_3d"] == (pytest.approx(expected) if expected else None)
+    assert "Where the step goes" in (out / "report.md").read_text()
+    table = (out / "gpu-check.md").read_text()
+    assert table.count("| mlm |") == 3 and table.count("| cnn |") == 2
