@@ -63,6 +63,11 @@ class Model(Protocol):
 
     def attention_flops(self, samples: int) -> float: ...
 
+    # Bytes one layer (the CNN: its whole body) keeps for its backward on one tensor-parallel rank, for `rows`
+    # rows (tokens; the CNN's: samples), without recomputation: a stage under recompute keeps its layers' inputs
+    # and one layer's of these (common.predict.memory).
+    def stored_activation_bytes(self, rows: int, tp: int = 1, sequence_parallel: bool = False) -> float: ...
+
 
 def forward_flops(model: Model, samples: int = 1) -> float:
     """Forward FLOPs of `samples` samples (a decoder's: sequences): its GEMMs and attention. Only matmuls and
@@ -129,6 +134,12 @@ class CnnSpec:
 
     def attention_flops(self, samples: int) -> float:
         return 0.0
+
+    def stored_activation_bytes(self, rows: int, tp: int = 1, sequence_parallel: bool = False,
+                                value_bytes: int = 4) -> float:
+        """Each conv's output and its BatchNorm/ReLU copies (3 per conv), the FC inputs, per sample."""
+        maps = sum(3 * size * size * c for size, c in zip(self.feature_maps(), self.conv_channels))
+        return value_bytes * rows * (maps + self.flat_features + sum(self.fc_sizes))
 
     def forward_macs(self) -> int:
         return int(forward_flops(self)) // 2
@@ -213,6 +224,17 @@ class BertSpec:
 
     def attention_flops(self, samples: int) -> float:
         return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.hidden)
+
+    def stored_activation_bytes(self, rows: int, tp: int = 1, sequence_parallel: bool = False,
+                                value_bytes: int = 4) -> float:
+        """One encoder layer's values kept for its backward per token (Korthikanti et al. 2022, section 4, counted
+        for this model, fused attention storing no s x s scores): the input, the two norms' inputs and the FFN
+        input replicated (4h); Q, K, V, the context and both FFN intermediates split over tp ((4h + 2i) / tp).
+        torch_3d runs no sequence parallelism: refused."""
+        if sequence_parallel:
+            raise ValueError("the BERT MLM runs no sequence parallelism")
+        h, i = self.hidden, self.intermediate
+        return value_bytes * rows * (4 * h + (4 * h + 2 * i) / tp)
 
     def layer_forward_macs(self) -> int:
         """Per sequence, one encoder layer: Q, K, V, O, the two attention products, the FFN."""

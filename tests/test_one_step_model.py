@@ -12,7 +12,7 @@ import pytest
 from common.layout import Layout
 from common.plan import decoders
 from common.plan.rank import predicted
-from common.predict import decoder, published, stacks, step
+from common.predict import decoder, memory, published, stacks, step
 from common.predict import hardware as hardware_files
 from common.predict.basis import from_mfu
 from common.predict.kernels import device_compute
@@ -85,3 +85,19 @@ def test_every_model_s_flops_are_counted_once_from_its_gemms_and_attention():
     assert forward_flops(llama, 2) == pytest.approx(sum(g.flops for g in llama.gemms(2))
                                                     + llama.layers * attention_flops(2 * s, s, q, causal=True))
     assert llama.layer_gemms(s, layout.tp)[0].n == q // 2
+
+
+def test_every_model_describes_what_a_layer_keeps_for_its_backward_and_memory_reads_it():
+    """BERT's layer: 4h replicated + (4h + 2i) / tp values a token (the CNN's body, per sample); the memory model's
+    activations are those layers' (inputs only under recompute, plus the layer being recomputed)."""
+    tiny = BERT_SIZES["tiny"]
+    h, i, s = tiny.hidden, tiny.intermediate, tiny.seq_len
+    assert tiny.stored_activation_bytes(s, 2) == 4 * s * (4 * h + (4 * h + 2 * i) / 2)
+    assert CNN.stored_activation_bytes(3, value_bytes=2) == 2 * 3 * (3 * (26 * 26 * 16 + 24 * 24 * 32 + 10 * 10 * 64
+                                                                        + 8 * 8 * 128) + 2048 + 1024 + 128)
+    with pytest.raises(ValueError, match="sequence parallelism"):
+        tiny.stored_activation_bytes(s, 2, sequence_parallel=True)
+    plain, again = (memory.activation_bytes(tiny, Layout(tp=2, recompute=rc), 0, 1) for rc in ("none", "full"))
+    ends = 4 * (2 * s * h + 4 * tiny.max_predictions * h + 2 * tiny.max_predictions * tiny.vocab_size)
+    assert plain - ends == tiny.layers * tiny.stored_activation_bytes(s, 2)
+    assert again - ends == tiny.layers * 4 * s * h + tiny.stored_activation_bytes(s, 2)

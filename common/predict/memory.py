@@ -163,15 +163,13 @@ def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro
                      stage_split: list[int] | None = None, value_bytes: int = FLOAT) -> float:
     """Activations a rank of `stage` keeps at its peak, for micro-batches of `micro_batch` samples."""
     if isinstance(spec, CnnSpec):
-        # Each conv's output and its BatchNorm/ReLU copies (3 per conv), the FC inputs.
-        maps = sum(3 * size * size * c for size, c in zip(spec.feature_maps(), spec.conv_channels))
-        return value_bytes * micro_batch * (maps + spec.flat_features + sum(spec.fc_sizes))
-    s, h, i, p, v, tp = spec.seq_len, spec.hidden, spec.intermediate, spec.max_predictions, spec.vocab_size, layout.tp
+        return spec.stored_activation_bytes(micro_batch, value_bytes=value_bytes)
+    s, h, p, v, tp = spec.seq_len, spec.hidden, spec.max_predictions, spec.vocab_size, layout.tp
     counts = stage_layer_counts(layout, spec.layers, stage_split)
-    layer = s * h if layout.recomputes else s * (4 * h + (4 * h + 2 * i) / tp)
-    per_sample = counts[stage] * layer
+    stored = spec.stored_activation_bytes(s, tp, value_bytes=1)   # values per sample
+    per_sample = counts[stage] * (s * h if layout.recomputes else stored)
     if layout.recomputes and counts[stage]:
-        per_sample += s * (4 * h + (4 * h + 2 * i) / tp)  # the one layer being recomputed
+        per_sample += stored  # the one layer being recomputed
     if stage == 0:
         per_sample += 2 * s * h
     if stage == layout.pp - 1:
