@@ -131,8 +131,9 @@ def test_report_shows_every_ratio_and_flags_the_harness_bound():
     assert any(isinstance(b, Text) and "tf_mirrored cnn N=2: 0.90" in b.text for b in blocks)
 
 
-# TensorFlow's and MindSpore's bare loops take 30-70 s each in the suite beside the other worker: `nox -s
-# calibrate-idioms` runs them (by_hand), CI torch's two, whose calibrate path is the same but for the idiom.
+# TensorFlow's and MindSpore's calibrations take 30-70 s each in the suite beside the other worker: `nox -s
+# calibrate-idioms` runs them (by_hand), CI torch's two, whose calibrate path is the same but for the idiom, and
+# TensorFlow's and MindSpore's bare loops alone (below).
 @pytest.mark.e2e
 @pytest.mark.parametrize("backend", ["torch_dp", "torch_ddp", pytest.param("tf_mirrored", marks=pytest.mark.by_hand),
                                      pytest.param("mindspore_auto", marks=pytest.mark.by_hand)])
@@ -151,6 +152,20 @@ def test_calibrate_writes_a_positive_ratio_and_the_idiom(tmp_path, backend):
     breakdown = record["backend_metrics"]["breakdown"]
     assert breakdown["probe_steps"] == 2 and breakdown["forward_backward_s"] > 0
     assert record["measured_steps"] == 3  # the probe steps stay out of the measured window
+
+
+# TensorFlow's and MindSpore's bare loops in CI, cheaper than their calibration above: the bare half alone, started
+# as bench.calibrate starts it (bench.run --bare), its steps trained and timed as the suite's would be.
+@pytest.mark.e2e
+@pytest.mark.parametrize("backend, idiom", [("tf_mirrored", "model.fit"), ("mindspore_auto", "Model.train")])
+def test_a_framework_s_bare_loop_trains_and_times_the_suite_s_steps(tmp_path, backend, idiom):
+    proc = run_cli("bench.run", "--backend", backend, "--workload", "cnn", "--devices", "1", "--batch-size", "8",
+                   "--run-id", "bare-check", "--bare", "--out", str(tmp_path), *TINY)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((tmp_path / "bare" / "bare-check.json").read_text())
+    assert idiom in result["idiom"] and result["measured_steps"] == 3    # 4 steps, the first a warm-up
+    assert result["samples_per_s"] == pytest.approx(8 * 3 / result["window_s"]) and result["window_s"] > 0
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*.json"))  # no run record
 
 
 @pytest.mark.parametrize("backend, workload, layout, grad_bytes, rel", [
