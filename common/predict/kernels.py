@@ -199,9 +199,6 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
     if isinstance(compute, Basis) and not compute.flops_per_s:
         raise ValueError(f"{spec.name}: a decoder is timed from a device's compute table or an assumed MFU; no "
                          "decoder is executed here, so no measured 1-device run times one")
-    if layout.tp_overlap and layout.tp > 1 and not stack.tp_overlap_split:
-        raise ValueError(f"{layout.name}: {stack.name} cannot overlap tensor-parallel communication (tpo): "
-                         "torch's async TP needs torch.compile (--stack torch-compile)")
     stack.check(layout)
     timer = Timer(compute)
     m = layout.micro_batches_at(global_batch)

@@ -205,9 +205,10 @@ def check(points: list[Point] | None = None, reference: Path = REFERENCE_DIR) ->
     """Every published point predicted, from its hardware's bundled table and again from every table measured of
     the same part: the JSON bench.predict --published writes. Each point's `worst_error` is the largest |error|
     over them; the goals read `worst_median_abs_error` and `worst_max_abs_error`."""
-    rows = [predict_point(p) for p in (points if points is not None else all_points())]
+    points = all_points() if points is None else points
+    rows = [predict_point(p) for p in points]
     tables: dict[str, dict[str, DeviceCompute]] = {}
-    for point, row in zip(points if points is not None else all_points(), rows):
+    for point, row in zip(points, rows):
         if row["error"] is None:
             continue
         if point.hardware not in tables:

@@ -45,6 +45,9 @@ class Stack:
 
     def check(self, layout: Layout) -> None:
         """ValueError in one line for a layout this stack does not run."""
+        if layout.tp_overlap and layout.tp > 1 and not self.tp_overlap_split:
+            raise ValueError(f"{layout.name}: {self.name} cannot overlap tensor-parallel communication (tpo): "
+                             "torch's async TP needs torch.compile (--stack torch-compile)")
         for refused, why in self.refuses:
             if refused(layout):
                 raise ValueError(f"{layout.name}: {self.name} does not run it: {why}")
