@@ -1,14 +1,7 @@
-"""bench.compare --co-run-probe: how much ranks that run side by side on one CPU host slow each other.
-
-A 1-device reference has its host to itself; the ranks of a multi-device run on that host share its last-level
-cache and memory bandwidth (and on a VM, maybe physical cores whose hyperthreads its vCPUs are). After a sweep's
-first 1-device run of a backend and workload on a CPU, the probe runs that run's own command again as K processes
-at once (K: the sweep's largest device count, at most as many as the host's cores hold at the run's threads per
-device), each leaving its record under OUT/co-run/<reference run id>/<i>/ (not OUT/runs: they are no reference of
-their own), and writes into the reference's record their median steps and the slowdown, the median of theirs over
-the reference's own (common.sections.CoRun). bench.predict applies it to the compute of a layout whose ranks run
-side by side on a CPU host. Nothing else of the sweep runs while it does.
-"""
+"""bench.compare --co-run-probe: how much ranks that run side by side on one CPU host slow each other (they share
+its last-level cache and memory bandwidth): a sweep's first 1-device run's command again as K processes at once,
+their records under OUT/co-run/<run id>/, the slowdown written into the reference's record (common.sections.CoRun).
+docs/prediction.md, "Contention on a CPU host"."""
 from __future__ import annotations
 
 import json

@@ -1,11 +1,7 @@
-"""The fit check before launch, from a run's command line: bench.run's check_run calls it for every run (and so
-bench.compare for every run it plans, before the sweep starts). The rule itself is common.plan.fit's.
-
-The device's limit: --memory-per-device, else, on CUDA, the GPU's memory as nvidia-smi reports it (divided among
-the virtual devices that share a GPU), else none (a CPU device: nothing is checked, the prediction is still
-recorded). The framework's overhead comes from the latest matching 1-device run in --out, the model's measured
-memory error from --out's validation.json (bench.predict --validate), each where present.
-"""
+"""The fit check before launch, from a run's command line (bench.run's check_run, and so bench.compare for every
+run it plans): the device's limit (--memory-per-device, else the GPU's memory as nvidia-smi reports it shared by
+its virtual devices, else none on a CPU), the framework's overhead from --out's latest matching 1-device run and
+the model's memory error from --out's validation.json; the rule is common.plan.fit's."""
 from __future__ import annotations
 
 import json

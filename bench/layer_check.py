@@ -21,7 +21,7 @@ from rich.table import Table
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import compute_for
-from common.predict.kernels import one_head, one_layer, optimizer_s
+from common.predict.kernels import Timer, head, one_layer
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +107,7 @@ def _layer(args, spec, stack, compute, hardware, probes, precision, kernel, out)
 
 def _head(args, spec, stack, compute, hardware, probes, precision, kernel, out):
     measured = probes.layers.time_head(spec, probes.device, precision, args.micro_batch, args.steps)
-    predicted = one_head(spec, stack, compute, args.micro_batch, precision)
+    predicted = head(spec, 1, stack, Timer(compute, precision), args.micro_batch * spec.seq_len)
     out.update(measured=measured, predicted=predicted)
     total = measured["forward_s"] + measured["backward_s"]
     return (f"{spec.name}'s final norm, output layer and loss, {args.micro_batch} x {spec.seq_len} tokens",
@@ -116,7 +116,7 @@ def _head(args, spec, stack, compute, hardware, probes, precision, kernel, out):
 
 def _optimizer(args, spec, stack, compute, hardware, probes, precision, kernel, out):
     measured = probes.layers.time_optimizer(spec, probes.device, args.shards, args.steps)
-    predicted = optimizer_s(spec.param_count() / args.shards, stack, compute)
+    predicted = Timer(compute).optimizer(spec.param_count() / args.shards, stack)
     out.update(measured=measured, predicted={"optimizer": predicted}, shards=args.shards)
     return (f"{spec.name}'s clipping and AdamW over 1/{args.shards} of its parameters "
             f"({measured['elements'] / 1e6:,.0f} M elements)",

@@ -5,15 +5,10 @@ python -m bench.plan --model NAME|FILE --hardware GPU --devices N --global-batch
                        [--memory-per-device GIB] [--top K] [--layout NAME] [--assume-mfu MFU] [--json FILE]
 python -m bench.plan --published [--json FILE]
 
-Which layout to run on N devices, chosen without trial runs: every layout the backend can execute on N devices
-(common.plan.space) predicted by bench.predict's model (common.predict), those predicted not to fit the device
-memory dropped, the rest ranked by predicted step time with what decides between them (exposed communication,
-bubble, recompute cost). Layouts the model cannot separate within its measured error are said to be so. --run
-measures the top K with bench.compare and prints predicted against measured. With --model, a decoder LLM on a GPU
-cluster: every layout the decoders' model costs (common.plan.decoders), from the device's compute table; --layout
-says where one layout stands; --published ranks each published run's layout in the plan for its cluster.
-docs/plan.md.
-"""
+Which layout to run on N devices, chosen without trial runs (common.plan): every layout predicted by bench.predict's
+model, those that do not fit dropped, the rest ranked with what decides between them; --run measures the top K;
+--model plans a decoder LLM on a GPU cluster; --published ranks each published layout in its cluster's plan.
+docs/plan.md."""
 from __future__ import annotations
 
 import sys
@@ -39,7 +34,7 @@ from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
 from common.predict.basis import from_mfu
-from common.predict.validation import hardware_for, probed_kinds, probed_links, validate
+from common.predict.validation import hardware_for, probed_links, validate
 from common.results import load_records, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, model_spec
 
@@ -139,8 +134,7 @@ def make_plan(args, validation: dict | None = None) -> dict:
         where = (f"{main['backend']} 1-device run at global batch {main['global_batch']}, each layout from the "
                  "1-device runs of its micro-batches and recompute where measured")
         records = [r for r in load_records(source) if r.get("device_kind") == hardware.device_kind]
-        hardware, link = hardware_for({"devices": args.devices}, hardware, probed_links(records),
-                                      probed_kinds(records))
+        hardware, link = hardware_for({"devices": args.devices}, hardware, probed_links(records))
         where += f"; {link}"
         if validation is None:
             validation, how = _validation(source, records, hardware)
@@ -177,10 +171,16 @@ def _decoders(parser, console: Console, args) -> int:
             result = decoders.decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
                                            args.seq_len, args.memory_per_device, args.assume_mfu, args.top,
                                            args.layout)
-            checked = published_points.check()
-            result["model_error"] = {k: checked[k] for k in ("predicted", "median_abs_error", "max_abs_error",
-                                                             "worst_median_abs_error", "worst_max_abs_error")}
-            show_decoder_plan(console, result)
+            e = published_points.check()
+            result["model_error"] = {k: e[k] for k in ("predicted", "median_abs_error", "max_abs_error",
+                                                       "worst_median_abs_error", "worst_max_abs_error")}
+            result["summary"].append(
+                f"the step model against {e['predicted']} published GPU-cluster runs: median |error| "
+                f"{e['median_abs_error']:.1%}, largest {e['max_abs_error']:.1%}, on the worst of every table measured "
+                f"of the part {e['worst_median_abs_error']:.1%} and {e['worst_max_abs_error']:.1%} (python -m "
+                "bench.predict --published); the order it gives two layouts of one cluster is checked against no "
+                "measurement")
+            show(console, result, args.top)
     except (ValueError, BadInput) as exc:
         parser.error(str(exc))
     if args.json:
@@ -191,34 +191,6 @@ def _decoders(parser, console: Console, args) -> int:
         parser.error(f"--layout {asked['layout']}: does not fit: predicted {asked['memory_per_rank_max'] / GIB:,.1f} "
                      f"GiB on its fullest rank, {result['available_bytes'] / GIB:,.1f} GiB available")
     return 0
-
-
-def show_decoder_plan(console: Console, plan: dict) -> None:
-    table = Table(title=escape(f"{plan['title']}\ncompute {plan['compute']}"), title_justify="left")
-    for col in ("#", "layout", "step (s)", "tokens/s/device", "memory/rank (GiB)", "exposed comm", "bubble",
-                "recompute", "what decides"):
-        table.add_column(col, overflow="fold")
-    for r in plan["rows"] + ([plan["asked"]] if plan.get("asked") else []):
-        parts = r["parts_s"]
-        table.add_row(str(r["rank"] or "-"), r["layout"], f"{r['step_s']:,.3f}",
-                      f"{r['tokens_per_s_per_device']:,.0f}", f"{r['memory_per_rank_max'] / GIB:,.1f}",
-                      f"{parts['comm_exposed'] / r['step_s']:.0%}", f"{parts['bubble'] / r['step_s']:.0%}",
-                      f"{parts['recompute'] / r['step_s']:.0%}", escape(r["explanation"] or r["fit"]))
-    console.print(table)
-    c = plan["candidates"]
-    refused = sorted(c["refused"].items(), key=lambda kv: -kv[1])[:3]
-    console.print(f"space: {c['enumerated']:,} layouts enumerated, {c['valid']:,} valid for the model and batch, "
-                  f"{c['fit']:,} predicted to fit {plan['available_bytes'] / GIB:,.1f} GiB per device (a point "
-                  "comparison: the decoders' memory model is checked against no measurement); refused: "
-                  + ("; ".join(f"{n:,} x {why}" for why, n in refused) or "none"))
-    e = plan["model_error"]
-    console.print(f"the step model against {e['predicted']} published GPU-cluster runs: median |error| "
-                  f"{e['median_abs_error']:.1%}, largest {e['max_abs_error']:.1%}, on the worst of every table "
-                  f"measured of the part {e['worst_median_abs_error']:.1%} and {e['worst_max_abs_error']:.1%} "
-                  "(python -m bench.predict --published); the order it gives two layouts of one cluster is checked "
-                  "against no measurement")
-    if plan["pick"]:
-        console.print(f"pick: {plan['pick']}")
 
 
 def published_markdown(result: dict) -> str:
@@ -245,14 +217,17 @@ def _gib(value: float | None) -> str:
 
 
 def show(console: Console, plan: dict, top: int) -> None:
+    """The top rows of a plan (and the layout asked about, where it stands elsewhere), then its summary."""
+    decoder_plan = "model" in plan
     table = Table(title=escape(f"{plan['title']}\n{plan['basis']}"), title_justify="left")
-    for col in ("#", "layout", "step (ms)", "samples/s", "memory/rank (GiB)", "fits", "exposed comm", "bubble",
-                "recompute", "what decides"):
+    for col in ("#", "layout", "step (ms)", "tokens/s/device" if decoder_plan else "samples/s", "memory/rank (GiB)",
+                "fits", "exposed comm", "bubble", "recompute", "what decides"):
         table.add_column(col, overflow="fold")
     shown = [r for r in plan["rows"] if r["rank"] and r["rank"] <= top]
-    for r in shown:
+    for r in shown + ([plan["asked"]] if plan.get("asked") and plan["asked"] not in shown else []):
         parts = r["parts_s"]
-        table.add_row(str(r["rank"]), r["layout"], f"{r['step_s'] * 1e3:,.0f}", f"{r['samples_per_s']:,.1f}",
+        rate = f"{r['tokens_per_s_per_device']:,.0f}" if decoder_plan else f"{r['samples_per_s']:,.1f}"
+        table.add_row(str(r["rank"] or "-"), r["layout"], f"{r['step_s'] * 1e3:,.0f}", rate,
                       _gib(r["memory_per_rank_max"]), r["fit"], f"{parts['comm_exposed'] / r['step_s']:.0%}",
                       f"{parts['bubble'] / r['step_s']:.0%}", f"{parts['recompute'] / r['step_s']:.0%}",
                       escape(r["explanation"]))

@@ -1,16 +1,9 @@
 """python -m bench.plan_check [--out DIR] [--sizes tiny,mini] [--steps 24] [--warmup-steps 4] [--repeats R] [--reuse]
 
-bench.plan proven by exhaustion (nox -s plan-check; not in CI, it takes tens of minutes): every layout the planner
-enumerates for torch_3d on 2 devices (micro-batches 2, 4, 8; global batch 32; evaluation skipped) measured with
-bench.compare for each size, then the plan made from each folder's 1-device runs held to the goals of
-common.plan.check. The errors a plan allows for (its ranking error, its memory error) come from validating the
-OTHER size's runs (measured by this check, else left under --out by an earlier one), never the runs it is checked
-against. The pick and the ranking are the plan's under no binding memory limit; the fit calls are its calls under
-every limit at which they change, set before anything measured is looked at from its own predicted peaks
-(common.plan.check.fit_limits). With --repeats R every layout and 1-device run is measured R times (bench.compare
---repeats): each layout's measured step is the median of its runs, the plan's basis the median 1-device repeat
-(common.predict.validation.references). Exits 1 when a goal fails; the figures come last.
-"""
+bench.plan proven by exhaustion (nox -s plan-check; tens of minutes, not in CI): every layout the planner
+enumerates for torch_3d on 2 devices measured with bench.compare for each size, and the plan made from each
+folder's 1-device runs held to common.plan.check's goals, its allowances from validating the OTHER size's runs,
+never the runs it is checked against. Exits 1 when a goal fails. docs/plan.md, "Proven by exhaustion"."""
 from __future__ import annotations
 
 import argparse

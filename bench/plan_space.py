@@ -1,7 +1,5 @@
-"""What a backend refuses of a layout, asked of the same checks a run meets: bench.run's check_run (the layout's
-validation for the model and batch, every option combination bench.run refuses) and the backend's own check
-(e.g. keras_jax refuses pipelines, torch_3d a CNN's tensor parallelism). bench.plan hands it to
-common.plan.space as its `refuse`: the planner keeps no list of refusals of its own."""
+"""What a backend refuses of a layout, asked of the same checks a run meets (bench.run's check_run and the backend's
+own): bench.plan hands it to common.plan.space as its `refuse`, so the planner keeps no list of its own."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -23,18 +23,21 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench import predict_decoders
 from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
-from bench.reporting.prediction_table import prediction_table
+from bench.reporting.published_plot import FILE as published_file
+from bench.reporting.published_plot import published_plot
 from common.config import PRECISIONS
 from common.config_key import efficiency
 from common.errors import BadInput
 from common.layout import Layout, check_name
 from common.peak_flops import device_model
+from common.predict import constants, decoder, stacks
 from common.predict import hardware as hardware_files
+from common.predict import published as published_points
 from common.predict.basis import MEASURE_THE_SPLIT, Basis, accumulation, from_mfu
+from common.predict.kernels import compute_label, device_compute
 from common.predict.step import predict
 from common.predict.validation import basis_of, execution, references, validate
 from common.results import load_records, write_atomic, write_json_atomic
@@ -73,7 +76,18 @@ def build_parser() -> OneLineParser:
                         "--assume-mfu the math mode whose peak the MFU is of")
     p.add_argument("--out", help="folder for the figure and predictions.json (default: --from's folder, "
                                  "else ./predictions)")
-    predict_decoders.add_arguments(p)
+    d = p.add_argument_group("decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md)")
+    d.add_argument("--model", metavar="NAME|FILE",
+                   help=f"a decoder LLM ({', '.join(decoder.available())}) or a TOML file of yours "
+                        "(common/predict/models/README.md): predict its step under --layouts on --hardware's GPUs")
+    d.add_argument("--stack", choices=sorted(stacks.STACKS), default="megatron-te",
+                   help="with --model: the software running the step (kernels, fusions, optimizer)")
+    d.add_argument("--constants", action="store_true", help="print every constant the GPU-cluster model uses, "
+                   "with its source, and exit")
+    d.add_argument("--published", action="store_true",
+                   help="predict every published GPU-cluster result (common/predict/published/) and print "
+                        "predicted against published with the error")
+    d.add_argument("--json", metavar="FILE", help="with --published: write the points and errors here")
     return p
 
 
@@ -84,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.validate:
             return run_validation(console, Path(args.validate), args.hardware or DEFAULT_CPU_HARDWARE)
-        decoders = predict_decoders.dispatch(console, args)
-        if decoders is not None:
-            return decoders
+        if args.constants:
+            return run_constants(console, args)
+        if args.published:
+            return run_published(console, args)
         if not args.hardware:
             parser.error("--hardware is needed to predict (or --validate RESULTS)")
-        if not args.source and args.assume_mfu is None:
+        if not args.model and not args.source and args.assume_mfu is None:
             parser.error("give --from RESULTS (a measured 1-device run) or --assume-mfu MFU")
         return run_prediction(console, args)
     except (ValueError, BadInput) as exc:
@@ -107,19 +122,15 @@ def run_validation(console: Console, results: Path, hardware_name: str) -> int:
     if not result["runs"] and not result["skipped"]:
         raise ValueError(f"--validate {results}: no ok multi-device run to predict")
     write_json_atomic(results / validation_report.FILE, result)
-    table = Table(title=f"predicted vs measured, {results}", title_justify="left")
-    for column in validation_report.COLUMNS:
-        table.add_column(column, overflow="fold")
-    for row in validation_report.rows(result):
-        table.add_row(*(escape(cell) for cell in row))
-    console.print(table)
+    tables = [(f"predicted vs measured, {results}", validation_report.COLUMNS, validation_report.rows(result))]
     if validation_report.repeated(result):
-        configs = Table(title="each configuration's repeats as one (medians)", title_justify="left")
-        for column in validation_report.CONFIG_COLUMNS:
-            configs.add_column(column, overflow="fold")
-        for row in validation_report.config_rows(result):
-            configs.add_row(*(escape(cell) for cell in row))
-        console.print(configs)
+        tables.append(("each configuration's repeats as one (medians)", validation_report.CONFIG_COLUMNS,
+                       validation_report.config_rows(result)))
+    for title, columns, rows in tables:
+        table = Table(*columns, title=title, title_justify="left")
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        console.print(table)
     for skipped in result["skipped"]:
         console.print(f"left out: {skipped['run_id']}: {escape(skipped['why'])}")
     console.print(validation_report.summary_line(result, str(results / validation_report.FILE)))
@@ -128,20 +139,14 @@ def run_validation(console: Console, results: Path, hardware_name: str) -> int:
 
 # -- prediction ------------------------------------------------------------------------------------------
 
+def _kind(device_kind: str | None, name: str | None) -> str:
+    """A device: 'cpu', or the GPU model common.peak_flops knows it by."""
+    found = device_model(name) if device_kind == "cuda" else None
+    return found[0] if found else str(device_kind)
+
+
 def _device_kind_of(record: dict) -> str:
-    """A record's device: 'cpu', or the GPU model common.peak_flops knows it by."""
-    if record.get("device_kind") != "cuda":
-        return str(record.get("device_kind"))
-    gpus = (record.get("host") or {}).get("gpus") or []
-    found = device_model(gpus[0] if gpus else None)
-    return found[0] if found else "cuda"
-
-
-def _target_kind(hardware) -> str:
-    if hardware.device_kind != "cuda":
-        return hardware.device_kind
-    found = device_model(hardware.device_name)
-    return found[0] if found else "cuda"
+    return _kind(record.get("device_kind"), ((record.get("host") or {}).get("gpus") or [None])[0])
 
 
 def layout_bases(results: Path, hardware, main: dict, basis: Basis) -> Callable[[Layout], Basis]:
@@ -164,16 +169,11 @@ def layout_bases(results: Path, hardware, main: dict, basis: Basis) -> Callable[
     return basis_for
 
 
-def _one_device_runs(results: Path, workload: str) -> list[dict]:
-    """RESULTS' ok 1-device runs of the workload that measured a step."""
+def _usable(results: Path, hardware, workload: str, any_device: bool = False) -> list[dict]:
+    """RESULTS' ok 1-device runs of the workload that measured a step, on the hardware's kind of device."""
     return [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
-            and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")]
-
-
-def _usable(results: Path, hardware, workload: str) -> list[dict]:
-    """Those of them on the hardware's kind of device."""
-    target = _target_kind(hardware)
-    return [r for r in _one_device_runs(results, workload) if _device_kind_of(r) == target]
+            and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")
+            and (any_device or _device_kind_of(r) == _kind(hardware.device_kind, hardware.device_name))]
 
 
 def measured_basis(results: Path, hardware, workload: str, size: str, precision: str = "amp",
@@ -183,10 +183,10 @@ def measured_basis(results: Path, hardware, workload: str, size: str, precision:
     the layouts), of the size and precision asked for, plain (no --recompute, no --compile), of the
     per-device `batch` or the nearest to it, the latest; its runs of the same batch at other micro-batch
     counts give the per-micro-batch cost."""
-    target = _target_kind(hardware)
+    target = _kind(hardware.device_kind, hardware.device_name)
     usable = _usable(results, hardware, workload)
     if not usable:
-        held = sorted({_device_kind_of(r) for r in _one_device_runs(results, workload)}) or ["none"]
+        held = sorted({_device_kind_of(r) for r in _usable(results, hardware, workload, True)}) or ["none"]
         raise ValueError(f"{results} has no 1-device {workload} run on {target} (its runs: {', '.join(held)}); "
                          f"compute measured on one kind of device does not predict {hardware.name}: "
                          "pass --assume-mfu MFU to predict from an assumed utilisation")
@@ -207,7 +207,7 @@ def measured_basis(results: Path, hardware, workload: str, size: str, precision:
 def measured_peak(results: Path, hardware, precision: str) -> float | None:
     """The latest achievable matmul peak (record["achievable_peak"]) a run in RESULTS measured on the
     hardware's kind of device at `precision`; None when none did."""
-    target = _target_kind(hardware)
+    target = _kind(hardware.device_kind, hardware.device_name)
     found = [r for r in load_records(results) if r.get("status") == "ok" and _device_kind_of(r) == target
              and (r.get("config") or {}).get("precision") == precision
              and ((r.get("achievable_peak") or {}).get("flops_per_s"))]
@@ -216,102 +216,185 @@ def measured_peak(results: Path, hardware, precision: str) -> float | None:
 
 
 def run_prediction(console: Console, args) -> int:
+    """The executed workloads (--workload, from --from's 1-device run or --assume-mfu) or a decoder (--model, from
+    the hardware's compute table or --assume-mfu): every layout at every device count, one table and figure."""
     hardware = hardware_files.load(args.hardware)
-    spec = model_spec(args.workload, args.model_size)
     source = Path(args.source) if args.source else None
-    per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
-    if args.assume_mfu is not None:
-        achievable = measured_peak(source, hardware, args.precision) if source else None
-        basis = from_mfu(args.assume_mfu, hardware, args.precision, achievable)
-        backend = "torch_3d"
+    if args.model:
+        spec, backend, stack, compute, rests_on = _decoder(args, hardware)
+        what = spec.name
     else:
-        basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision,
-                                     args.global_batch // min(args.devices) if args.global_batch else per_device)
-        backend = main["backend"]
-        precision = (main.get("config") or {}).get("precision") or "fp32"
-        if precision != args.precision:
-            basis = _relabel(basis, f"; measured at {precision}, not {args.precision} (none of that precision)")
-        if not args.global_batch and main["global_batch"] != per_device:
-            basis = _relabel(basis, f"; measured at batch {main['global_batch']}, predicted at {per_device} per "
-                                    "device by multiply-adds (an assumption: pass --batch-size to use a measured one)")
-        measured_size = (main.get("config") or {}).get("model_size")
-        if args.workload == "mlm" and measured_size != args.model_size:
-            basis = _relabel(basis, f"; measured at size {measured_size}, scaled to {args.model_size} by "
-                                    "multiply-adds (an assumption)")
-    validation = validation_report.load(source) if source else None
-    rests_on = (validation_report.summary_line(validation, str(source / validation_report.FILE)) if validation
-                else "Not validated: " + (f"no {validation_report.FILE} in {source} (run bench.predict --validate "
-                                          f"{source})." if source else "no results folder given (--from)."))
-    if basis.assumed:
-        rests_on += " The compute is ASSUMED (--assume-mfu), not measured: the validation does not cover it."
+        (spec, backend, compute), stack = _executed(args, hardware, source), None
+        rests_on, what = _rests_on(source, compute), f"{args.workload}-{args.model_size}"
+    label = compute_label(compute)
     names = [e.strip() for e in args.layouts.split(",") if e.strip()]
-    for name in names:
+    for name in names:   # what no device count can change is refused before anything is predicted
         check_name(name)
+    per_device = args.batch_size or (1 if args.model else DEFAULTS[args.workload].per_device_batch)
     rows = []
     for n in args.devices:
-        batch = args.global_batch or per_device * n
-        one = _one_device_rate(spec, batch / n, basis, hardware, backend)
-        for name in names:
-            rows.append(_row(spec, name, n, batch, basis, hardware, backend, one))
-    out = Path(args.out) if args.out else (source if source else Path("predictions"))
-    title = (f"{args.workload} {args.model_size} on {hardware.name}: predicted per layout\n"
-             f"{basis.label}")
-    slug = f"predict-{args.workload}-{args.model_size}-{hardware.name}"
-    _print(console, rows, hardware, basis, rests_on, title)
+        # An executed workload's batch is per device; a decoder's per data-parallel rank (its tp and pp ranks
+        # share their sequences).
+        one = None if args.model else predict(spec, Layout(), args.global_batch / n if args.global_batch
+                                               else per_device, hardware, compute, backend).samples_per_s
+        rows += [_row(spec, name, n, args.global_batch, per_device, compute, hardware, backend, stack, one)
+                 for name in names]
+    title = f"{what} on {hardware.name}" + (f" ({stack.name})" if stack else "") + f": predicted per layout\n{label}"
+    slug = f"predict-{what}-{hardware.name}"
+    _print(console, rows, hardware, compute, rests_on, title, decoder_rows=bool(args.model))
+    out = Path(args.out) if args.out else (source if source and not args.model else Path("predictions"))
     plot = prediction_plot(rows, hardware.memory_bytes, title, rests_on, slug)
+    head = {"model": spec.name, "stack": stack.name} if args.model else \
+        {"workload": args.workload, "model_size": args.model_size}
     written = [write_atomic(out / "plots" / f"{slug}.png", plot.png()),
                write_json_atomic(out / f"{slug}.json", {"hardware": hardware.name, "hardware_file": hardware.path,
-                                                         "compute": basis.label, "assumed": basis.assumed,
-                                                         "validation": rests_on, "workload": args.workload,
-                                                         "model_size": args.model_size, "rows": rows})]
+                                                         "compute": label, "assumed": args.assume_mfu is not None,
+                                                         "validation": rests_on, **head, "rows": rows})]
     console.print(f"figure: {written[0]}; table: {written[1]}")
     return 0
 
 
-def _relabel(basis: Basis, extra: str) -> Basis:
-    return replace(basis, label=basis.label + extra)
+def _decoder(args, hardware):
+    if args.precision != "amp":
+        raise ValueError(f"--model predicts bf16 mixed precision (--precision amp), not {args.precision}: fp8 and "
+                         "fp32 are not modelled")
+    spec = decoder.load(args.model)
+    return spec, "", stacks.load(args.stack), device_compute(hardware, args.assume_mfu), \
+        ("Checked against published GPU-cluster results: python -m bench.predict --published "
+         "(docs/prediction-at-scale.md).")
 
 
-def _one_device_rate(spec, per_device_batch: float, basis: Basis, hardware, backend: str) -> float:
-    """Samples/s of one device at the per-device batch: what N devices are held against (efficiency)."""
-    return predict(spec, Layout(), per_device_batch, hardware, basis, backend).samples_per_s
+def _executed(args, hardware, source: Path | None) -> tuple:
+    spec = model_spec(args.workload, args.model_size)
+    per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
+    if args.assume_mfu is not None:
+        achievable = measured_peak(source, hardware, args.precision) if source else None
+        return spec, "torch_3d", from_mfu(args.assume_mfu, hardware, args.precision, achievable)
+    basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision,
+                                 args.global_batch // min(args.devices) if args.global_batch else per_device)
+    precision = (main.get("config") or {}).get("precision") or "fp32"
+    extra = f"; measured at {precision}, not {args.precision} (none of that precision)" \
+        if precision != args.precision else ""
+    if not args.global_batch and main["global_batch"] != per_device:
+        extra += (f"; measured at batch {main['global_batch']}, predicted at {per_device} per device by "
+                  "multiply-adds (an assumption: pass --batch-size to use a measured one)")
+    measured_size = (main.get("config") or {}).get("model_size")
+    if args.workload == "mlm" and measured_size != args.model_size:
+        extra += f"; measured at size {measured_size}, scaled to {args.model_size} by multiply-adds (an assumption)"
+    return spec, main["backend"], replace(basis, label=basis.label + extra)
 
 
-def _row(spec, name: str, devices: int, batch: int, basis: Basis, hardware, backend: str, one: float) -> dict:
-    row = {"layout": name, "devices": devices, "global_batch": batch}
+def _rests_on(source: Path | None, basis: Basis) -> str:
+    validation = validation_report.load(source) if source else None
+    text = (validation_report.summary_line(validation, str(source / validation_report.FILE)) if validation
+            else "Not validated: " + (f"no {validation_report.FILE} in {source} (run bench.predict --validate "
+                                      f"{source})." if source else "no results folder given (--from)."))
+    if basis.assumed:
+        text += " The compute is ASSUMED (--assume-mfu), not measured: the validation does not cover it."
+    return text
+
+
+def _row(spec, name: str, devices: int, global_batch: int | None, per_device: int, compute, hardware, backend: str,
+         stack, one: float | None) -> dict:
+    row = {"layout": name, "devices": devices}
     try:
         layout = Layout.parse(name, devices)
+        batch = global_batch or (layout.data if stack else devices) * per_device
+        row["global_batch"] = batch
         layout.validate(spec, batch)
         # Layers per stage as torch_3d would place them (--stage-split even, auto or counts).
         split = layers_per_stage(layout.stage_split, spec, layout.pp, batch // layout.data) \
             if layout.pp > 1 and isinstance(spec, BertSpec) else None
-        p = predict(spec, layout, batch, hardware, basis, backend, stage_split=split)
+        p = predict(spec, layout, batch, hardware, compute, backend, stack=stack)
     except (ValueError, BadInput) as exc:
         return {**row, "invalid": str(exc)}
-    memory = p.memory_per_rank or p.model_per_rank
-    return {**row, "layout_full": layout.name, "step_s": p.step_s, "samples_per_s": p.samples_per_s,
-            "efficiency": efficiency(p.samples_per_s, devices, one), "memory_per_rank_max": max(memory),
-            "state_per_rank_max": max(s.total for s in p.state_per_rank), "fits": p.fits(hardware.memory_bytes),
-            "comm_exposed_share": p.comm_exposed_s / p.step_s, "bubble_share": p.bubble_s / p.step_s,
-            "parts_s": p.parts_s,
-            "collectives": [asdict(c) for c in p.collectives], "notes": p.notes,
-            **({"layers_per_stage": split} if split else {})}
+    out = {**row, "layout_full": layout.name, "step_s": p.step_s, "samples_per_s": p.samples_per_s,
+           "memory_per_rank_max": p.memory_max, "fits": p.fits(hardware.memory_bytes),
+           "comm_exposed_share": p.comm_exposed_s / p.step_s, "bubble_share": p.bubble_s / p.step_s,
+           "parts_s": p.parts_s, "collectives": [asdict(c) for c in p.collectives], "notes": p.notes}
+    if stack:
+        return {**out, "tokens_per_s_per_device": p.tokens_per_s / devices}
+    return {**out, "efficiency": efficiency(p.samples_per_s, devices, one),
+            "state_per_rank_max": max(s.total for s in p.state_per_rank), **({"layers_per_stage": split} if split
+                                                                             else {})}
 
 
-def _print(console: Console, rows: list[dict], hardware, basis: Basis, rests_on: str, title: str) -> None:
-    columns = ("as", "step (ms)", "samples/s", "efficiency", "memory/rank (GiB)", "fits", "exposed comm", "bubble")
-    console.print(prediction_table(title, rests_on, columns, rows, lambda r: [
-        r["layout_full"], f"{r['step_s'] * 1e3:,.1f}", f"{r['samples_per_s']:,.0f}", f"{r['efficiency']:.2f}",
-        f"{r['memory_per_rank_max'] / GIB:,.2f}", "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}",
-        f"{r['bubble_share']:.0%}"]))
+def _print(console: Console, rows: list[dict], hardware, compute, rests_on: str, title: str,
+           decoder_rows: bool) -> None:
+    """One row per layout and device count, a layout the model cannot predict saying why."""
+    rate = "tokens/s/device" if decoder_rows else "efficiency"
+    columns = ("layout", "N", "as", "batch", "step (ms)", "samples/s", rate, "memory/rank (GiB)", "fits",
+               "exposed comm", "bubble")
+    table = Table(title=title, title_justify="left", caption=rests_on, caption_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        if "invalid" in r:
+            table.add_row(r["layout"], str(r["devices"]), *[""] * (len(columns) - 3), escape(r["invalid"]))
+            continue
+        table.add_row(r["layout"], str(r["devices"]), r["layout_full"], str(r["global_batch"]),
+                      f"{r['step_s'] * 1e3:,.1f}", f"{r['samples_per_s']:,.1f}",
+                      f"{r['tokens_per_s_per_device']:,.0f}" if decoder_rows else f"{r['efficiency']:.2f}",
+                      f"{r['memory_per_rank_max'] / GIB:,.2f}", "yes" if r["fits"] else "NO",
+                      f"{r['comm_exposed_share']:.0%}", f"{r['bubble_share']:.0%}")
+    console.print(table)
     for n in sorted({r["devices"] for r in rows}):
         fitting = [r for r in rows if r["devices"] == n and r.get("fits")]
         best = max(fitting, key=lambda r: r["samples_per_s"], default=None)
-        console.print(f"best at {n} devices: " + (f"{best['layout_full']} ({best['samples_per_s']:,.0f} samples/s)"
+        console.print(f"best at {n} devices: " + (f"{best['layout_full']} ({best['samples_per_s']:,.1f} samples/s)"
                                                   if best else "no layout fits"))
-    console.print(f"hardware: {hardware.name} ({hardware.path}); compute: {escape(basis.label)}")
-    if basis.guesses:
-        console.print(f"GUESSED: {escape('; '.join(basis.guesses))}; {MEASURE_THE_SPLIT}")
+    console.print(f"hardware: {hardware.name} ({hardware.path}); compute: {escape(compute_label(compute))}")
+    if getattr(compute, "guesses", None):
+        console.print(f"GUESSED: {escape('; '.join(compute.guesses))}; {MEASURE_THE_SPLIT}")
+
+
+def run_constants(console: Console, args) -> int:
+    names = [args.hardware] if args.hardware else None
+    table = Table(title="bench.predict's GPU-cluster constants", title_justify="left")
+    for column in ("constant", "value", "unit", "source"):
+        table.add_column(column, overflow="fold")
+    for c in constants.table(names):
+        table.add_row(escape(c.name), escape(c.value), c.unit, escape(c.source))
+    console.print(table)
+    return 0
+
+
+def run_published(console: Console, args) -> int:
+    result = published_points.check()
+    table = Table(title="predicted against published GPU-cluster results", title_justify="left")
+    for column in ("point", "metric", "published", "predicted", "error", "on every table measured", "layout as "
+                   "modelled", "source"):
+        table.add_column(column, overflow="fold")
+    for r in result["points"]:
+        if r.get("refused"):
+            table.add_row(escape(r["name"]), r["metric"], f"{r['published']:g}", "refused", "", "",
+                          escape(r["refused"].split(": ", 1)[-1]), escape(r["source"].split(":")[0]))
+            continue
+        others = [r["error"], *r["error_by_table"].values()]
+        table.add_row(escape(r["name"]), r["metric"], f"{r['published']:g}", _figure(r["predicted"]),
+                      f"{r['error']:+.1%}", f"{min(others):+.1%} to {max(others):+.1%}",
+                      escape(r["layout_full"] + " " + r["stack"]), escape(r["source"].split(":")[0]))
+    console.print(table)
+    tables = max((len(t) for t in result["tables"].values()), default=0)
+    console.print(f"{result['predicted']} points predicted, {result['refused']} refused: median |error| "
+                  f"{result['median_abs_error']:.1%}, largest {result['max_abs_error']:.1%} on the bundled tables; "
+                  f"each point's worst over every table measured of its part ({tables} of the H100): median "
+                  f"{result['worst_median_abs_error']:.1%}, largest {result['worst_max_abs_error']:.1%}")
+    for g in result["rankings"]:
+        rho = "n/a" if g["spearman"] is None else f"{g['spearman']:+.2f}"
+        console.print(f"ranking {g['model']} on {g['devices']} x {g['hardware']}: Spearman {rho}; order of "
+                      f"points more than 10% apart {'holds' if g['order_holds'] else 'DOES NOT hold'} "
+                      f"({len(g['points'])} points)")
+    out = Path(args.out) if args.out else Path("predictions")
+    path = Path(args.json) if args.json else out / published_file
+    written = [write_json_atomic(path, result), write_atomic(out / "plots" / "predicted-vs-published.png",
+                                                             published_plot(result).png())]
+    console.print(f"table: {written[0]}; figure: {written[1]}")
+    return 0
+
+
+def _figure(value: float) -> str:
+    return f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
 
 from common.errors import BadInput, Unsupported
-from common.stage_split import EVEN, even_split, layers_per_stage, parse_split
+from common.stage_split import AUTO, EVEN, even_split, layers_per_stage, parse_split
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
@@ -397,6 +397,13 @@ class Layout:
         counts = layers_per_stage(self.stage_split, spec, self.pp, samples)
         first = sum(counts[:stage])
         return list(range(first, first + counts[stage]))
+
+    def placed(self, spec, global_batch: int) -> Layout:
+        """The layout with --stage-split auto placed: the layers per stage its costs pick at this batch."""
+        if self.stage_split != AUTO:
+            return self
+        counts = layers_per_stage(AUTO, spec, self.pp, global_batch // self.data)
+        return replace(self, stage_split=",".join(map(str, counts)))
 
     def holds(self, rank: int, spec, samples: int) -> str:
         """What one rank holds, in words: its stage's parts and the share of them."""

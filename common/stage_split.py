@@ -1,11 +1,6 @@
-"""Which encoder layers each pipeline stage holds: evenly, as given, or balanced by a per-stage cost.
-
-The first stage also holds the embeddings, the last the MLM head and its copy of the tied token table, so an
-even cut of the layers leaves the last stage the slowest: the others wait for it (measured on tiny BERT,
-pp2-nmb4-1f1b: stage 0 idle 67% of a step against an analytic bubble of 20%). The cost of a stage is framework
-neutral, from common.spec's formulas: forward+backward FLOPs of the parts it holds for the samples one
-pipeline runs per step, plus its optimizer's work, which scales with the parameters it holds.
-"""
+"""Which encoder layers each pipeline stage holds: evenly, as given, or balanced by a per-stage cost (forward and
+backward FLOPs plus the optimizer's work on the parameters it holds). The first stage also holds the embeddings,
+the last the head and its copy of the tied token table, so an even cut leaves the last stage the slowest."""
 from __future__ import annotations
 
 from itertools import combinations

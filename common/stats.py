@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 CONFIDENCE = 0.95
 DRAWS = 2000
@@ -85,3 +86,13 @@ def verdict(ratio: Interval, threshold: float = 0.0) -> str:
     if ratio.low > 1 + threshold:
         return "faster"
     return "no difference"
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float | None:
+    """Spearman's rho: Pearson's correlation of the average ranks; None for fewer than three pairs or a constant."""
+    if len(x) != len(y) or len(x) < 3:
+        return None
+    rx, ry = pd.Series(x).rank(method="average"), pd.Series(y).rank(method="average")
+    if rx.nunique() < 2 or ry.nunique() < 2:
+        return None
+    return float(np.corrcoef(rx, ry)[0, 1])

@@ -21,7 +21,7 @@ from bench.reporting.plan import PLANS_DIR
 from bench.reporting.validation import FILE as VALIDATION_FILE
 from common.errors import BadInput
 from common.layout import Layout
-from common.plan.check import fit_limits, goals, spearman
+from common.plan.check import fit_limits, goals
 from common.plan.fit import GIB, verdict
 from common.plan.rank import explain, predicted, rank, ranking_error
 from common.plan.space import enumerate_layouts, placement
@@ -32,6 +32,7 @@ from common.predict.work import parts
 from common.results import load_records, validate_record
 from common.spec import BERT_SIZES
 from common.stage_split import layers_per_stage
+from common.stats import spearman
 
 TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]
 CPU = hardware_files.load("cpu-loopback-2core")

@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import BadInput
 from common.layout import Layout
-from common.plan.check import fit_goal, fit_limits, goals, spearman
+from common.plan.check import fit_goal, fit_limits, goals
 from common.plan.fit import GIB, DoesNotFit, measured_overhead, predicted_check, refusal, stage_split_of, verdict
 from common.plan.rank import Ranked, decides, explain, memory_error, predicted, rank, ranking_error
 from common.plan.space import (
@@ -29,6 +29,7 @@ from common.predict.prediction import Prediction
 from common.predict.step import predict
 from common.sections import FitCheck
 from common.spec import BERT_SIZES, CNN, BertSpec
+from common.stats import spearman
 
 TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]   # 2 and 4 encoder layers
 CPU = hardware_files.load("cpu-loopback-2core")
@@ -159,18 +160,19 @@ def test_the_memory_error_is_the_validation_s_largest_memory_error():
 def test_each_layout_is_predicted_with_its_placement_and_evaluation():
     auto = replace(MINI_PP2, stage_split="auto")   # placed 3+1: the placement predict is given
     rows = predicted(MINI, [auto], 32, BASIS, CPU, "torch_3d", 128, 1e12, None)
-    as_predicted = predict(MINI, auto, 32, CPU, BASIS, stage_split=[3, 1], eval_batch=128)
+    as_predicted = predict(MINI, auto, 32, CPU, BASIS, eval_batch=128)
+    assert as_predicted.layout.stage_split == "3,1"
     assert rows[0].memory == max(as_predicted.memory_per_rank) and rows[0].step_s == as_predicted.step_s
     assert rows[0].fit == "fits"
     # 3+1 holds other layers per stage than the even 2+2; evaluating 128 sequences at once holds more than
     # training's micro-batches of 16: the peak is the evaluation's
-    even = predict(MINI, auto, 32, CPU, BASIS, stage_split=[2, 2], eval_batch=128)
+    even = predict(MINI, MINI_PP2, 32, CPU, BASIS, eval_batch=128)
     assert rows[0].memory != max(even.memory_per_rank)
-    assert rows[0].memory > max(predict(MINI, auto, 32, CPU, BASIS, stage_split=[3, 1]).memory_per_rank)
+    assert rows[0].memory > max(predict(MINI, auto, 32, CPU, BASIS).memory_per_rank)
     # Without a measured overhead the peak is the model's count alone
     bare = replace(BASIS, memory_overhead=None)
     row = predicted(MINI, [auto], 32, bare, CPU, "torch_3d", None, 1.0, None)[0]
-    assert row.memory == max(predict(MINI, auto, 32, CPU, bare, stage_split=[3, 1]).model_per_rank)
+    assert row.memory == max(predict(MINI, auto, 32, CPU, bare).model_per_rank)
     assert row.fit == "does not fit"                          # one byte per device
     # Each backend holds its own state: keras_jax's FSDP shards are not torch_3d's
     fsdp = Layout(fsdp=2)
@@ -375,7 +377,7 @@ def test_a_layout_the_memory_model_cannot_place_is_not_checked_with_why():
 
 def test_the_fit_check_is_the_model_s_count_per_rank_plus_the_measured_overhead():
     layout = replace(MINI_PP2, stage_split="auto")   # placed 3+1 (torch_3d's auto split)
-    _, model, _ = memory_per_rank(MINI, layout, 32, "amp", "torch_3d", [3, 1], 32)
+    _, model, _ = memory_per_rank(MINI, layout, 32, "amp", "torch_3d", 32)
     check = predicted_check(MINI, layout, 32, "torch_3d", "amp", 32, 4 * GIB, "--memory-per-device 4",
                             overhead=(300 * MIB, "r1"), error=0.1)
     assert check.predicted_per_rank == [int(m + 300 * MIB) for m in model]
@@ -384,7 +386,7 @@ def test_the_fit_check_is_the_model_s_count_per_rank_plus_the_measured_overhead(
     assert (check.available_bytes, check.limit, check.error) == (4 * GIB, "--memory-per-device 4", 0.1)
     # Without the overhead: the model's count alone, a lower bound; no evaluation, none of its values
     bare = predicted_check(MINI, layout, 32, "torch_3d", "amp", None, 4 * GIB, "limit")
-    _, no_eval, _ = memory_per_rank(MINI, layout, 32, "amp", "torch_3d", [3, 1], None)
+    _, no_eval, _ = memory_per_rank(MINI, layout, 32, "amp", "torch_3d", None)
     assert bare.predicted_per_rank == [int(m) for m in no_eval]
     assert bare.counts == ("state + activations + buffers (no framework overhead: no 1-device run measured it; "
                            "a lower bound)")

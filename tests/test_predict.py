@@ -390,7 +390,7 @@ def test_a_predicted_pipeline_places_its_layers_as_torch_3d_would():
     docs/layouts.md: Stage split), even is 2 + 2, counts are taken as given; the busier last stage sets the step."""
     hw = hardware_files.load("h100-sxm-8")
     basis, mini = from_mfu(0.4, hw, "amp"), BERT_SIZES["mini"]
-    rows = {name: predict_cli._row(mini, name, 2, 64, basis, hw, "torch_3d", 1.0)
+    rows = {name: predict_cli._row(mini, name, 2, 64, 32, basis, hw, "torch_3d", None, 1.0)
             for name in ("pp2-nmb4-1f1b", "pp2-nmb4-1f1b-splitauto", "pp2-nmb4-1f1b-split1+3")}
     assert [rows[n]["layers_per_stage"] for n in rows] == [[2, 2], [3, 1], [1, 3]]
     assert rows["pp2-nmb4-1f1b-splitauto"]["step_s"] < rows["pp2-nmb4-1f1b"]["step_s"] < \

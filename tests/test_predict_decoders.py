@@ -17,6 +17,7 @@ from common.predict.gpu_compute import compute_for
 from common.predict.kernels import device_compute
 from common.predict.step import pipeline_s, predict
 from common.spec import Gemm
+from common.stats import spearman
 
 GPT = decoder.load("megatron-gpt-177b")     # h 12288, 96 heads, s 4096, GELU 4h, biases, untied
 LLAMA = decoder.load("llama3-8b")           # h 4096, 32 heads, 8 KV heads, SwiGLU 14336, no biases
@@ -28,7 +29,7 @@ def test_gpt_layer_parameters_flops_and_gemms_by_hand():
     h = GPT.hidden
     # Q, K, V, output: 4h^2 + 4h biases; FFN 8h^2 + 5h; two LayerNorms 4h: 12h^2 + 13h.
     assert GPT.layer_params() == 12 * h * h + 13 * h
-    assert GPT.matmul_flops_per_token() == 2 * (GPT.layers * 12 * h * h + h * GPT.vocab)
+    assert sum(g.flops for g in GPT.gemms(1)) / GPT.seq_len == 2 * (GPT.layers * 12 * h * h + h * GPT.vocab)
     # Under tp 8 with Megatron's fused QKV: [T, h] x [h, 3h/8], [T, h/8] x [h/8, h], fc1 [h, 4h/8], fc2 [4h/8, h].
     shapes = [(g.m, g.n, g.k) for g in GPT.layer_gemms(4096, tp=8, fused=True)]
     assert shapes == [(4096, 3 * h // 8, h), (4096, h, h // 8), (4096, 4 * h // 8, h), (4096, h, 4 * h // 8)]
@@ -41,10 +42,10 @@ def test_gpt_training_flops_are_narayanans_and_megatrons_count():
     # is also Megatron's num_floating_point_operations for a GPT with a 4h FFN; both count full attention.
     s, h, L, V = GPT.seq_len, GPT.hidden, GPT.layers, GPT.vocab
     narayanan = 72 * s * L * h * h * (1 + s / (6 * h)) + 6 * s * h * V
-    ours = s * 3 * (GPT.matmul_flops_per_token() + GPT.attention_flops_per_token(causal=False))
+    ours = 3 * (sum(g.flops for g in GPT.gemms(1)) + GPT.attention_flops(1, causal=False))
     assert ours == pytest.approx(narayanan, rel=1e-12)
     assert published.megatron_flops(GPT, 1) == pytest.approx(narayanan, rel=1e-12)
-    assert GPT.attention_flops_per_token(causal=True) == GPT.attention_flops_per_token(causal=False) / 2
+    assert GPT.attention_flops(1, causal=True) / GPT.seq_len == GPT.attention_flops(1, causal=False) / GPT.seq_len / 2
 
 
 def test_gpt_activations_are_korthikantis_closed_forms():
@@ -166,9 +167,9 @@ def test_every_published_point_parses_and_is_predicted_or_refused(tmp_path, caps
 
 
 def test_spearman_and_the_order_check_by_hand():
-    assert published.spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
-    assert published.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
-    assert published.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
     rows = [{"name": n, "model": "m", "hardware": "h", "devices": 8, "metric": "x", "published": pub, "predicted": pr}
             for n, pub, pr in (("a", 100, 5), ("b", 105, 4), ("c", 150, 9))]
     (group,) = published.rankings(rows)

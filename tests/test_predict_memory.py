@@ -55,7 +55,7 @@ def test_what_each_pipeline_stage_holds():
     assert first == ["embeddings", "layers0", "layers1"] and last == ["embeddings", "head", "layers2"]
     assert [t.name for t in stage_tensors(TOY, PP2, 1) if t.name.startswith("embeddings")] == ["embeddings.token"]
     assert stage_params(TOY, PP2, 0) == EMBEDDINGS + 2 * LAYER and stage_params(TOY, PP2, 1) == LAYER + HEAD + TOKEN
-    assert stage_params(TOY, PP2, 0, [1, 2]) == EMBEDDINGS + LAYER
+    assert stage_params(TOY, replace(PP2, stage_split="1,2"), 0) == EMBEDDINGS + LAYER
     assert stage_params(TOY, Layout(), 0) == EMBEDDINGS + 3 * LAYER + HEAD == TOY.param_count()
     assert len(stage_tensors(CNN, Layout(pp=2, micro_batches=2), 1)) == len(stage_tensors(CNN, Layout(), 0))
 
@@ -95,7 +95,7 @@ def test_activations_by_hand():
     assert activation_bytes(TOY, PP2, 0, 3) == 4 * 3 * 4 * (2 * 48 + 8)
     assert activation_bytes(TOY, PP2, 1, 3) == 4 * 3 * 4 * (48 + 28)
     assert activation_bytes(TOY, one_f, 0, 3) == 4 * 3 * 2 * (2 * 48 + 8)
-    assert activation_bytes(TOY, Layout(pp=3, micro_batches=3, recompute="full"), 1, 1, [2, 0, 1]) == 0
+    assert activation_bytes(TOY, Layout(pp=3, micro_batches=3, recompute="full", stage_split="2,0,1"), 1, 1) == 0
     # the CNN: each conv's output and its BatchNorm and ReLU copies, then the fully connected inputs
     maps = sum(3 * size * size * c for size, c in zip((26, 24, 10, 8), (16, 32, 64, 128)))
     assert activation_bytes(CNN, Layout(), 0, 2) == 4 * 2 * (maps + 2048 + 1024 + 128)

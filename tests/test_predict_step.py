@@ -200,8 +200,8 @@ def test_names_at_a_device_count_and_where_their_groups_lie():
 def test_each_collective_a_rank_issues_in_full():
     from dataclasses import astuple
 
-    def issued(layout, batch=8, stage=0, backend="torch_3d", spec=TOY, split=None):
-        return [astuple(c) for c in collectives(spec, layout, batch, stage, backend, split)]
+    def issued(layout, batch=8, stage=0, backend="torch_3d", spec=TOY):
+        return [astuple(c) for c in collectives(spec, layout, batch, stage, backend)]
     tp_acts = "tensor-parallel activations"
     assert issued(Layout(tp=2), 4) == [("all_reduce", "tp", 64, 18, 2, True, tp_acts)]
     assert issued(Layout(dp=2, tp=2), 9)[0] == ("all_reduce", "tp", 64, 18, 2, True, tp_acts)  # 9 // 2 a rank
@@ -218,7 +218,7 @@ def test_each_collective_a_rank_issues_in_full():
         ("reduce_scatter", "data", pytest.approx(4 * PARAMS / 4), 4, 2, True, scatters)]
     # two micro-batches gather every unit twice as often; a recorded split gives the stage its units
     fsdp_pipe = Layout(fsdp=2, pp=2, micro_batches=2)
-    assert issued(fsdp_pipe, 8, 0, split=[1, 2])[-2][2:4] == (pytest.approx(4 * 2 * (2 * 54 + 32) / 6), 6)
+    assert issued(replace(fsdp_pipe, stage_split="1,2"), 8, 0)[-2][2:4] == (pytest.approx(4 * 2 * (2 * 54 + 32) / 6), 6)
     from common.spec import CNN
     cnn = CNN.param_count()
     assert issued(Layout(fsdp=2), spec=CNN) == [
@@ -329,14 +329,14 @@ def test_what_each_stage_holds_reaches_the_step():
     assert [c.nbytes for c in mini.collectives_of_rank0 if c.dim == "tie"] == [4 * 8320 * 256]
     # --recompute with the layers cut 1 + 2: stage 1 recomputes its two layers' forward (160 of 240 MACs a sample
     # forward+backward: a third more), 4 micro-batches of 2 samples
-    again = predict(TOY, Layout(pp=2, micro_batches=4, recompute="full"), 8, GPU, BASIS, stage_split=[1, 2])
+    again = predict(TOY, Layout(pp=2, micro_batches=4, recompute="full", stage_split="1,2"), 8, GPU, BASIS)
     assert again.recompute_s == pytest.approx(4 * 2 * 160 / 3 * 1e-9, rel=1e-12)
     # each stage's optimizer steps its own parameters: cut 1 + 2, stage 1 holds two layers, the head and the
     # table's copy (108 + 20 + 20 = 148), stage 0 the embeddings and a layer (86); under dp2 and under tp2
-    cut = predict(TOY, Layout(dp=2, pp=2, micro_batches=2), 16, GPU, BASIS, stage_split=[1, 2])
+    cut = predict(TOY, Layout(dp=2, pp=2, micro_batches=2, stage_split="1,2"), 16, GPU, BASIS)
     assert cut.optimizer_s == pytest.approx(148e-9, rel=1e-12)
-    sharded = predict(TOY, Layout(tp=2, pp=2, micro_batches=2), 8, GPU, BASIS, stage_split=[1, 2])
-    stage1 = state_bytes(TOY, Layout(tp=2, pp=2, micro_batches=2), 2, [1, 2]).params / 4
+    sharded = predict(TOY, Layout(tp=2, pp=2, micro_batches=2, stage_split="1,2"), 8, GPU, BASIS)
+    stage1 = state_bytes(TOY, Layout(tp=2, pp=2, micro_batches=2, stage_split="1,2"), 2).params / 4
     assert sharded.optimizer_s == pytest.approx(stage1 * 1e-9, rel=1e-12) and stage1 > 86 / 2
     # six micro-batches accumulated on one device: no pipeline, no bubble, exactly
     assert predict(TOY, Layout(micro_batches=6), 12, GPU, BASIS).bubble_s == 0.0

@@ -17,7 +17,6 @@ from common.predict.validation import (
     compiled_collectives,
     execution,
     hardware_for,
-    probed_kinds,
     probed_links,
     references,
     relative,
@@ -54,7 +53,7 @@ def test_a_run_is_predicted_from_the_one_device_run_of_its_batch_and_micro_batch
     assert [r["run_id"] for r in references(_record("dp2", 2, 32), records)] == ["one", "four"]
     assert references(_record("dp2", 2, 32, backend="keras_jax"), records) == []
     probes = [_record("a", 2, 32, link=1.0), _record("b", 2, 32, link=3.0), _record("c", 4, 32, link=0.5)]
-    assert probed_links(probes) == {2: 2.0, 4: 0.5}
+    assert probed_links(probes) == {2: {"all_reduce": 2.0}, 4: {"all_reduce": 0.5}}
     assert probed_links([{**probes[0], "status": "failed"}, _record("one", 1, 32, link=9.0)]) == {}
 
 
@@ -83,7 +82,7 @@ def test_the_link_is_the_probe_at_the_nearest_rank_count():
     assert hardware_for(_record("r", 4, 64), H100, {}) == (H100, "link: h100-sxm-8's description (no link probe "
                                                                 "in the folder)")
     for devices, probe in ((2, 2), (3, 2), (4, 4), (8, 4)):
-        hw, note = hardware_for(_record("r", devices, 64), H100, {2: 1.5, 4: 3.0})
+        hw, note = hardware_for(_record("r", devices, 64), H100, {2: {"all_reduce": 1.5}, 4: {"all_reduce": 3.0}})
         node = hw.link(False)
         assert node.busbw_GBps == {2: 1.5, 4: 3.0}[probe] and node.latency_s == H100.link(False).latency_s
         assert note == f"link: probe at {probe} ranks, {node.busbw_GBps:.3g} GB/s busbw"
@@ -92,8 +91,9 @@ def test_the_link_is_the_probe_at_the_nearest_rank_count():
     kinds = [{**_record(n, 2, 64, link=1.5), "backend_metrics": {"grad_comm": {
         **_record(n, 2, 64, link=1.5)["backend_metrics"]["grad_comm"], "link_GBps_by_kind": {"all_gather": g}}}}
         for n, g in (("a", 0.5), ("b", 0.7), ("c", 0.9))]
-    assert probed_kinds(kinds) == {2: {"all_gather": 0.7}} and probed_kinds([_record("d", 2, 64, link=1.5)]) == {}
-    hw, note = hardware_for(_record("r", 2, 64), H100, {2: 1.5}, probed_kinds(kinds))
+    assert probed_links(kinds) == {2: {"all_reduce": 1.5, "all_gather": 0.7}}
+    assert probed_links([_record("d", 2, 64, link=1.5)]) == {2: {"all_reduce": 1.5}}
+    hw, note = hardware_for(_record("r", 2, 64), H100, probed_links(kinds))
     assert hw.link(False).busbw("all_gather") == 0.7 and hw.link(False).busbw("all_reduce") == 1.5
     assert note == "link: probe at 2 ranks, 1.5 GB/s busbw, all_gather 0.7"
 
@@ -309,7 +309,7 @@ def test_the_edges_a_first_pass_of_mutation_testing_found():
     refs = references(run, [_record("k1", 1, 64), _record("b32k4", 1, 32, accumulation=4),
                             _record("k4", 1, 64, accumulation=4), _record("k4b", 1, 64, accumulation=4)])
     assert [r["run_id"] for r in refs] == ["k1", "k4"]
-    hw, _ = hardware_for(_record("r", 2, 64), H100, {2: 1.5})
+    hw, _ = hardware_for(_record("r", 2, 64), H100, {2: {"all_reduce": 1.5}})
     assert hw.link(False).source == "median link probe at 2 ranks" and len(hw.links) == len(H100.links)
     comm = [{"all_reduce": {"bytes": 800, "calls": 4, "time_s": None}}]
     [c] = compiled_collectives({**_record("r", 2, 64, backend="keras_jax"), "backend_metrics": {

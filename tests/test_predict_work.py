@@ -34,15 +34,13 @@ def test_layers_per_stage_even_recorded_or_asked_for():
     # the even split: (3 + 1) // 2 = 2 layers a stage, the last stage what is left (common.stage_split.even_split)
     assert stage_layer_counts(Layout(pp=2, micro_batches=2), 3) == [2, 1]
     assert stage_layer_counts(Layout(pp=3, micro_batches=3), 3) == [1, 1, 1]
-    assert stage_layer_counts(Layout(pp=2, micro_batches=2), 3, [2, 1]) == [2, 1]  # a record's placement
     assert stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="2,1"), 3) == [2, 1]
     assert stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="1,2"), 3) == [1, 2]  # not the even one
-    assert stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="2,1"), 3, [1, 2]) == [1, 2]
     with pytest.raises(ValueError, match=r"stage_split \[2, 2\] does not cut 3 layers into 2 stages"):
-        stage_layer_counts(Layout(pp=2, micro_batches=2), 3, [2, 2])
+        stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="2,2"), 3)
     with pytest.raises(ValueError, match=r"stage_split \[3\] does not cut 3 layers into 2 stages"):
-        stage_layer_counts(Layout(pp=2, micro_batches=2), 3, [3])
-    with pytest.raises(ValueError, match="--stage-split auto: the model places even splits and explicit counts"):
+        stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="3"), 3)
+    with pytest.raises(ValueError, match="--stage-split auto: placed by Layout.placed before it is predicted"):
         stage_layer_counts(Layout(pp=2, micro_batches=2, stage_split="auto"), 3)
 
 
@@ -53,5 +51,6 @@ def test_a_stage_s_share_by_hand():
     assert stage_macs(TOY, Layout(tp=2, vocab_split=True)) == [3 * LAYER / 2 + HEAD_DENSE + HEAD_VOCAB / 2]
     # pp: the head on the last stage only
     assert stage_macs(TOY, Layout(pp=2, micro_batches=2)) == [2 * LAYER, LAYER + HEAD_DENSE + HEAD_VOCAB]
-    assert stage_macs(TOY, Layout(pp=2, micro_batches=2), [1, 2]) == [LAYER, 2 * LAYER + HEAD_DENSE + HEAD_VOCAB]
+    one_two = Layout(pp=2, micro_batches=2, stage_split="1,2")
+    assert stage_macs(TOY, one_two) == [LAYER, 2 * LAYER + HEAD_DENSE + HEAD_VOCAB]
     assert stage_macs(TOY, Layout(dp=4)) == stage_macs(TOY, Layout())  # dp divides the samples, not a sample

@@ -1,9 +1,5 @@
-"""bench.predict's figure: predicted throughput and memory per rank against devices, one line per layout.
-
-A point whose ranks need more memory than a device holds is drawn hollow and the region above the device's
-memory is shaded: that layout does not fit there. The title says what the compute rests on (a measured
-record, or an assumed MFU) and the validation error the model has earned.
-"""
+"""bench.predict's figure: predicted throughput and memory per rank against devices, one line per layout; a point
+that does not fit is drawn hollow above the device's memory, shaded."""
 from __future__ import annotations
 
 import textwrap

@@ -1,7 +1,5 @@
-"""bench.predict --published's figure: each published point's predicted figure against its published one, one
-point per row, on log axes (the metrics differ in units), with the diagonal and the +-15% and +-35% bands the
-model is held to. Refused points (fp8) are listed in the caption, not drawn. bench.report shows the table and
-the figure when RESULTS/published.json exists (bench.predict --published --out RESULTS)."""
+"""bench.predict --published's figure: each point's predicted figure against its published one on log axes, with
+the diagonal and the +-15% and +-35% bands the model is held to; refused points are listed in the caption."""
 from __future__ import annotations
 
 import json

@@ -1,34 +1,14 @@
-"""The goals the planner is held to by exhaustive measurement (nox -s plan-check, docs/plan.md): pure functions
-of a plan document whose rows carry what was measured.
-
-  pick       the planner's pick (no memory limit binding) measures within PICK_WITHIN of the fastest layout measured
-  ranking    Spearman's rank correlation of predicted and measured step time over every layout measured
-             >= MIN_SPEARMAN (ties take their average rank)
-  fit        under every limit at which the plan's calls change (fit_limits, from the predictions alone), every
-             layout it calls "does not fit" measured a peak above that limit; at least one call is made (a goal
-             no call could meet is not held to have been met)
-"""
+"""The goals nox -s plan-check holds a plan to against exhaustive measurement (pick, ranking, fit; docs/plan.md,
+"Proven by exhaustion"): pure functions of a plan document whose rows carry what was measured."""
 from __future__ import annotations
 
 import math
 
-import numpy as np
-import pandas as pd
-
 from common.plan.fit import GIB, error_allowed
+from common.stats import spearman
 
 PICK_WITHIN = 0.05
 MIN_SPEARMAN = 0.8
-
-
-def spearman(x: list[float], y: list[float]) -> float | None:
-    """Spearman's rho: Pearson's correlation of the average ranks; None for fewer than three pairs or a constant."""
-    if len(x) != len(y) or len(x) < 3:
-        return None
-    rx, ry = pd.Series(x).rank(method="average"), pd.Series(y).rank(method="average")
-    if rx.nunique() < 2 or ry.nunique() < 2:
-        return None
-    return float(np.corrcoef(rx, ry)[0, 1])
 
 
 def fit_limits(plan: dict) -> list[float]:

@@ -1,21 +1,7 @@
-"""bench.plan --model: which layout to train a decoder LLM with on a GPU cluster, from the decoders' step model
-(common.predict.step) and a device's compute table, without a run.
-
-The space: every layout of common.layout's grammar the decoders' model costs, within the bounds a cluster's
-practice sets (each bound is a flag of bench.plan and said in docs/plan.md):
-  - tp and cp within a node (devices_per_node): a group spanning nodes costs its inter-node link on every layer,
-    and no published run does it;
-  - pp over the divisors of the devices that the layers fill; 1F1B and GPipe, and interleaved 1F1B with every
-    number of virtual stages that divides each stage's layers evenly (Megatron's requirement) up to MAX_VIRTUAL;
-  - the data ranks as plain data parallelism (with and without ZeRO-1), FSDP, and HSDP at every shard group size
-    that divides them;
-  - the micro-batch size over the powers of two that divide a data rank's share of the batch, up to MAX_MBS;
-  - recompute none, selective and full; with tp, sequence parallelism, the vocabulary split and, where the
-    stack can (Stack.tp_overlap_split), tensor-parallel overlap, each on and off.
-Each candidate is validated (Layout.validate against the model and batch), predicted, held against the device's
-memory (a point comparison: the decoders' memory model is an estimate checked against no measurement), and those
-that fit ranked by predicted step with what decides between them (common.plan.rank).
-"""
+"""bench.plan --model: which layout to train a decoder LLM with on a GPU cluster, from the step model and a device's
+compute table, without a run: every layout of common.layout's grammar within a cluster's practice (tp and cp
+within a node, each bound below a constant), validated, refused by the stack where it does not run it,
+predicted, held against memory and ranked (common.plan.rank). docs/plan.md, "Decoder LLMs on GPU clusters"."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -133,12 +119,17 @@ def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack
     ranked = [r for r in rows if r.rank]
     pick = ranked[0] if ranked else None
     explained = [(r, explain(r, pick, None, ranked[i - 1] if i else None)) for i, r in enumerate(ranked[:top])]
+    c = {"enumerated": space.candidates, "valid": len(rows), "fit": len(ranked), "refused": space.refused}
+    refused = sorted(space.refused.items(), key=lambda kv: -kv[1])[:3]
+    summary = [f"space: {c['enumerated']:,} layouts enumerated, {c['valid']:,} valid for the model and batch, "
+               f"{c['fit']:,} predicted to fit {available / GIB:,.1f} GiB per device (a point comparison: the "
+               "decoders' memory model is checked against no measurement); refused: "
+               + ("; ".join(f"{n:,} x {why}" for why, n in refused) or "none"),
+               f"pick: {pick.layout.name}" if pick else "no layout is predicted to fit"]
     doc = {"title": f"{spec.name} on {devices} x {hardware.name} ({stack.name}), global batch {batch}, sequence "
                     f"{spec.seq_len}", "model": spec.name, "devices": devices, "hardware": hardware.name,
            "stack": stack.name, "global_batch": batch, "seq_len": spec.seq_len, "available_bytes": available,
-           "compute": compute_label(compute),
-           "candidates": {"enumerated": space.candidates, "valid": len(rows), "fit": len(ranked),
-                          "refused": space.refused},
+           "basis": compute_label(compute), "candidates": c, "summary": summary,
            "pick": pick.layout.name if pick else None,
            "rows": [_decoder_row(r, text) for r, text in explained]}
     if layout is not None:

@@ -1,14 +1,7 @@
-"""Will a run fit its devices? Memory per device predicted before anything starts (common.predict's memory
-model: state exactly as torch_3d counts its shards, activations, buffers, the evaluation's logits), plus the
-framework's fixed overhead where a 1-device run measured it, held against the device's limit.
-
-The verdict allows for the model's measured memory error e (the largest |error| of `bench.predict --validate`,
-(predicted - measured) / measured): a rank predicted at P would measure between P / (1 + e) and P / (1 - e).
-  does not fit   even P / (1 + e) exceeds the limit: refused (bench.run, bench.compare) or dropped (bench.plan)
-  may not fit    the limit lies inside that range: runs, flagged
-  fits           even P / (1 - e) is within the limit
-Without a measured error (e = 0) the verdict is the point comparison, and says so.
-"""
+"""Will a run fit its devices? Memory per device predicted before anything starts (common.predict.memory), plus the
+framework's overhead where a 1-device run measured it, held against the device's limit, allowing for the
+model's measured memory error e: a rank predicted at P would measure between P / (1 + e) and P / (1 - e)
+(docs/plan.md, "The fit check")."""
 from __future__ import annotations
 
 from common.errors import BadInput
@@ -83,8 +76,7 @@ def predicted_check(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
         return FitCheck(None, _bytes(available), limit, "not checked",
                         f"not predicted: the memory model describes {', '.join(MODELLED_BACKENDS)}, not {backend}")
     try:
-        _, model, _ = memory_per_rank(spec, layout, global_batch, precision, backend,
-                                      stage_split_of(spec, layout, global_batch), eval_batch)
+        _, model, _ = memory_per_rank(spec, layout, global_batch, precision, backend, eval_batch)
     except ValueError as exc:
         return FitCheck(None, _bytes(available), limit, "not checked", f"not predicted: {exc}")
     counts = "state + activations + buffers" + (" + the evaluation's live values" if eval_batch else "")

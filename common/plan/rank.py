@@ -1,14 +1,7 @@
-"""Each layout of a space predicted (common.predict.step.predict), what does not fit dropped, the rest ranked by
-predicted step time, with what decides between them and where the model cannot tell them apart.
-
-Separating two layouts. The model's error on one layout is not what matters for a ranking: a bias shared by all
-layouts (a slow basis, a busy machine) cancels in the ratio of two predicted steps. What does not cancel is the
-difference of two layouts' errors, e_a - e_b (errors (predicted - measured) / measured, from a validation of
-real runs, bench.predict --validate). The ranking error is the median of |e_a - e_b| over every pair of
-validated runs: a layout whose predicted step lies within that share of the pick's is "not separable" from it,
-and the plan says so instead of naming a winner. Without a validation the error is unknown and the plan says
-that too.
-"""
+"""Each layout predicted (common.predict.step), what does not fit dropped, the rest ranked by predicted step with
+what decides between them. Two layouts are separable only beyond the ranking error, the median |e_a - e_b| over
+pairs of validated runs: a bias shared by all layouts cancels in a ratio of two steps, their difference does not.
+docs/plan.md, "How each layout is predicted and ranked"."""
 from __future__ import annotations
 
 import statistics
@@ -17,7 +10,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from common.layout import Layout
-from common.plan.fit import stage_split_of, verdict
+from common.plan.fit import verdict
 from common.predict.basis import Basis
 from common.predict.hardware import Hardware
 from common.predict.prediction import Prediction
@@ -77,7 +70,7 @@ def predicted(spec: BertSpec | CnnSpec, layouts: list[Layout], global_batch: int
     out = []
     for layout in layouts:
         p = predict(spec, layout, global_batch, hardware, basis_for(layout) if basis_for else basis, backend,
-                    stage_split=stage_split_of(spec, layout, global_batch), eval_batch=eval_batch)
+                    eval_batch=eval_batch)
         memory = p.memory_max
         out.append(Ranked(layout, p, memory, verdict(memory, available, error)))
     return out

@@ -1,18 +1,7 @@
-"""Every layout of N devices that a backend can execute: the space bench.plan searches.
-
-Nothing here decides what is valid. The candidates are spanned by what the step model of the executed workloads
-costs: every mesh data x tp x pp = N, the data ranks replicas (dp) or shards (fsdp), every value of each option it
-models (the schedules, recompute none or full, the vocabulary split; the micro-batch counts asked for or every count
-the global batch divides into; the stage splits even, auto and every contiguous placement of the encoder layers while
-there are at most MAX_PLACEMENTS), an option that needs a dimension only where the mesh has it.
-Kept are those
-  - a layout name can say (Layout.parse(layout.name) == layout: bench.compare --layouts can run it; this leaves
-    out an option that needs a dimension the layout lacks);
-  - Layout.validate accepts for the model and global batch (heads, hidden, vocabulary, layers, batch);
-  - the backend does not refuse (`refuse`: bench.plan passes bench.run's checks and the backend's own).
-Two stage splits that place the same layers (even and 1,1 on two layers; auto and the counts it picks) run the
-same layout: it is kept once, named even where it is the even one, else by its counts.
-"""
+"""Every layout of N devices that a backend can execute: the space bench.plan searches for the executed workloads.
+Nothing here decides what is valid: candidates span what the executed step model costs, and are kept where a
+layout name says them, Layout.validate accepts them and the backend does not refuse (`refuse`). docs/plan.md,
+"What is enumerated"."""
 from __future__ import annotations
 
 import math

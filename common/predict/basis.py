@@ -1,21 +1,6 @@
-"""What a prediction's compute rests on: measured 1-device records, or an MFU the user states.
-
-From a measured 1-device record (the target device, same backend, workload and size):
-  - its measured step (the median of the measured window, step_time_s.p50) split by the shares of its
-    --breakdown-steps probe (forward+backward, optimizer, the rest); the probe's own durations are not used,
-    only its shares, because probe steps run after the evaluation and on a loaded machine take longer;
-  - forward+backward time per forward multiply-add per sample (common.predict.work), and, when the folder
-    holds 1-device runs of one global batch at two micro-batch counts, a fixed cost per micro-batch
-    (launches, the dense embedding gradient) fitted from the two: fb(K) = K x c + B x macs x t;
-  - the optimizer's time per parameter element, the rest (data, Python) per step;
-  - memory: the process peak and, where the record has it, the training's own memory (record["memory"]
-    ["training_per_rank"]), each less what the model counts for that run (common.predict.memory), as the
-    framework's fixed overhead.
-From an assumed MFU: forward+backward = 6 FLOPs per forward multiply-add at mfu x the datasheet peak
-(common.peak_flops); the optimizer bound by memory bandwidth (AdamW reads parameter, gradient and two
-moments and writes three: 28 bytes per float32 element); no fixed per-step or per-micro-batch cost, and no
-framework overhead in memory (what torch.cuda.max_memory_allocated counts: tensors only).
-"""
+"""What a prediction's compute rests on: measured 1-device records (the step split by its --breakdown-steps probe,
+forward+backward per multiply-add, a fitted cost per micro-batch, the optimizer per parameter, the framework's
+memory overhead), or an MFU the user states (from_mfu: the one assumed-MFU rule). docs/prediction.md, "Compute"."""
 from __future__ import annotations
 
 import statistics
@@ -25,7 +10,7 @@ from common.layout import Layout
 from common.loop import EVAL_BATCH
 from common.peak_flops import PRECISION_MATH, peak_flops
 from common.predict.hardware import GB, Hardware
-from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes, transient_bytes, value_bytes
+from common.predict.memory import counted_per_rank
 from common.predict.work import ComputeShares, parts
 from common.sections import Breakdown, CoRun, StateBytesPerRank
 from common.spec import BertSpec, CnnSpec
@@ -182,17 +167,11 @@ def per_process(per_device: list[float], processes: int, overhead: float) -> lis
 
 
 def _counted_memory(spec, record: dict) -> tuple[float, float]:
-    """What the model counts of a 1-device run's memory: (its process peak: state + the larger of training's
-    and evaluation's live values; its training growth: gradients, optimizer state and training's live values,
-    the weights being there before the first step, as common.memory measures it)."""
-    layout = record_layout(record)
-    micro = record["global_batch"] // accumulation(record)
-    precision = (record.get("config") or {}).get("precision")
-    training = activation_bytes(spec, layout, 0, micro, value_bytes=value_bytes(precision)) \
-        + transient_bytes(spec, layout, 0)
-    evaluation = evaluation_bytes(spec, layout, 0, EVAL_BATCH) if evaluated(record) else 0.0
-    state = state_bytes(spec, layout, 0, backend=record["backend"])
-    return state.total + max(training, evaluation), state.grads + state.optimizer + training
+    """What the model counts of a 1-device run's memory: its process peak and its training's growth."""
+    _, model, growth = counted_per_rank(spec, record_layout(record), record["global_batch"] // accumulation(record),
+                                        (record.get("config") or {}).get("precision"),
+                                        EVAL_BATCH if evaluated(record) else None, record["backend"])
+    return model[0], growth[0]
 
 
 def from_records(spec: BertSpec | CnnSpec, records: list[dict], co_run_from: list[dict] = ()) -> Basis:

@@ -1,18 +1,6 @@
-"""The cost of one collective on one link level: the alpha-beta model with nccl-tests' bus-bandwidth factors.
-
-nccl-tests (doc/PERFORMANCE.md) defines the bus bandwidth of a collective of S bytes over n ranks that took
-t seconds as busbw = algbw x factor, algbw = S / t, with factor 2(n-1)/n for all-reduce, (n-1)/n for
-reduce-scatter, all-gather and all-to-all (S the whole, unsharded buffer), and 1 for broadcast and point-to-point: the
-bytes each rank's link carries per byte of S. A link of bus bandwidth B therefore moves a collective in
-factor x S / B, plus alpha per message step of the ring (2(n-1) steps for all-reduce, n-1 for reduce-scatter
-and all-gather, 1 for a send): t = steps x alpha + factor x S / B (Hockney's alpha-beta model; Thakur,
-Rabenseifner and Gropp, "Optimization of collective communication operations in MPICH", 2005).
-
-Which link a group uses follows the mesh placement of common.layout: rank = (stage x dp + dp index) x tp +
-tp index, tensor parallel innermost, ranks filling nodes in order. A group of n ranks `stride` apart stays
-inside a node when n x stride <= devices per node; otherwise its ring crosses the network, whose per-device
-bandwidth then bounds it.
-"""
+"""The cost of one collective on one link level: Hockney's alpha-beta model with nccl-tests' bus-bandwidth factors
+(doc/PERFORMANCE.md), t = ring steps x alpha + factor x bytes / busbw, and which link a group crosses under
+common.layout's rank order. docs/prediction.md, "Communication"."""
 from __future__ import annotations
 
 from dataclasses import dataclass

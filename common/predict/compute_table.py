@@ -1,12 +1,6 @@
-"""A device's compute table (hardware/compute/<name>.toml) from parbench's own measurement: what bench.compute_table
-measures, and the file gpu_compute reads, written from it.
-
-The measurement (JSON, kept as the record beside the table): the device and software; the shortest kernel's time
-from Python (eager) and from a CUDA graph; device-to-device copy bandwidth; matmul TFLOP/s over a grid of shapes
-(every m, n, k of GRID) and at the exact shapes bench.predict's published points time; causal attention TFLOP/s
-of each SDPA kernel over sequence lengths (the FlashAttention-3 paper's setting: 16k tokens, hidden 2,048, head
-dimension 128); what failed, in a line each. Nothing here imports a framework.
-"""
+"""A device's compute table (hardware/compute/<name>.toml) written from bench.compute_table's measurement (JSON,
+kept as the record beside it): launch floor, copy bandwidth, matmul TFLOP/s over a grid and at the published
+points' exact shapes, SDPA attention over sequence lengths (the FlashAttention-3 paper's setting)."""
 from __future__ import annotations
 
 import json

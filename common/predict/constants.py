@@ -31,23 +31,22 @@ def gpu_hardware() -> list[str]:
 
 def hardware_constants(name: str) -> list[Constant]:
     hw = hardware_files.load(name)
-    out = [Constant(f"{name}: devices per node", str(hw.devices_per_node), "", "; ".join(hw.sources[:1])),
-           Constant(f"{name}: memory per device", f"{hw.memory_bytes / 2**30:.1f}", "GiB", "; ".join(hw.sources[:1])),
-           Constant(f"{name}: memory bandwidth", f"{hw.memory_GBps:g}", "GB/s",
-                    "datasheet; memory-bound work runs at it unless the compute table measured this part "
-                    "(below); " + "; ".join(hw.sources[:1]))]
+    src = "; ".join(hw.sources[:1])
+    out = [Constant(f"{name}: devices per node", str(hw.devices_per_node), "", src),
+           Constant(f"{name}: memory per device", f"{hw.memory_bytes / 2**30:.1f}", "GiB", src),
+           Constant(f"{name}: memory bandwidth", f"{hw.memory_GBps:g}", "GB/s", "datasheet; memory-bound work runs "
+                    f"at it unless the compute table measured this part (below); {src}")]
     peak = peak_flops(hw.device_name, "bf16")
     if peak:
         out.append(Constant(f"{name}: bf16 dense peak (--assume-mfu, MFU)", f"{peak / 1e12:g}", "TFLOP/s",
                             "common.peak_flops (NVIDIA datasheet)"))
     for link in hw.links:
-        out.append(Constant(f"{name}: {link.level} bus bandwidth", f"{link.busbw_GBps:g}", "GB/s", link.source))
-        out.append(Constant(f"{name}: {link.level} latency per ring step", f"{link.latency_s * 1e6:g}", "us",
-                            link.source))
+        out += [Constant(f"{name}: {link.level} bus bandwidth", f"{link.busbw_GBps:g}", "GB/s", link.source),
+                Constant(f"{name}: {link.level} latency per ring step", f"{link.latency_s * 1e6:g}", "us", link.source)]
     if hw.compute:
-        out.append(Constant(f"{name}: compute table", hw.compute, "", f"hardware/compute/{hw.compute}.toml"))
-        out.append(Constant(f"{name}: compute scale", f"{hw.compute_scale:g}", "x table",
-                            hw.compute_scale_source or "the part the table was measured on"))
+        out += [Constant(f"{name}: compute table", hw.compute, "", f"hardware/compute/{hw.compute}.toml"),
+                Constant(f"{name}: compute scale", f"{hw.compute_scale:g}", "x table",
+                         hw.compute_scale_source or "the part the table was measured on")]
     return out
 
 
@@ -57,35 +56,33 @@ def compute_constants(hardware_name: str) -> list[Constant]:
            Constant(f"{hardware_name}: memory bandwidth of memory-bound work", f"{c.memory_Bps / 1e9:g}", "GB/s",
                     c.memory_source)]
     for precision, table in c.matmul.items():
-        rates = table.tflops.values()
-        edge = table.tflops[(table.grid[0][-1], table.grid[1][-1], table.grid[2][-1])]
+        rates, edge = table.tflops.values(), table.tflops[tuple(axis[-1] for axis in table.grid)]
         out.append(Constant(f"{c.name}: {precision} matmul rate, {len(table.tflops)} shapes "
                             f"{table.grid[0][0]}-{table.grid[0][-1]} per dimension",
-                            f"{min(rates):.1f}-{max(rates):.1f} (at the largest: {edge:.1f})", "TFLOP/s",
-                            table.source))
+                            f"{min(rates):.1f}-{max(rates):.1f} (at the largest: {edge:.1f})", "TFLOP/s", table.source))
         if table.exact:
             exact = sorted(table.exact.values())
             out.append(Constant(f"{c.name}: {precision} matmul rate at {len(exact)} exact shapes (the published "
-                                "points' GEMMs)",
-                                f"{exact[0]:.1f}-{exact[-1]:.1f} (median {exact[len(exact) // 2]:.1f})", "TFLOP/s",
-                                table.source))
+                                "points' GEMMs)", f"{exact[0]:.1f}-{exact[-1]:.1f} (median "
+                                f"{exact[len(exact) // 2]:.1f})", "TFLOP/s", table.source))
     for kernel, rates in c.attention.items():
-        fwd = ", ".join(f"{s}: {r:g}" for s, r in rates.forward_causal)
-        bwd = ", ".join(f"{s}: {r:g}" for s, r in rates.backward)
-        out.append(Constant(f"{c.name}: {kernel} attention forward (causal), by sequence", fwd, "TFLOP/s",
-                            rates.source))
-        out.append(Constant(f"{c.name}: {kernel} attention backward, by sequence", bwd, "TFLOP/s", rates.source))
+        for what, points in (("forward (causal)", rates.forward_causal), ("backward", rates.backward)):
+            out.append(Constant(f"{c.name}: {kernel} attention {what}, by sequence",
+                                ", ".join(f"{s}: {r:g}" for s, r in points), "TFLOP/s", rates.source))
     return out
+
+
+STACK_UNITS = {"attention_kernel": "", "fused_projections": "", "elementwise_kernels": "/layer",
+               "backward_factor": "x forward bytes", "logit_bytes": "B/logit", "selective": "",
+               "optimizer_bytes": "B/element", "fsdp_gather_copy_bytes": "B/element",
+               "fsdp_scatter_copy_bytes": "B/element"}
 
 
 def stack_constants() -> list[Constant]:
     out = []
     for s in STACKS.values():
-        for field_name, unit in (("attention_kernel", ""), ("fused_projections", ""), ("elementwise_kernels", "/layer"),
-                                 ("backward_factor", "x forward bytes"), ("logit_bytes", "B/logit"),
-                                 ("selective", ""), ("optimizer_bytes", "B/element"),
-                                 ("fsdp_gather_copy_bytes", "B/element"), ("fsdp_scatter_copy_bytes", "B/element")):
-            out.append(Constant(f"{s.name}: {field_name}", str(getattr(s, field_name)), unit, s.source))
+        out += [Constant(f"{s.name}: {field}", str(getattr(s, field)), unit, s.source)
+                for field, unit in STACK_UNITS.items()]
         out.append(Constant(f"{s.name}: elementwise bytes per token and layer (forward)", s.elementwise_formula,
                             "B", s.source))
         if s.tp_overlap_split:
@@ -107,13 +104,12 @@ def model_constants() -> list[Constant]:
 
 
 def table(hardware: list[str] | None = None) -> list[Constant]:
-    names = hardware or gpu_hardware()
     rows: list[Constant] = []
     computes = set()
-    for name in names:
+    for name in hardware or gpu_hardware():
         rows += hardware_constants(name)
-        hw = hardware_files.load(name)
-        if hw.compute and hw.compute not in computes:
-            computes.add(hw.compute)
+        compute = hardware_files.load(name).compute
+        if compute and compute not in computes:
+            computes.add(compute)
             rows += compute_constants(name)
     return rows + stack_constants() + model_constants()

@@ -1,23 +1,7 @@
-"""A decoder-only transformer (GPT-3, Megatron's GPT, Llama 3) described in a TOML file, and the one set of
-formulas bench.predict uses for every size: parameters, the GEMMs of a layer at their shapes, FLOPs, and the
-activations a layer keeps for its backward pass.
-
-A model file (models/<name>.toml, format in models/README.md) gives layers, hidden, heads, key/value heads (GQA),
-the FFN width and kind (gelu: up and down projections; swiglu: gate, up and down, Llama's), vocabulary,
-sequence length, tied embeddings, learned or rotary positions, the norm and whether linear layers have biases.
-
-Formulas (per token unless said; n heads, g key/value heads, d = hidden / n, f the FFN width, s the sequence):
-  - a layer's linear layers: Q (h x nd), K and V (h x gd each), output (nd x h), FFN up (h x f; swiglu also the
-    gate, h x f), FFN down (f x h). Forward FLOPs 2 x in x out each.
-  - attention scores and context: 2 x 2 x s x nd per token for full attention, half of it under a causal mask
-    (flash-attention kernels skip the masked blocks).
-  - training = forward + backward; a linear layer's backward is two GEMMs of its forward's size (input and weight
-    gradients): 3 x forward. Flash attention's backward recomputes the scores: 2.5 x its forward (Dao 2023).
-  - activations kept for the backward (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-    Transformer Models", section 4.1): counted component by component (stored_activation_bytes), which gives
-    their closed form, s x b x h x (34 + 5 a s / h) bytes per GPT layer in 16-bit, and sbh(10 + 24/t + 5as/(ht))
-    under t-way tensor parallelism, 34sbh/t with sequence parallelism (tests/test_predict_decoders.py holds both).
-"""
+"""A decoder-only transformer (GPT-3, Megatron's GPT, Llama 3) described in a TOML file (models/README.md), and the
+one set of formulas bench.predict uses for every size: parameters, the GEMMs of a layer at their shapes, FLOPs
+(common.spec counts them) and the activations a layer keeps for its backward, component by component after
+Korthikanti et al. 2022 (tests/test_predict_decoders.py holds their closed forms). docs/prediction-at-scale.md."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -124,14 +108,6 @@ class DecoderSpec:
 
     def attention_flops(self, samples: int, causal: bool = True) -> float:
         return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.q_width, causal)
-
-    def matmul_flops_per_token(self) -> float:
-        """Forward FLOPs of the linear layers and the output layer, per token (2 x their weights)."""
-        return sum(g.flops for g in self.gemms(1)) / self.seq_len
-
-    def attention_flops_per_token(self, causal: bool = True) -> float:
-        """Forward FLOPs of the attention scores and context per token, all layers (common.spec.attention_flops)."""
-        return self.attention_flops(1, causal) / self.seq_len
 
     # -- activations ------------------------------------------------------------------------------------
 

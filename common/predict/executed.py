@@ -1,33 +1,7 @@
-"""The executed workloads (the BERT MLM, the CNN) in stages as parbench runs them, timed from a measured 1-device
-run (basis.py) or an assumed MFU; common.predict.step puts the stages together into one step.
-
-The collectives a layout issues, per step (checked against torch_3d's counted comm_per_step in
-tests/test_predict.py):
-  - data (no FSDP): one all-reduce of the rank's gradients over the data ranks (torch_3d: one flat buffer after the
-    backward; torch_ddp: 25 MiB buckets during it). Ring cost 2(n-1)/n x gradient bytes.
-  - FSDP/ZeRO-3 over dp: each layer unit all-gathered before its forward and again before its backward, the
-    root unit once, and every unit's gradients reduce-scattered once: (n-1)/n x (2 x layers + root) bytes
-    gathered + (n-1)/n x all bytes scattered, 1.5x data parallel's 2(n-1)/n when the root is small.
-  - tp (Megatron): per micro-batch and layer, 2 all-reduces of b x s x h forward (attention output, FFN out)
-    and TP_BACKWARD_ALL_REDUCES backward (DTensor reduces the input gradient of each column-parallel module:
-    Q, K, V and FFN-in separately); with a split vocabulary also the embedding's partial sums.
-  - pp: per micro-batch and stage boundary b x s x h sent forward and its gradient backward (each rank sends
-    one and receives the other per boundary: 2 transfers per micro-batch and boundary); the tied token
-    embedding's gradient all-reduced between the first and last stage once per step.
-keras_jax's collectives are XLA's (GSPMD places, fuses and combines them): they come as compiled, from a run's
-comm_per_step, costed over all its devices and exposed (an assumption).
-Overlap, per backend and layout (the rest is on the critical path):
-  - torch_3d: everything exposed, except FSDP's gathers and scatters on hardware whose collectives run beside
-    compute (a GPU's own stream; FSDP2 prefetches the next unit): there only what exceeds the compute, or at
-    least one unit's gather and scatter, is exposed. Its dp all-reduce runs after the backward by design.
-  - torch_ddp: bucketed all-reduces overlap the backward (2/3 of forward+backward) where collectives run beside
-    compute; at least the last bucket is exposed. On a CPU gloo's ring runs on the cores that compute:
-    exposed (an assumption the validation checks).
-CPU contention: a thread gets cores / max(cores, runnable threads) of a core, runnable threads being the ranks'
-(ranks x threads per device) plus, with `background`, other programs' (common.predict.basis.background_load);
-compute stretches by the 1-device run's share over this run's, and where ranks run side by side by the co-run
-probe's slowdown (basis.co_run: the 1-device command run as that many processes at once, bench.co_run).
-"""
+"""The executed workloads (the BERT MLM, the CNN) in stages as parbench's backends run them, timed from a measured
+1-device run or an assumed MFU (basis.py); common.predict.step puts the stages together. Their collectives are
+torch_3d's (held against its counted comm_per_step by --validate), keras_jax's as XLA compiled them. Compute,
+communication, overlap, contention and the co-run slowdown: docs/prediction.md, "The model"."""
 from __future__ import annotations
 
 from common.layout import Layout
@@ -71,15 +45,15 @@ def _link(hardware: Hardware, layout: Layout, dim: str) -> Link:
 
 
 def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, stage: int, backend: str,
-                stage_split: list[int] | None = None, activation_value_bytes: int = FLOAT) -> list[Collective]:
+                activation_value_bytes: int = FLOAT) -> list[Collective]:
     """What one rank of `stage` issues per step. Activations travel at the run's precision
     (`activation_value_bytes`: bf16 under autocast), gradients and parameters as float32 (torch's amp keeps
     both in float32)."""
     micro = global_batch // (layout.data * layout.micro_batches)
     out: list[Collective] = []
-    params = stage_params(spec, layout, stage, stage_split)
+    params = stage_params(spec, layout, stage)
     if isinstance(spec, BertSpec):
-        layers = stage_layer_counts(layout, spec.layers, stage_split)[stage]
+        layers = stage_layer_counts(layout, spec.layers)[stage]
         activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
         m = layout.micro_batches
         if layout.tp > 1:
@@ -101,7 +75,7 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
     if layout.sharded:
         # FSDP units: each encoder layer, and the root (the rest of the stage); every micro-batch gathers each
         # layer twice (forward, backward) and the root, which stays gathered, once; gradients scatter once.
-        units = stage_layer_counts(layout, spec.layers, stage_split)[stage] if isinstance(spec, BertSpec) else 0
+        units = stage_layer_counts(layout, spec.layers)[stage] if isinstance(spec, BertSpec) else 0
         per_layer = layer_elements(spec, layout) if units else 0
         root = params - units * per_layer
         m = layout.micro_batches
@@ -139,7 +113,7 @@ def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
 
 
 def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, hardware: Hardware, basis: Basis,
-                    backend: str = "torch_3d", stage_split: list[int] | None = None, background: float | None = None,
+                    backend: str = "torch_3d", background: float | None = None,
                     eval_batch: int | None = None, counted: list[Collective] | None = None) -> Stages:
     """`background`: other programs' runnable threads on a CPU host during the run (None: none, and the
     1-device run's background is not accounted either). `eval_batch`: the run also evaluates in batches of
@@ -168,12 +142,12 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
         return contention * (basis.s_per_micro_batch * launched / whole + per_mac * computed * micro)
     # --recompute runs each encoder layer's forward again in the backward: its forward share of forward+backward
     # (1 - BACKWARD_SHARE) more, costed as that many more multiply-adds (and their launches).
-    launched = stage_macs(spec, layout, stage_split)
-    launched_again = [(1 - BACKWARD_SHARE) * r for r in recomputed_macs(spec, layout, stage_split)]
-    macs = rank_macs(spec, layout, basis.compute_shares, stage_split)
-    again = [(1 - BACKWARD_SHARE) * r for r in rank_macs(spec, layout, basis.compute_shares, stage_split, True)]
+    launched = stage_macs(spec, layout)
+    launched_again = [(1 - BACKWARD_SHARE) * r for r in recomputed_macs(spec, layout)]
+    macs = rank_macs(spec, layout, basis.compute_shares)
+    again = [(1 - BACKWARD_SHARE) * r for r in rank_macs(spec, layout, basis.compute_shares, True)]
     stage_comm = [counted] if counted is not None and layout.pp == 1 else \
-        [collectives(spec, layout, global_batch, s, backend, stage_split, value_bytes(basis.precision))
+        [collectives(spec, layout, global_batch, s, backend, value_bytes(basis.precision))
          for s in range(layout.pp)]
     out = Stages(micro_batches=m, overhead=contention * basis.s_per_step, contention=contention,
                  # Interruptions (step.sync_factor): on a CPU host only, a GPU's queue of launched kernels runs on
@@ -187,11 +161,11 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
         inside = sum(_comm_s(c, hardware, layout) for c in comms if c.dim in ("tp", "pp")) / m
         after = sum(_exposed(c, _comm_s(c, hardware, layout), m * computed, backend, hardware)
                     for c in comms if c.dim not in ("tp", "pp"))
-        optimizer = contention * basis.s_per_param * state_bytes(spec, layout, s * layout.data * layout.tp,
-                                                                   stage_split).params / FLOAT
+        updated = state_bytes(spec, layout, s * layout.data * layout.tp).params / FLOAT
+        optimizer = contention * basis.s_per_param * updated
         out.add(compute=computed, inside=inside, recompute=computed - plain, after_comm=after, optimizer=optimizer,
                 collectives=comms)
-    out.memory = executed_memory(spec, layout, global_batch, basis.precision, stage_split, eval_batch, backend,
+    out.memory = executed_memory(spec, layout, global_batch, basis.precision, eval_batch, backend,
                                  basis.memory_overhead, basis.training_overhead)
     if contention != 1:
         out.notes.append(f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
@@ -217,10 +191,11 @@ def plain_share(spec: BertSpec | CnnSpec, basis: Basis) -> float:
 
 
 def memory_per_rank(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, precision: str | None,
-                    backend: str = "torch_3d", stage_split: list[int] | None = None, eval_batch: int | None = None
+                    backend: str = "torch_3d", eval_batch: int | None = None
                     ) -> tuple[list[StateBytes], list[float], list[float]]:
     """Per rank, before any run: its state, what the model counts of its process peak (no framework overhead)
     and of its training's growth; predict()'s memory without a time basis (a fit check before launch)."""
     check_modelled(layout)
+    layout = layout.placed(spec, global_batch)
     micro = global_batch / (layout.data * layout.micro_batches)
-    return counted_per_rank(spec, layout, micro, precision or "fp32", stage_split, eval_batch, backend)
+    return counted_per_rank(spec, layout, micro, precision or "fp32", eval_batch, backend)

@@ -1,16 +1,7 @@
-"""How long a GPU takes for one kernel of a step, from first principles and published measurements, not from an
-assumed MFU: a GEMM at its own shape at the rate the device's matmul table gives for that shape; flash attention
-at the measured rate of its kernel at that sequence length; a memory-bound operation at the device's memory
-bandwidth; no kernel shorter than the launch floor.
-
-The table (hardware/compute/<name>.toml, measured by bench.compute_table) holds TFLOP/s at shapes (m, n, k) on a
-grid and, under `shapes`, at the exact shapes the published points time; an exact shape takes its own rate, a
-shape between grid points the rate interpolated linearly in log2(m), log2(n), log2(k); a dimension beyond the grid
-takes the edge's rate. Attention rates interpolate in log2 of the sequence length the same way. A hardware file's
-compute_scale (a published bound on how its part differs from the measured one) multiplies both. Memory-bound
-work runs at the table's measured copy bandwidth where the hardware is the part it was measured on, else at the
-hardware's datasheet bandwidth (memory_GBps: an upper bound, the model's optimistic side).
-"""
+"""How long a GPU takes for one kernel, from the device's measured compute table (hardware/compute/<name>.toml,
+bench.compute_table): a GEMM at its shape (an exact shape as measured, else trilinear in log2 of each dimension,
+the edge's rate beyond), flash attention at its kernel's rate for the sequence, memory-bound work at the measured
+copy bandwidth of the part (another part's datasheet figure), no kernel under the launch floor."""
 from __future__ import annotations
 
 import bisect

@@ -1,11 +1,6 @@
-"""A machine as the model sees it, read from a TOML file (format: hardware/README.md).
-
-A file names the device (its name as the driver reports it, looked up in common.peak_flops), its memory,
-how many devices a node holds, and one [[link]] per level a collective can cross, innermost first: within a
-node, then between nodes. Each level has a bus bandwidth (nccl-tests' busbw: what a ring all-reduce
-achieves per device, comparable whatever the group size) and a latency per message (the alpha of the
-alpha-beta model). Every figure names its source.
-"""
+"""A machine as the model sees it, read from a TOML file (format: hardware/README.md): the device, its memory and
+bandwidth, devices per node, one [[link]] per level a collective can cross (bus bandwidth and latency per
+message), and the compute table its kernels are timed by; every figure names its source."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

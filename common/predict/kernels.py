@@ -1,33 +1,8 @@
-"""A decoder's pipeline stages timed kernel by kernel on a GPU (common.predict.step puts them together): each
-GEMM at its shape at the device's measured rate (gpu_compute.py), flash attention at its kernel's rate, the
-memory-bound work at the device's bandwidth, the collectives' alpha-beta costs (collectives.py), the software's
-choices from its stack description (stacks.py). docs/prediction-at-scale.md gives the formulas and their sources.
-
-Per micro-batch of b sequences, T = b s / cp tokens on a rank, one layer:
-  - GEMMs: DecoderSpec.layer_gemms (Megatron's column/row split over tp; fused QKV and FC1 where the stack fuses
-    them), each with its two backward GEMMs, each timed at its shape;
-  - flash attention: causal forward 2 b s^2 (nd) / (tp cp) FLOPs, backward 2.5 x, at the stack's kernel's rate;
-  - memory-bound work: the stack's bytes per token (h-wide bytes shared out by sequence parallelism, the rest by
-    tp), the backward backward_factor x, at the device's bandwidth;
-  - recompute: full repeats the layer's forward (and its tensor-parallel collectives) in the backward; selective
-    repeats the attention forward (Megatron) or every second matmul and all elementwise work (torchtitan's op
-    policy: the 2nd, 4th, ... mm of each block are recomputed);
-  - tensor parallel: 2 all-reduces of T h bf16 values forward and 2 backward, or with sp 2 all-gathers + 2
-    reduce-scatters each way; exposed, or with tpo (Megatron's --tp-comm-overlap, AsyncTP) only what exceeds the
-    layer's GEMMs in that direction, those GEMMs then run in chunks of the tokens as the stack's overlap cuts
-    them (Stack.tp_overlap_split: Transformer Engine's ring exchange in tp chunks, its pipeline in 4);
-  - context parallel: a ring passes each rank's K and V chunk cp - 1 times forward (K, V and their gradients
-    backward), hidden behind the attention it feeds, the rest exposed.
-A stage runs its layers (the first also the embedding, the last the final norm, output layer and loss); 1F1B
-and GPipe sends of T h / (tp if sp) bf16 per micro-batch and boundary are exposed, interleaved 1F1B's are
-overlapped (Megatron's overlap_p2p_comm).
-Once a step, each stage: plain data parallel all-reduces the float32 gradients, zero1 reduce-scatters them and
-all-gathers bf16 weights (Megatron's distributed optimizer), both overlapped with the last micro-batch's backward
-(and the gather with the first forward), at least the last bucket exposed; FSDP gathers each layer's bf16
-weights forward and backward and reduce-scatters float32 gradients every micro-batch, prefetched behind compute,
-the root (embeddings, output) and the first layer's gather exposed; HSDP adds the replicas' all-reduce of the
-shards. The optimizer and FSDP's copies run at the device's bandwidth.
-"""
+"""A decoder's pipeline stages timed kernel by kernel on a GPU (common.predict.step puts them together): each GEMM
+at its shape (gpu_compute.py), flash attention at its kernel's rate, the memory-bound work at the device's
+bandwidth, the collectives' alpha-beta costs (collectives.py), the software's choices from its stack description
+(stacks.py). Every formula, per layout option, is docs/prediction-at-scale.md's ("The layouts", "Compute from
+first principles")."""
 from __future__ import annotations
 
 from common.errors import BadInput
@@ -150,24 +125,13 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardwa
             "elementwise": ew_fwd + ew_bwd, "recompute": recompute}
 
 
-def _head(spec: DecoderSpec, tp: int, stack: Stack, timer: Timer, tokens: int) -> dict[str, float]:
+def head(spec: DecoderSpec, tp: int, stack: Stack, timer: Timer, tokens: int) -> dict[str, float]:
     """The last stage's own work, forward and backward: the final norm, the output layer's GEMMs (`tp`: the ranks
     its vocabulary is split over, 1 where it is replicated) and the loss over the logits."""
     head = spec.head_gemm(tokens, tp)
     return {"gemm": timer.gemm(head) + sum(timer.gemm(b) for b in spec.backward_gemms(head)),
             "loss": timer.memory(tokens * spec.vocab / tp * stack.logit_bytes, 4),
             "norm": timer.memory(tokens * spec.hidden * 4 * (1 + stack.backward_factor), 2)}
-
-
-def one_head(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, micro_batch: int,
-             precision: str = "bf16") -> dict[str, float]:
-    """The model's final norm, output layer and loss on one device, forward and backward, by part."""
-    return _head(spec, 1, stack, Timer(compute, precision), micro_batch * spec.seq_len)
-
-
-def optimizer_s(elements: float, stack: Stack, compute: DeviceCompute) -> float:
-    """The optimizer's step over `elements` parameters a rank updates (bench.layer_check's figure)."""
-    return Timer(compute).optimizer(elements, stack)
 
 
 def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware: Hardware, micro_batch: int,
@@ -207,7 +171,7 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
     layer = _layer(spec, layout, stack, timer, hardware, tokens)
     # First stage: the embedding's look-up and its gradient (memory-bound); last: final norm, output layer, loss.
     embed = timer.memory(tokens * spec.hidden * BF16 * 4 / (layout.tp if layout.sp else 1), 2)
-    head_s = sum(_head(spec, vocab_tp, stack, timer, tokens).values())
+    head_s = sum(head(spec, vocab_tp, stack, timer, tokens).values())
     exposed_send, sends = 0.0, []
     if layout.pp > 1:
         act = BF16 * tokens * spec.hidden / (layout.tp if layout.sp else 1)

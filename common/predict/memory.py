@@ -1,33 +1,8 @@
-"""Memory per rank: the training state exactly as torch_3d counts it, and an estimate of the activations.
-
-State (common.sections.StateBytesPerRank, counted from each rank's shards after the last step): float32
-parameters and gradients of every tensor the rank holds (common.initial_weights.layout names them), AdamW's
-two moments of the same size and its step counters (STEP_COUNTERS: torch one float32 per tensor, Keras one
-int64 per device). What a rank holds (keras_jax's GSPMD plan splits the same weights the same way):
-  - pp: stage 0 the embeddings, the last stage the MLM head and its own copy of the tied token embedding;
-  - tp (Megatron's plan): Q, K, V and FFN-in split by output rows (weight and bias), the attention output and
-    FFN-out by input columns (their bias replicated), norms replicated; the token embedding and the head's
-    bias split by vocabulary rows only with --vocab-split;
-  - FSDP over the data ranks: each local tensor cut along its first dimension into torch.chunk's pieces (ceil(d0/n) rows
-    each, the last ones shorter or empty), as FSDP2's fully_shard does.
-Activations (float32, kept for the backward; Korthikanti et al. 2022, "Reducing Activation Recomputation in
-Large Transformer Models", section 4, counted for this model, fused attention storing no s x s scores):
-per layer and sample s(4h + (4h + 2i)/tp) values (the input, the two norms' inputs and the FFN input
-replicated; Q, K, V, the context and both FFN intermediates split), with --recompute only the input s x h;
-the MLM head 4ph + 2pV/t (p gathered positions, logits and their log-softmax; t = tp with a split
-vocabulary); the embeddings 2sh. A stage keeps the micro-batches in flight: GPipe all m, 1F1B p - stage.
-Evaluation (common.loop, batches of EVAL_BATCH, no gradients) keeps one layer's values at a time, but the rank
-holding the MLM head materialises the logits and their log-softmax, 2pV/t values per sample: at 256 sequences
-of the tiny MLM 1.4 GB, more than training's peak, so a process's peak is its state plus the larger of the two.
-
-Decoders on GPUs (bf16 mixed precision; an estimate for "fits or not": the published points say memory only for
-torchtitan, and the model is not checked against it): state per parameter element of the rank's tensor-parallel
-share, Megatron's (plain data parallel or distributed optimizer) bf16 weights 2, float32 gradient buffer 4, float32
-master weights and two moments 12, the last divided over dp under zero1; FSDP / HSDP's (torchtitan's FSDP2) float32
-sharded weights 4, gradients 4 and moments 8, all over the shard group, the two layers' bf16 weights gathered at a
-time (the one computing and the one prefetched); activations by Korthikanti et al.'s accounting
-(DecoderSpec.stored_activation_bytes) times the micro-batches in flight; the last stage's logits.
-"""
+"""Memory per rank, one module for every workload. The executed workloads (BERT MLM, CNN): state exactly as
+torch_3d counts its shards (common.initial_weights.layout names the tensors), activations from the model's
+stored_activation_bytes, the step's buffers and the evaluation's logits. The decoders on GPUs: Megatron's and
+torchtitan's bf16 mixed-precision state and Korthikanti et al.'s activations, an estimate for "fits or not"
+checked against no measurement. docs/prediction.md ("Memory per rank") and docs/prediction-at-scale.md."""
 from __future__ import annotations
 
 import functools
@@ -67,19 +42,13 @@ def _trainable(spec: BertSpec | CnnSpec) -> tuple[Tensor, ...]:
     return tuple(t for t in tensor_layout(spec) if t.trainable)
 
 
-def stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int,
-                  stage_split: list[int] | None = None) -> list[Tensor]:
-    """The trainable tensors one pipeline stage holds, whole."""
-    return list(_stage_tensors(spec, layout, stage, tuple(stage_split) if stage_split else None))
-
-
 @functools.lru_cache(maxsize=1024)  # every rank of a stage asks: 64 ranks, thousands of layouts in a plan
-def _stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int,
-                   stage_split: tuple[int, ...] | None) -> tuple[Tensor, ...]:
+def stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> tuple[Tensor, ...]:
+    """The trainable tensors one pipeline stage holds, whole."""
     tensors = _trainable(spec)
     if isinstance(spec, CnnSpec) or layout.pp == 1:
         return tensors
-    counts = stage_layer_counts(layout, spec.layers, list(stage_split) if stage_split else None)
+    counts = stage_layer_counts(layout, spec.layers)
     first_layer = sum(counts[:stage])
     mine = range(first_layer, first_layer + counts[stage])
     first, last = stage == 0, stage == layout.pp - 1
@@ -125,11 +94,11 @@ def framework_of(backend: str) -> str:
 
 
 def state_bytes(spec: BertSpec | CnnSpec, layout: Layout, rank: int,
-                stage_split: list[int] | None = None, backend: str = "torch_3d") -> StateBytes:
+                backend: str = "torch_3d") -> StateBytes:
     """Parameters, gradients and AdamW state one rank holds, in bytes."""
     c = layout.coordinates(rank)
     elements, tensors = 0, 0
-    for t in stage_tensors(spec, layout, c["pp"], stage_split):
+    for t in stage_tensors(spec, layout, c["pp"]):
         shape = tp_shape(t, layout)
         elements += fsdp_numel(shape, layout.fsdp, c["fsdp"]) if layout.sharded else math.prod(shape)
         tensors += 1
@@ -139,10 +108,9 @@ def state_bytes(spec: BertSpec | CnnSpec, layout: Layout, rank: int,
                       optimizer=ADAM_MOMENTS * FLOAT * elements + counters)
 
 
-def stage_params(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_split: list[int] | None = None
-                 ) -> int:
+def stage_params(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> int:
     """Elements of a stage's tensor-parallel shard before FSDP (what its all-gathers and all-reduces move)."""
-    return sum(math.prod(tp_shape(t, layout)) for t in stage_tensors(spec, layout, stage, stage_split))
+    return sum(math.prod(tp_shape(t, layout)) for t in stage_tensors(spec, layout, stage))
 
 
 def in_flight(layout: Layout, stage: int, micro_batches: int | None = None) -> float:
@@ -160,12 +128,12 @@ def in_flight(layout: Layout, stage: int, micro_batches: int | None = None) -> f
 
 
 def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro_batch: int,
-                     stage_split: list[int] | None = None, value_bytes: int = FLOAT) -> float:
+                     value_bytes: int = FLOAT) -> float:
     """Activations a rank of `stage` keeps at its peak, for micro-batches of `micro_batch` samples."""
     if isinstance(spec, CnnSpec):
         return spec.stored_activation_bytes(micro_batch, value_bytes=value_bytes)
     s, h, p, v, tp = spec.seq_len, spec.hidden, spec.max_predictions, spec.vocab_size, layout.tp
-    counts = stage_layer_counts(layout, spec.layers, stage_split)
+    counts = stage_layer_counts(layout, spec.layers)
     stored = spec.stored_activation_bytes(s, tp, value_bytes=1)   # values per sample
     per_sample = counts[stage] * (s * h if layout.recomputes else stored)
     if layout.recomputes and counts[stage]:
@@ -188,11 +156,10 @@ def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_
     return FLOAT * per_sample * eval_batch
 
 
-def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, stage_split: list[int] | None = None
-                    ) -> float:
+def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> float:
     """Buffers a step allocates beside state and activations: torch_3d's flat gradient copy for its dp
     all-reduce; FSDP's whole parameters of the layer being computed and of the one prefetched."""
-    elements = stage_params(spec, layout, stage, stage_split)
+    elements = stage_params(spec, layout, stage)
     if layout.dp > 1 and not layout.sharded:
         return FLOAT * elements
     if layout.sharded and isinstance(spec, BertSpec):
@@ -205,8 +172,7 @@ def layer_elements(spec: BertSpec, layout: Layout) -> int:
 
 
 def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, precision: str,
-                     stage_split: list[int] | None, eval_batch: int | None, backend: str
-                     ) -> tuple[list[StateBytes], list[float], list[float]]:
+                     eval_batch: int | None, backend: str) -> tuple[list[StateBytes], list[float], list[float]]:
     """Per rank, for micro-batches of `micro` samples: its state, what the model counts of its process peak (state
     + the larger of training's and evaluation's live values) and of its training's growth over the start
     (gradients, optimizer state and training's live values: the weights were there before); the framework's
@@ -214,10 +180,10 @@ def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, pre
     states, model, growth = [], [], []
     for rank in range(layout.devices):
         stage = layout.coordinates(rank)["pp"]
-        state = state_bytes(spec, layout, rank, stage_split, backend)
-        training_live = activation_bytes(spec, layout, stage, int(micro), stage_split,
+        state = state_bytes(spec, layout, rank, backend)
+        training_live = activation_bytes(spec, layout, stage, int(micro),
                                          value_bytes(precision)) + \
-            transient_bytes(spec, layout, stage, stage_split)
+            transient_bytes(spec, layout, stage)
         evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
         states.append(state)
         model.append(state.total + max(training_live, evaluation))
@@ -226,12 +192,12 @@ def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, pre
 
 
 def executed_memory(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, precision: str,
-                    stage_split: list[int] | None, eval_batch: int | None, backend: str,
+                    eval_batch: int | None, backend: str,
                     overhead: float | None, training_overhead: float | None) -> dict:
     """Prediction's memory fields for a run: counted_per_rank's, and with the framework's measured overheads (a
     basis's) the process peak and the training's growth per rank."""
     micro = global_batch / (layout.data * layout.micro_batches)
-    states, model, growth = counted_per_rank(spec, layout, micro, precision, stage_split, eval_batch, backend)
+    states, model, growth = counted_per_rank(spec, layout, micro, precision, eval_batch, backend)
     return {"state_per_rank": states, "model_per_rank": model, "training_model_per_rank": growth,
             "memory_per_rank": [m + overhead for m in model] if overhead is not None else None,
             "training_per_rank": [g + training_overhead for g in growth] if training_overhead is not None else None,

@@ -1,8 +1,5 @@
 """What common.predict.step's one step function works with and returns: the stages of a layout as a workload's
-work is timed (Stages: the executed workloads' from a measured 1-device run, common.predict.executed; a decoder's
-kernel by kernel, common.predict.kernels) and the predicted step (Prediction). The fields after `optimizer_s` that
-a timing does not give keep their defaults (a GPU's kernels: no measured overhead, sync wait or framework memory
-overhead)."""
+work is timed (Stages) and the predicted step (Prediction)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,20 +1,7 @@
-"""Published training results as checked data (published/*.toml), and bench.predict's predictions of them.
-
-A file has a [source] (publisher, where exactly, the hardware description, the software stack, how the
-publisher counts FLOPs) and [[point]]s: name, model (models/*.toml), devices, layout (common.layout's grammar),
-global batch (sequences), metric, the published figure, the quoted row it was copied from, and optionally
-seq_len (a run at another sequence length), stack and `assumed` (what the source does not say and the file
-assumes). A point the model cannot honour (fp8) stays in the table as refused, with the one-line reason.
-
-Metrics: tokens_per_s_per_gpu; tflops_per_gpu and mfu as the publisher counts FLOPs (Megatron's
-num_floating_point_operations, MEGATRON_PEAK for its MFU), so the model's FLOP formula never enters the
-comparison: a predicted step time is turned into the publisher's figure with the publisher's formula.
-error = predicted / published - 1. Ranking: points on one model, hardware and device count are a group; the
-Spearman correlation of predicted and published order, and whether every pair whose published figures differ
-by more than 10% is ordered alike. A part's compute table is one measurement of it: each point is predicted
-again from every table measured of the same part (results/reference/*/compute/*.json, bench.compute_table's
-records), and the goals are judged on each point's worst error over them.
-"""
+"""Published training results as checked data (published/*.toml, format in its README), and bench.predict's
+predictions of them: each point's figure as its publisher counts it (Megatron's FLOP formula for its TFLOP/s and
+MFU, so the model's own count never enters the comparison), the error, the ranking within a cluster, and each
+point again on every compute table measured of its part (the goals read the worst). docs/prediction-at-scale.md."""
 from __future__ import annotations
 
 import json
@@ -29,6 +16,7 @@ from common.predict.compute_table import toml_text
 from common.predict.gpu_compute import DeviceCompute, compute_for, table_from
 from common.predict.hardware import Hardware, tomllib
 from common.predict.step import predict
+from common.stats import spearman
 
 PUBLISHED_DIR = Path(__file__).parent / "published"
 REFERENCE_DIR = Path(__file__).resolve().parents[2] / "results" / "reference"   # a checkout's committed records
@@ -129,33 +117,6 @@ def gemm_shapes(points: list[Point] | None = None) -> list[tuple[int, int, int]]
     for p in points if points is not None else all_points():
         predict_point(p, recording)
     return sorted(s for s in shapes if min(s) > 0)
-
-
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (average ranks for ties); None for fewer than 2 points or a constant side."""
-    if len(xs) < 2:
-        return None
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    sx = sum((a - mx) ** 2 for a in rx) ** 0.5
-    sy = sum((b - my) ** 2 for b in ry) ** 0.5
-    if not sx or not sy:
-        return None
-    return sum((a - mx) * (b - my) for a, b in zip(rx, ry)) / (sx * sy)
-
-
-def _ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
 
 
 def rankings(rows: list[dict]) -> list[dict]:

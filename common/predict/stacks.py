@@ -1,13 +1,6 @@
-"""The software that runs a decoder's step, as the GPU model sees it: which attention kernel, whether projections
-are fused, how many bytes the memory-bound operations move, what selective recomputation recomputes, and how
-the optimizer updates. One entry per stack a published point ran; each byte count is read off that stack's code.
-
-Memory-bound bytes are per token of one layer on one rank (h hidden, q = heads x head_dim, kv = kv_heads x
-head_dim, f the FFN width), split into what sequence parallelism shares out (h-wide: norms, residuals) and what
-tensor parallelism always splits (q-, kv- and f-wide); the backward moves `backward_factor` x the forward's bytes
-(an operation's backward reads its saved input and the incoming gradient and writes the outgoing one, where the
-forward read one and wrote one).
-"""
+"""The software that runs a decoder's step, as the GPU model sees it (attention kernel, fusions, bytes of the
+memory-bound work, what selective recomputation recomputes, the optimizer, FSDP's copies, tensor-parallel overlap,
+what it refuses), one entry per stack a published point ran, each figure read off that stack's code."""
 from __future__ import annotations
 
 from collections.abc import Callable

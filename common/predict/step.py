@@ -1,21 +1,7 @@
-"""The one step model: a training step of a layout, predicted from its stages, whichever workload and whatever its
-compute rests on (a measured 1-device run, a device's compute table, an assumed MFU).
-
-predict(model, layout, global_batch, hardware, compute) times one rank of each pipeline stage (the executed
-workloads from a Basis, common.predict.executed; a decoder kernel by kernel, common.predict.kernels) and puts the
-stages together:
-  - pipeline: with per-micro-batch stage times e_s (compute, the communication inside the micro-batch loop left
-    exposed), GPipe and 1F1B both take sum_s e_s + (m - 1) max_s e_s (the bubble (p-1)/(m+p-1) of the step when
-    stages are equal); interleaved 1F1B with v chunks sum_s e_s / v + (m - 1/v) max_s e_s, (m + (p-1)/v) e for
-    equal stages (Narayanan et al. 2021); a stage idles that time less m e_s;
-  - after the pipeline, once a step, the stage whose tail is longest: its exposed communication (data parallel,
-    FSDP, the tied embedding), its memory copies and its optimizer; a measured run's rest per step on top;
-  - synchronisation on a CPU host: every rank loses the share of its step the 1-device run lost to interruptions
-    (in its median already); ranks that synchronise also wait for each other's, sync_factor(layout) - 1 more
-    (tensor parallel and FSDP every layer: the group size; a data-parallel all-reduce once a step: the longest of
-    dp, H_dp). Checked at 2 and 4 ranks on one host; on a GPU the queue of launched kernels runs on through its
-    host thread's interruptions, and the term is left out.
-"""
+"""The one step model: a training step of a layout put together from its stages, whichever workload and whatever
+its compute rests on (a measured 1-device run, a device's compute table, an assumed MFU). The pipeline formula
+(GPipe, 1F1B, interleaved), the once-a-step tail and a CPU host's synchronisation wait are docs/prediction.md's
+"The model" and docs/prediction-at-scale.md's layouts table."""
 from __future__ import annotations
 
 from common.layout import Layout
@@ -50,19 +36,20 @@ def pipeline_s(per_micro_batch: list[float], micro_batches: int, virtual: int = 
 
 
 def predict(model: BertSpec | CnnSpec | DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware,
-            compute: Basis | DeviceCompute, backend: str = "torch_3d", stage_split: list[int] | None = None,
-            background: float | None = None, eval_batch: int | None = None, counted: list[Collective] | None = None,
-            stack: Stack | None = None) -> Prediction:
+            compute: Basis | DeviceCompute, backend: str = "torch_3d", background: float | None = None,
+            eval_batch: int | None = None, counted: list[Collective] | None = None, stack: Stack | None = None
+            ) -> Prediction:
     """The step of `layout` at `global_batch` samples (a decoder's: sequences) on `hardware`. `compute`: a Basis (a
     measured 1-device run, or basis.from_mfu's assumed MFU) or a device's compute table (gpu_compute). The
-    executed workloads run as `backend` runs them (`stage_split`, `background`, `eval_batch`, `counted`:
+    executed workloads run as `backend` runs them, --stage-split auto placed (`background`, `eval_batch`, `counted`:
     executed.executed_stages); a decoder as its software `stack` runs it (common.predict.stacks). ValueError in
     one line for what the model cannot predict."""
     if isinstance(model, DecoderSpec):
         stages = decoder_stages(model, layout, global_batch, hardware, stack, compute)
     else:
-        stages = executed_stages(model, layout, global_batch, hardware, compute, backend, stage_split, background,
-                                 eval_batch, counted)
+        layout = layout.placed(model, global_batch)
+        stages = executed_stages(model, layout, global_batch, hardware, compute, backend, background, eval_batch,
+                                 counted)
     return _step(stages, layout, global_batch)
 
 

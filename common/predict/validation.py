@@ -1,19 +1,6 @@
 """Predicted against measured, run by run: every ok multi-device run of a results folder predicted from the
-folder's 1-device runs and its link probes only, never from the run's own timings.
-
-Inputs a prediction of run R may use: the ok 1-device runs of R's backend, workload, size, host, device kind,
-precision and threads per device (the one of R's global batch and micro-batches first, as bench.report's
-efficiency does; others of that global batch give the per-micro-batch cost); the link: the median bus
-bandwidth of the folder's link probes (backend_metrics.grad_comm.link_GBps, a plain all-reduce each
-data-parallel run times after its measured window) at R's rank count, else the nearest rank count; the
-latency per message from the hardware description. Oversubscribed runs (ranks x threads > cores) are
-predicted with the contention model and counted apart in the summary.
-
-Repeats (bench.compare --repeats): one run's step is one sample of a machine that drifts, so a configuration
-run R times in a sweep is also held as one: the median of its runs' predictions against the median of their
-measured steps, each run predicted from the median 1-device repeat of its reference configuration (by step
-time; of two, the faster). The summary's `configurations` are those figures; `all` stays run by run.
-"""
+folder's 1-device runs and link probes only, never from the run's own timings; a configuration run R times
+(bench.compare --repeats) also held as one, median against median. docs/prediction.md, "Validation"."""
 from __future__ import annotations
 
 import statistics
@@ -112,41 +99,29 @@ def references(run: dict, records: list[dict]) -> list[dict]:
     return [main, *(median_repeat(alike) for alike in distinct.values())]
 
 
-def probed_links(records: list[dict]) -> dict[int, float]:
-    """Rank count -> the median bus bandwidth (GB/s) of the folder's link probes at that count."""
-    found: dict[int, list[float]] = {}
-    for r in records:
-        comm = GradComm.from_metrics(r.get("backend_metrics")) if r["status"] == "ok" else None
-        if comm and comm.link_GBps and comm.ranks > 1:
-            found.setdefault(comm.ranks, []).append(comm.link_GBps)
-    return {n: statistics.median(v) for n, v in found.items()}
-
-
-def probed_kinds(records: list[dict]) -> dict[int, dict[str, float]]:
-    """Rank count -> per kind of collective other than the all-reduce (reduce-scatter, all-gather), the median
-    bus bandwidth the folder's probes timed it at (grad_comm.link_GBps_by_kind)."""
+def probed_links(records: list[dict]) -> dict[int, dict[str, float]]:
+    """Rank count -> the median bus bandwidth (GB/s) of the folder's link probes at that count: `all_reduce`, and
+    each kind the probes timed apart (grad_comm.link_GBps_by_kind: Gloo runs them as no ring)."""
     found: dict[int, dict[str, list[float]]] = {}
     for r in records:
         comm = GradComm.from_metrics(r.get("backend_metrics")) if r["status"] == "ok" else None
-        if comm and comm.link_GBps_by_kind and comm.ranks > 1:
-            for kind, gbps in comm.link_GBps_by_kind.items():
+        if comm and comm.link_GBps and comm.ranks > 1:
+            for kind, gbps in {"all_reduce": comm.link_GBps, **(comm.link_GBps_by_kind or {})}.items():
                 found.setdefault(comm.ranks, {}).setdefault(kind, []).append(gbps)
     return {n: {kind: statistics.median(v) for kind, v in kinds.items()} for n, kinds in found.items()}
 
 
-def hardware_for(run: dict, hardware: Hardware, links: dict[int, float],
-                 kinds: dict[int, dict[str, float]] | None = None) -> tuple[Hardware, str]:
-    """The hardware description with its node link's bandwidth replaced by the folder's probe (per kind of
-    collective where the probes timed kinds apart)."""
+def hardware_for(run: dict, hardware: Hardware, links: dict[int, dict[str, float]]) -> tuple[Hardware, str]:
+    """The hardware description with its node link's bandwidth replaced by the folder's probes (probed_links)."""
     if not links:
         return hardware, f"link: {hardware.name}'s description (no link probe in the folder)"
     n = min(links, key=lambda k: (abs(k - run["devices"]), k))
-    by_kind = (kinds or {}).get(n, {})
-    node = [replace(lk, busbw_GBps=links[n], busbw_by_kind=by_kind, source=f"median link probe at {n} ranks")
+    busbw, by_kind = links[n]["all_reduce"], {k: v for k, v in links[n].items() if k != "all_reduce"}
+    node = [replace(lk, busbw_GBps=busbw, busbw_by_kind=by_kind, source=f"median link probe at {n} ranks")
             for lk in hardware.links if lk.level == "node"]
     rest = [lk for lk in hardware.links if lk.level != "node"]
     apart = "".join(f", {kind} {gbps:.3g}" for kind, gbps in sorted(by_kind.items()))
-    return replace(hardware, links=tuple(node + rest)), f"link: probe at {n} ranks, {links[n]:.3g} GB/s busbw{apart}"
+    return replace(hardware, links=tuple(node + rest)), f"link: probe at {n} ranks, {busbw:.3g} GB/s busbw{apart}"
 
 
 def compiled_collectives(run: dict, layout: Layout) -> list[Collective] | None:
@@ -264,7 +239,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
     those not oversubscribed, and the configurations alike).
     `account_load`: CPU runs' contention includes the other programs' load each record measured; each run also
     carries the prediction without it (step_s.error_ignoring_load)."""
-    links, kinds = probed_links(records), probed_kinds(records)
+    links = probed_links(records)
     runs, skipped = [], []
     for run in sorted(records, key=lambda r: (r["backend"], r["devices"], r.get("started_at") or "")):
         if run["status"] != "ok" or run["devices"] < 2 or not (run.get("step_time_s") or {}).get("p50"):
@@ -279,15 +254,17 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
         grad_accum = (run.get("config") or {}).get("grad_accum") or 1
         # Accumulated micro-batches run like a pipeline's, one after the other on every rank.
         layout = replace(layout, micro_batches=layout.micro_batches * grad_accum)
+        placed = stage_split(run)    # as the run placed its layers, whatever auto would pick today
+        layout = replace(layout, stage_split=",".join(map(str, placed))) if placed else layout
         try:
-            target, link_note = hardware_for(run, hardware, links, kinds)
+            target, link_note = hardware_for(run, hardware, links)
             basis = basis_of(spec, refs, records)
             eval_batch = EVAL_BATCH if evaluated(run) else None
             counted = compiled_collectives(run, layout)
-            prediction = predict(spec, layout, run["global_batch"], target, basis, run["backend"], stage_split(run),
+            prediction = predict(spec, layout, run["global_batch"], target, basis, run["backend"],
                                  background_load(run) if account_load else None, eval_batch, counted)
-            plain = predict(spec, layout, run["global_batch"], target, basis, run["backend"], stage_split(run),
-                            eval_batch=eval_batch, counted=counted)
+            plain = predict(spec, layout, run["global_batch"], target, basis, run["backend"], eval_batch=eval_batch,
+                            counted=counted)
         except ValueError as exc:
             skipped.append({"run_id": run["run_id"], "why": str(exc)})
             continue
@@ -302,25 +279,23 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
         row["basis_guesses"] = list(basis.guesses)
         runs.append(row)
 
-    def summary(rows):
-        return {"step_s": _stats([r["step_s"]["error"] for r in rows if r["step_s"]["error"] is not None]),
-                "step_s_ignoring_load": _stats([r["step_s"]["error_ignoring_load"] for r in rows
-                                                if r["step_s"]["error_ignoring_load"] is not None]),
-                "memory_per_rank": _stats([r["memory_per_rank"]["error"] for r in rows
-                                           if r["memory_per_rank"]["error"] is not None]),
-                "training_memory_per_rank": _stats([r["training_memory_per_rank"]["error"] for r in rows
-                                                    if r["training_memory_per_rank"]
-                                                    and r["training_memory_per_rank"]["error"] is not None]),
+    def errors(rows: list[dict], part: str, key: str = "error") -> dict:
+        return _stats([(r.get(part) or {}).get(key) for r in rows if (r.get(part) or {}).get(key) is not None])
+
+    def summary(rows: list[dict]) -> dict:
+        return {"step_s": errors(rows, "step_s"), "step_s_ignoring_load": errors(rows, "step_s", "error_ignoring_load"),
+                "memory_per_rank": errors(rows, "memory_per_rank"),
+                "training_memory_per_rank": errors(rows, "training_memory_per_rank"),
                 "resting_on_a_guess": sum(1 for r in rows if r["basis_guesses"]),
                 "state_bytes_exact": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"]),
                 "state_bytes_compared": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"] is not None)}
+
+    def of_configs(rows: list[dict]) -> dict:
+        return {"step_s": errors(rows, "step_s"), "most_repeats": max((len(r["runs"]) for r in rows), default=0)}
     quiet = [r for r in runs if not r["oversubscribed"]]
     configs = configurations(runs, records)
-
-    def of_configs(rows):
-        return {"step_s": _stats([r["step_s"]["error"] for r in rows if r["step_s"]["error"] is not None]),
-                "most_repeats": max((len(r["runs"]) for r in rows), default=0)}
-    return {"hardware": hardware.name, "links_probed_GBps": {str(k): v for k, v in sorted(links.items())},
+    return {"hardware": hardware.name,
+            "links_probed_GBps": {str(k): v["all_reduce"] for k, v in sorted(links.items())},
             "runs": runs, "configurations": configs, "skipped": skipped,
             "summary": {"all": summary(runs), "not_oversubscribed": summary(quiet),
                         "configurations": {"all": of_configs(configs),

@@ -1,20 +1,6 @@
-"""What each rank computes under a layout: the model's matmul work split by part, then shared out.
-
-Forward multiply-adds per sample follow common.spec (BertSpec.forward_macs): per encoder layer
-4sh^2 (Q, K, V, output) + 2s^2h (scores and context) + 2shi (FFN); the MLM head at the gathered positions,
-p(h^2 + hV); the embeddings' look-ups no multiply-adds. Forward + backward is 3x the forward, so shares of
-the forward are shares of the step's compute. Under a layout (Megatron's tensor parallel plan, torch_3d's):
-  - tp divides every encoder layer's matmuls (heads and FFN columns split), the head's dense transform is
-    replicated, the decoder h x V is replicated unless the vocabulary is split (--vocab-split);
-  - pp gives a stage its layers (common.layout's contiguous split, or a recorded `stage_split`), the MLM head
-    to the last stage;
-  - dp and FSDP divide the samples.
-The assumption this rests on: a rank's compute time is proportional to its matmul work, except under tensor
-parallelism where the 1-device run was profiled (--profile): there the time of the operations that are not
-matmuls divides as Megatron's plan divides them (ComputeShares; measured on the mini MLM, tp2: the loss's softmax
-over the vocabulary 148 ms a step on 1 device and 143 ms on each of 2 ranks, the elementwise ops 96 and 96, the
-attention core 124 and 66). The CNN is modelled as one stage.
-"""
+"""What each rank computes under a layout: the model's forward multiply-adds split by part (common.spec's counts),
+then shared out by tp, pp and the data ranks; under tensor parallelism the rest of a profiled 1-device run's
+compute divided as Megatron's plan divides it (ComputeShares). docs/prediction.md, "Compute"."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +9,7 @@ from dataclasses import dataclass
 from common.layout import Layout
 from common.sections import COMM_KINDS, Attribution
 from common.spec import BertSpec, CnnSpec
+from common.stage_split import EVEN, even_split
 
 # The profiler's categories (common.attribution) under Megatron's tensor parallelism, besides the matmuls: the
 # attention core and the FFN's activation run on a rank's own heads and columns; the loss's softmax runs over the
@@ -55,44 +42,40 @@ def parts(spec: BertSpec | CnnSpec) -> Parts:
                  head_vocab=float(spec.head_forward_macs() - dense))
 
 
-def stage_layer_counts(layout: Layout, layers: int, stage_split: list[int] | None = None) -> list[int]:
-    """Encoder layers per pipeline stage: a recorded split (a record's layout.layers_per_stage), else
-    common.layout's even one (Layout.stage_of_layer)."""
-    chosen = getattr(layout, "stage_split", "even")  # a layout option of its own (--stage-split), once merged
-    if not stage_split and chosen not in (None, "even"):
-        if not str(chosen).replace(",", "").isdigit():
-            raise ValueError(f"--stage-split {chosen}: the model places even splits and explicit counts (e.g. 3,1)")
-        stage_split = [int(n) for n in str(chosen).split(",")]
-    if stage_split:
-        if len(stage_split) != layout.pp or sum(stage_split) != layers:
-            raise ValueError(f"stage_split {stage_split} does not cut {layers} layers into {layout.pp} stages")
-        return list(stage_split)
-    stages = [layout.stage_of_layer(i, layers) for i in range(layers)]
-    return [stages.count(s) for s in range(layout.pp)]
+def stage_layer_counts(layout: Layout, layers: int) -> list[int]:
+    """Encoder layers per pipeline stage: the layout's counts, or its even split (auto: Layout.placed first)."""
+    if layout.stage_split == EVEN:
+        return even_split(layers, layout.pp)
+    if not layout.stage_split.replace(",", "").isdigit():
+        raise ValueError(f"--stage-split {layout.stage_split}: placed by Layout.placed before it is predicted")
+    counts = [int(n) for n in layout.stage_split.split(",")]
+    if len(counts) != layout.pp or sum(counts) != layers:
+        raise ValueError(f"stage_split {counts} does not cut {layers} layers into {layout.pp} stages")
+    return counts
 
 
-def stage_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[int] | None = None) -> list[float]:
+def stage_macs(spec: BertSpec | CnnSpec, layout: Layout) -> list[float]:
     """Forward multiply-adds per sample on one rank of each pipeline stage (its tensor-parallel share)."""
     whole = parts(spec)
     if isinstance(spec, CnnSpec):
         if layout.pp > 1 or layout.tp > 1:
             raise ValueError("the model predicts the CNN data parallel only (dp, fsdp)")
         return [whole.total]
-    counts = stage_layer_counts(layout, whole.layers, stage_split)
+    counts = stage_layer_counts(layout, whole.layers)
     vocab = whole.head_vocab / (layout.tp if layout.vocab_split else 1)
     out = [n * whole.layer / layout.tp for n in counts]
     out[-1] += whole.head_dense + vocab
     return out
 
 
-def recomputed_macs(spec: BertSpec | CnnSpec, layout: Layout, stage_split: list[int] | None = None) -> list[float]:
+def recomputed_macs(spec: BertSpec | CnnSpec, layout: Layout) -> list[float]:
     """Forward multiply-adds per sample that --recompute runs a second time in the backward on one rank of each
     stage: its encoder layers' (torch_3d and keras_jax checkpoint each encoder layer; the head is kept). Zero
     without --recompute, and for the CNN (no backend recomputes it)."""
     if not layout.recomputes or isinstance(spec, CnnSpec):
         return [0.0] * layout.pp
     whole = parts(spec)
-    return [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers, stage_split)]
+    return [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers)]
 
 
 @dataclass(frozen=True)
@@ -118,14 +101,14 @@ class ComputeShares:
 
 
 def rank_macs(spec: BertSpec | CnnSpec, layout: Layout, shares: ComputeShares | None,
-              stage_split: list[int] | None = None, recomputed: bool = False) -> list[float]:
+              recomputed: bool = False) -> list[float]:
     """What one rank of each stage computes, in multiply-adds per sample its time goes with: its matmuls'
     (stage_macs, or recomputed_macs with `recomputed`), and, where `shares` measured the rest, the rest of its
     stage's 1-device time divided as ComputeShares says (without shares: the rest divides as the matmuls do)."""
     work = recomputed_macs if recomputed else stage_macs
-    mine = work(spec, layout, stage_split)
+    mine = work(spec, layout)
     if shares is None or layout.tp == 1:
         return mine
-    whole = work(spec, dataclasses.replace(layout, tp=1), stage_split)
+    whole = work(spec, dataclasses.replace(layout, tp=1))
     rest = shares.split / layout.tp + shares.vocab / (layout.tp if layout.vocab_split else 1) + shares.whole
     return [shares.matmul * m + rest * w for m, w in zip(mine, whole)]
