@@ -80,13 +80,26 @@ def slurm(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def mutation(session: nox.Session) -> None:
     """mutmut on the code whose mistakes are silent (pyproject.toml's [tool.mutmut]), each mutant against the fast
-    tests that reach it; then mutation.json and the table of tests/mutation_score.py (docs/testing.md). Not in CI:
-    4,253 mutants took 31 min on 2 loaded cores (-- --max-children 3). Arguments after -- go to `mutmut run`
-    (mutant names or globs, e.g. "common.stats*"). mutmut's first pass fails the session when a selected test
-    fails without a mutant."""
+    tests that reach it; then mutation.json, the table and docs/testing.md's generated section
+    (tests/mutation_score.py). Not in CI (hours for every module). `-- --changed REF` mutates only the modules
+    changed since REF and keeps mutation.json's rows of the modules unchanged since they were scored; other
+    arguments after -- go to `mutmut run` (mutant names or globs, e.g. "common.stats*", or --max-children N).
+    mutmut's first pass fails the session when a selected test fails without a mutant."""
+    from tests.mutation_score import changed_since, mutated_globs
+
+    args, keep = list(session.posargs), []
+    if "--changed" in args:
+        at = args.index("--changed")
+        ref = args[at + 1]
+        del args[at:at + 2]
+        globs = mutated_globs(changed_since(ref))
+        if not globs:
+            session.log(f"no mutated module changed since {ref}")
+            return
+        args, keep = args + globs, ["--keep", "mutation.json"]
     session.install("-e", ".[dev]", "mutmut>=3.8,<4")  # the selected tests import no framework
-    session.run("mutmut", "run", *session.posargs)
-    session.run("python", "tests/mutation_score.py")
+    session.run("mutmut", "run", *args)
+    session.run("python", "tests/mutation_score.py", *keep, "--docs", "docs/testing.md")
 
 
 @nox.session(python="3.11")
