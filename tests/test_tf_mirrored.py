@@ -6,6 +6,7 @@ before anything initialises TensorFlow (its devices cannot change afterwards).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,9 +65,10 @@ def test_replica_r_gets_rank_r_slice(data_dir: Path, workload: str, grad_accum: 
 
 
 def _train(workload: str, data, devices: list[str], grad_accum: int, weights, steps: int = 2, compile: str = "",
-           trained: list | None = None, precision: str = "fp32"):
+           trained: list | None = None, precision: str = "fp32", alter=None):
     """`steps` optimizer steps of a global batch of 8 on len(devices) replicas; returns the
-    trainable weights before and after, and the losses (and appends the trainer to `trained`)."""
+    trainable weights before and after, and the losses (and appends the trainer to `trained`). `alter(step,
+    batch)`: the batch each step trains on instead of the feed's."""
     replicas = len(devices)
     per_device = 8 // (replicas * grad_accum)
     strategy = build_strategy("mirrored", devices, "RING", 60)
@@ -81,7 +83,7 @@ def _train(workload: str, data, devices: list[str], grad_accum: int, weights, st
         trained.append(trainer)
     feed = _feed(data, workload, strategy, replicas, per_device, grad_accum)
     try:
-        losses = [trainer.train_step(feed.get(step), 1e-3) for step in range(steps)]
+        losses = [trainer.train_step((alter or (lambda _, b: b))(step, feed.get(step)), 1e-3) for step in range(steps)]
     finally:
         feed.close()
     return before, [w.numpy() for w in model.trainable_weights], losses
@@ -99,7 +101,8 @@ def two_replica_steps(data_dir: Path):
             data = load_split(workload, TRAIN_SPLIT, "real", data_dir, spec, 0)
             keras.utils.set_random_seed(0)
             initial = build_model(workload, spec).get_weights()
-            made[workload] = data, initial, _train(workload, data, DEVICES, 1, initial)
+            trained = []
+            made[workload] = data, initial, _train(workload, data, DEVICES, 1, initial, trained=trained), trained[0]
         return made[workload]
     return steps
 
@@ -120,7 +123,7 @@ def test_two_replicas_equal_one_replica(two_replica_steps, workload: str):
     and not on the other; hence a tight bound on the bulk (99.9% of values within 1e-6) and a
     bound of 2 x lr x steps on every value.
     """
-    data, initial, (before, two, losses_two) = two_replica_steps(workload)
+    data, initial, (before, two, losses_two), _ = two_replica_steps(workload)
     _, one, losses_one = _train(workload, data, DEVICES[:1], 2 if workload == "cnn" else 1, initial)
     np.testing.assert_allclose(losses_two, losses_one, rtol=1e-5)
     diffs = np.concatenate([np.abs(a - b).ravel() for a, b in zip(two, one)])
@@ -132,7 +135,7 @@ def test_two_replicas_equal_one_replica(two_replica_steps, workload: str):
 
 def _mlm_variant_and_plain(two_replica_steps, policy: str = "float32", **variant):
     """Two steps on two replicas under `variant` (_train's options) and plainly: (losses, plain losses, trainer)."""
-    data, initial, (_, _, plain) = two_replica_steps("mlm")
+    data, initial, (_, _, plain), _ = two_replica_steps("mlm")
     trained = []
     keras.config.set_dtype_policy(policy)
     try:
@@ -166,12 +169,46 @@ def test_one_replicas_overflow_skips_the_step_on_every_replica():
 
 
 @pytest.mark.e2e
-def test_fp16_with_loss_scaling_follows_fp32(two_replica_steps):
-    """mixed_float16 + LossScaleOptimizer on two replicas: the fp32 losses within float16's precision."""
-    losses_fp16, losses_fp32, trainer = _mlm_variant_and_plain(two_replica_steps, "mixed_float16", precision="fp16")
-    np.testing.assert_allclose(losses_fp16, losses_fp32, rtol=1e-2)
-    metrics = trainer.backend_metrics()
-    assert metrics["loss_scale_skipped_steps"] == 0 and metrics["loss_scale_final"] == 2.0**15
+def test_fp16_unscales_its_gradients_skips_an_overflowing_step_and_follows_fp32(two_replica_steps):
+    """mixed_float16 + LossScaleOptimizer on two replicas, against the plain float32 steps. A step whose gradients
+    overflow float16 on every replica (its batch's loss weighted 1e30 times; one replica's overflow alone:
+    test_one_replicas_overflow_skips_the_step_on_every_replica) is skipped: the weights and AdamW's
+    moments stay as they were and the scale halves. Training then goes on as if it had not been: the next steps
+    take the float32 run's batches and their losses are its own within float16's precision, and after them AdamW's
+    first moment is the float32 run's. That is what shows the gradients unscaled: one left scaled by 2^15 would be
+    32,768 times the float32 one there, which the losses alone would hide (Adam's step is scale-invariant)."""
+    data, initial, (_, _, plain), plain_trainer = two_replica_steps("mlm")
+    fed, before_step, trained = [], [], []
+
+    def alter(step: int, batch):
+        # Trains on b0, b1 weighted 1e30 (overflows), b1, b2: the float32 run's b0, b1 with a skipped step between.
+        fed.append(batch)
+        before_step.append([v.numpy() for v in (*trained[0].model.trainable_variables, *_moments(trained[0]))])
+        if step == 1:
+            return replace(fed[0], denominator=fed[0].denominator * 1e-30)
+        return fed.pop(0)
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        _, _, losses = _train("mlm", data, DEVICES, 1, initial, steps=3, trained=trained, precision="fp16",
+                              alter=alter)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    skipped_from, skipped_to = before_step[1], before_step[2]
+    assert all(np.array_equal(a, b) for a, b in zip(skipped_from, skipped_to))   # weights and moments untouched
+    metrics = trained[0].backend_metrics()
+    assert metrics["loss_scale_skipped_steps"] == 1 and metrics["loss_scale_final"] == 2.0**14
+    np.testing.assert_allclose([losses[0], losses[2]], plain, rtol=1e-2)
+    # All of them as one vector: a variable whose gradient is ~1e-12 (a token row no sample touched but through the
+    # tied decoder) is below float16's resolution even scaled, and its own relative error says nothing.
+    fp16, fp32 = (np.concatenate([m.numpy().ravel() for m in _moments(t)]) for t in (trained[0], plain_trainer))
+    assert np.linalg.norm(fp16 - fp32) <= 0.05 * np.linalg.norm(fp32), (np.linalg.norm(fp16 - fp32),
+                                                                        np.linalg.norm(fp32))
+
+
+def _moments(trainer) -> list:
+    """AdamW's first moments, one per trainable variable (under loss scaling, the inner optimizer's)."""
+    optimizer = getattr(trainer.optimizer, "inner_optimizer", trainer.optimizer)
+    return list(optimizer._momentums)
 
 
 @pytest.mark.parametrize("workload", ["cnn", "mlm"])
