@@ -85,10 +85,11 @@ def score(found: dict[str, dict[str, str]], equivalents: dict[str, dict], diff_o
                  if name not in seen]
     for module, mutants in found.items():
         counts = dict.fromkeys(COUNTED, 0)
+        pending = [name for name, status in mutants.items() if status == "not checked"]
+        if pending:  # outside the names `mutmut run` was given, or not reached yet: no row from a part of a module
+            unchecked += pending
+            continue
         for name, status in mutants.items():
-            if status == "not checked":  # outside the mutant names `mutmut run` was given
-                unchecked.append(name)
-                continue
             if status not in STATUS:
                 raise SystemExit(f"{name}: {status}; run `mutmut run` to the end first")
             counts[STATUS[status]] += 1
@@ -107,8 +108,8 @@ def score(found: dict[str, dict[str, str]], equivalents: dict[str, dict], diff_o
             modules[module] = {**counts, "score": _ratio(counts), "commit": commit,
                                "sha256": (sources or {}).get(module, "")}
     if unchecked:
-        problems.append(f"{len(unchecked)} mutants not checked (a `mutmut run` limited to some names): their modules "
-                        "are not scored by this run")
+        problems.append(f"{len(unchecked)} mutants not checked (a `mutmut run` limited to some names, or stopped): "
+                        "their modules are not scored by this run")
     return _totals({"date": date.today().isoformat(), "commit": commit, "modules": modules}), problems
 
 

@@ -32,8 +32,11 @@ def test_an_equivalent_is_credited_while_its_diff_is_the_entry_s():
     assert (a["killed"], a["survived"], a["no_tests"], a["equivalent"]) == (1, 2, 1, 1)
     assert a["score"] == pytest.approx(1 / 3, abs=1e-4) and (a["commit"], a["sha256"]) == ("abc", "h")
     assert "common/b.py" not in result["modules"]              # nothing of it checked: not scored by this run
-    assert problems == ["1 mutants not checked (a `mutmut run` limited to some names): their modules are not "
-                        "scored by this run"]
+    assert problems == ["1 mutants not checked (a `mutmut run` limited to some names, or stopped): their modules "
+                        "are not scored by this run"]
+    # a module partly checked (a run stopped in it) gets no row from that part
+    partly = {**FOUND, "common/b.py": {"common.b.x_g__mutmut_1": "not checked", "common.b.x_g__mutmut_2": "killed"}}
+    assert "common/b.py" not in score(partly, listed, _diffs({"common.a.x_f__mutmut_1": DIFF}))[0]["modules"]
     # the function changed above the mutant: mutmut gave its name to another change
     moved = " def f(x):\n-    return x + 1\n+    return x - 1"
     result, problems = score(FOUND, listed, _diffs({"common.a.x_f__mutmut_1": moved}))
