@@ -185,6 +185,106 @@ def test_every_constant_has_a_value_and_a_source(capsys):
     assert "bench.compute_table" in capsys.readouterr().out
 
 
+GRID = [[m, n, k, 10.0 * (i + 1)] for i, (m, n, k) in enumerate((m, n, k) for m in (256, 512) for n in (256, 512)
+                                                                   for k in (256, 512))]
+
+
+def _device_files(tmp_path):
+    """A compute table and a hardware file of a made-up part, every figure chosen here."""
+    table = tmp_path / "t.toml"
+    table.write_text('name = "t"\ndevice = "NVIDIA T"\nlaunch_floor_us = 2.5\nlaunch_floor_source = "probe"\n'
+                     '[memory]\nGBps = 1500\nsource = "copy"\n[matmul.bf16]\nsource = "grid"\n'
+                     f"points = {json.dumps(GRID)}\nshapes = [[300, 256, 256, 50.0], [400, 256, 256, 70.0]]\n"
+                     '[attention.flash]\nsource = "fa"\nforward_causal = [[512, 100.0], [1024, 200.0]]\n'
+                     "backward = [[512, 80.0]]\n")
+    hw = tmp_path / "hw.toml"
+    hw.write_text('name = "hw"\ndevice_kind = "cuda"\ndevice_name = "NVIDIA T"\ndevices_per_node = 4\nmemory_GiB = 40\n'
+                  f'memory_GBps = 2000\ncompute = "{table}"\ncompute_scale = 0.9\ncompute_scale_source = "bound"\n'
+                  'sources = ["sheet"]\n[[link]]\nlevel = "node"\nbusbw_GBps = 100\nlatency_us = 3\nsource = "nv"\n'
+                  '[[link]]\nlevel = "network"\nbusbw_GBps = 20\nlatency_us = 7\nsource = "ib"\n')
+    return str(table), str(hw)
+
+
+def test_every_constant_is_its_file_s_figure_with_its_unit_and_source(tmp_path):
+    table, hw = _device_files(tmp_path)
+    rows = [(c.name, c.value, c.unit, c.source) for c in constants.table([hw])]
+    datasheet = "datasheet; memory-bound work runs at it unless the compute table measured this part (below); sheet"
+    assert rows[:14] == [
+        (f"{hw}: devices per node", "4", "", "sheet"), (f"{hw}: memory per device", "40.0", "GiB", "sheet"),
+        (f"{hw}: memory bandwidth", "2000", "GB/s", datasheet),            # no bf16 peak is known for the part
+        (f"{hw}: node bus bandwidth", "100", "GB/s", "nv"), (f"{hw}: node latency per ring step", "3", "us", "nv"),
+        (f"{hw}: network bus bandwidth", "20", "GB/s", "ib"), (f"{hw}: network latency per ring step", "7", "us", "ib"),
+        (f"{hw}: compute table", table, "", f"hardware/compute/{table}.toml"),
+        (f"{hw}: compute scale", "0.9", "x table", "bound"),
+        ("t: kernel launch floor", "2.5", "us", "probe"),
+        (f"{hw}: memory bandwidth of memory-bound work", "1500", "GB/s", "copy"),   # measured on this part
+        ("t: bf16 matmul rate, 8 shapes 256-512 per dimension", "10.0-80.0 (at the largest: 80.0)", "TFLOP/s", "grid"),
+        ("t: bf16 matmul rate at 2 exact shapes (the published points' GEMMs)", "50.0-70.0 (median 70.0)", "TFLOP/s",
+         "grid"),
+        ("t: flash attention forward (causal), by sequence", "512: 100, 1024: 200", "TFLOP/s", "fa")]
+    assert rows[14] == ("t: flash attention backward, by sequence", "512: 80", "TFLOP/s", "fa")
+    # the H100's own: a peak the datasheet gives; two descriptions of one table list the table once
+    h100 = [c.name for c in constants.table(["h100-sxm-8", "h100-sxm-8"])]
+    assert "h100-sxm-8: bf16 dense peak (--assume-mfu, MFU)" in h100
+    assert h100.count("h100-sxm: kernel launch floor") == 1
+    by_name = {c.name: (c.value, c.unit) for c in constants.table([hw])}
+    assert by_name["megatron-te: backward_factor"] == ("1.5", "x forward bytes")
+    assert by_name["torch-compile: elementwise_kernels"] == ("7", "/layer")
+    assert by_name["torch-eager: fsdp_scatter_copy_bytes"] == ("6.0", "B/element")
+    assert by_name["megatron-te: GEMMs split by overlapped tensor-parallel communication"] == \
+        ("qkv: tp, fc1: tp, wo.dgrad: tp, w2.dgrad: tp, wo: 4, w2: 4", "chunks")
+    assert "torch-eager: GEMMs split by overlapped tensor-parallel communication" not in by_name
+    assert [(c.name, c.value, c.unit) for c in constants.model_constants()] == [
+        ("flash attention backward FLOPs", "2.5", "x forward"), ("Megatron gradient bucket", "4e+07", "parameters"),
+        ("Megatron MFU peak", "989.5", "TFLOP/s"), ("ranking margin", "0.1", "relative")]
+
+
+def test_a_published_file_s_points_take_the_source_s_defaults_and_their_own_figures(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text('[source]\npublisher = "P"\nwhere = "page 3"\nhardware = "h100-sxm-8"\nstack = "megatron-te"\n'
+                    'flops = "megatron"\n[[point]]\nname = "a"\nmodel = "llama3-8b"\ndevices = "8"\nlayout = "fsdp8"\n'
+                    'global_batch = "16"\nmetric = "mfu"\npublished = "0.5"\nquote = "| a |"\n[[point]]\nname = "b"\n'
+                    'model = "llama3-8b"\ndevices = 16\nlayout = "fsdp16"\nglobal_batch = 32\n'
+                    'metric = "tokens_per_s_per_gpu"\npublished = 6000\nquote = "| b |"\n'
+                    'hardware = "h100-96gb-500w-8"\nstack = "torch-eager"\nflops = ""\nseq_len = 4096\n'
+                    'assumed = "mbs"\n')
+    a, b = published.load(path)
+    assert a == published.Point("a", "llama3-8b", 8, "fsdp8", 16, "mfu", 0.5, "| a |", "h100-sxm-8", "megatron-te",
+                                "megatron", "P: page 3")
+    assert (b.hardware, b.stack, b.flops, b.seq_len, b.assumed, b.devices, b.published) == \
+        ("h100-96gb-500w-8", "torch-eager", "", 4096, "mbs", 16, 6000.0)
+    path.write_text(path.read_text().replace('metric = "mfu"', 'metric = "tflops"'))
+    with pytest.raises(ValueError, match=r"p.toml: a: metric 'tflops' is not one of tokens_per_s_per_gpu, "
+                                         r"tflops_per_gpu, mfu"):
+        published.load(path)
+
+
+def test_a_step_time_is_the_publisher_s_figure_counted_as_it_counts():
+    point = published.Point("x", "megatron-gpt-177b", 96, "tp8xpp6-mbs1", 1152, "tflops_per_gpu", 1.0, "", "h100-sxm-8",
+                            "megatron-te", "megatron", "")
+    step = 10.0
+    assert published.metric_of(point, GPT, step) == pytest.approx(published.megatron_flops(GPT, 1152) / 10 / 96 / 1e12)
+    assert published.metric_of(replace(point, metric="mfu"), GPT, step) == \
+        pytest.approx(published.megatron_flops(GPT, 1152) / 10 / 96 / 989.5e12)
+    assert published.metric_of(replace(point, metric="tokens_per_s_per_gpu"), GPT, step) == 1152 * 4096 / 10 / 96
+    with pytest.raises(ValueError, match="x: tflops_per_gpu needs the publisher's FLOP formula"):
+        published.metric_of(replace(point, flops=""), GPT, step)
+    # Megatron's count of a Llama: GQA's K and V (8 of 32 heads) and SwiGLU's third matrix, by hand
+    s, h, L, f, V = LLAMA.seq_len, LLAMA.hidden, LLAMA.layers, LLAMA.ffn, LLAMA.vocab
+    by_hand = 12 * s * L * h * h * ((1 + 8 / 32 + s / h) + f / h * 1.5 + V / (2 * L * h))
+    assert published.megatron_flops(LLAMA, 1) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_the_gemm_shapes_a_probe_measures_are_those_the_points_time():
+    point = next(p for p in published.all_points() if p.layout == "fsdp8-mbs2-sel")    # torchtitan's 8B, eager
+    shapes = published.gemm_shapes([point])
+    tokens = 2 * 8192                     # a micro-batch of 2 sequences
+    assert (tokens, 4096, 4096) in shapes and (tokens, 1024, 4096) in shapes and (tokens, 14336, 4096) in shapes
+    assert (4096, 4096, tokens) in shapes and (tokens, 128256, 4096) in shapes     # a weight gradient, the output
+    assert shapes == sorted(set(shapes)) and all(min(s) > 0 for s in shapes)
+    assert shapes == sorted(set(published.gemm_shapes([point, point])))
+
+
 def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
     spec, hw = decoder.load("megatron-gpt-177b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")
