@@ -285,6 +285,29 @@ def test_the_gemm_shapes_a_probe_measures_are_those_the_points_time():
     assert shapes == sorted(set(published.gemm_shapes([point, point])))
 
 
+def test_each_stack_s_memory_bound_bytes_are_its_code_s_counted_by_hand():
+    """Bytes per token of one layer's forward elementwise work, (h-wide, the rest), as each stack's comments count
+    them, for Llama 3 8B (h 4096, q 4096, kv 1024, f 14336: RMSNorm, RoPE, GQA, SwiGLU) and GPT 177B (h 12288, MHA,
+    learned positions, LayerNorm, GELU 4h)."""
+    h, q, kv, f = 4096, 4096, 1024, 14336
+    megatron, eager, compiled = (stacks.load(n).elementwise for n in ("megatron-te", "torch-eager", "torch-compile"))
+    assert megatron(LLAMA) == (2 * 4 * h + 2 * 6 * h, 6 * f)
+    assert eager(LLAMA) == (2 * 36 * h + 2 * 6 * h, 20 * (q + kv) + 2 * (2 * kv + 2 * q) + 4 * q + 10 * f)
+    assert compiled(LLAMA) == (2 * 8 * h, 4 * (q + kv) + 2 * (2 * kv + 2 * q) + 4 * q + 6 * f)
+    g = 12288                                            # GPT: no RoPE, no repeat_kv, LayerNorm fused, GELU
+    assert megatron(GPT) == (20 * g, 4 * 4 * g)
+    assert eager(GPT) == (2 * 4 * g + 2 * 6 * g, 4 * g + 4 * 4 * g)
+    assert compiled(GPT) == (2 * 8 * g, 4 * g + 4 * 4 * g)
+    with pytest.raises(ValueError, match="stack 'deepspeed': the model knows megatron-te, torch-eager, torch-compile"):
+        stacks.load("deepspeed")
+    with pytest.raises(ValueError, match=r"torch-eager cannot overlap tensor-parallel communication \(tpo\): torch's "
+                                         r"async TP needs torch.compile"):
+        stacks.load("torch-eager").check(Layout.parse("tp2xfsdp4-sp-tpo", 8))
+    stacks.load("torch-compile").check(Layout.parse("tp2xfsdp4-sp-tpo", 8))
+    with pytest.raises(ValueError, match="fsdp8: megatron-te does not run it: Megatron-LM core_r0.8.0 shards no"):
+        stacks.load("megatron-te").check(Layout.parse("fsdp8", 8))
+
+
 def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
     spec, hw = decoder.load("megatron-gpt-177b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")
