@@ -33,6 +33,7 @@ from common.config_key import efficiency
 from common.errors import BadInput
 from common.layout import Layout, check_name
 from common.peak_flops import device_model
+from common.plan.fit import stage_split_of
 from common.predict import constants, decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
@@ -41,8 +42,7 @@ from common.predict.kernels import compute_label, device_compute
 from common.predict.step import predict
 from common.predict.validation import basis_of, execution, references, validate
 from common.results import load_records, write_atomic, write_json_atomic
-from common.spec import BERT_SIZES, DEFAULTS, BertSpec, model_spec
-from common.stage_split import layers_per_stage
+from common.spec import BERT_SIZES, DEFAULTS, model_spec
 
 DEFAULT_CPU_HARDWARE = "cpu-loopback-2core"
 GIB = 2**30
@@ -303,8 +303,7 @@ def _row(spec, name: str, devices: int, global_batch: int | None, per_device: in
         row["global_batch"] = batch
         layout.validate(spec, batch)
         # Layers per stage as torch_3d would place them (--stage-split even, auto or counts).
-        split = layers_per_stage(layout.stage_split, spec, layout.pp, batch // layout.data) \
-            if layout.pp > 1 and isinstance(spec, BertSpec) else None
+        split = stage_split_of(spec, layout, batch)
         p = predict(spec, layout, batch, hardware, compute, backend, stack=stack)
     except (ValueError, BadInput) as exc:
         return {**row, "invalid": str(exc)}

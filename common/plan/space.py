@@ -12,8 +12,9 @@ from itertools import combinations, product
 
 from common.errors import BadInput
 from common.layout import Layout
+from common.plan.fit import stage_split_of
 from common.spec import BertSpec, CnnSpec
-from common.stage_split import AUTO, EVEN, layers_per_stage
+from common.stage_split import AUTO, EVEN
 
 Refuse = Callable[[Layout], "str | None"]
 MAX_PLACEMENTS = 16
@@ -86,9 +87,8 @@ def nameable(layout: Layout) -> bool:
 
 
 def placement(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) -> tuple[int, ...] | None:
-    if layout.pp == 1 or not isinstance(spec, BertSpec):
-        return None
-    return tuple(layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.data))
+    split = stage_split_of(spec, layout, global_batch)
+    return tuple(split) if split else None
 
 
 def _preference(layout: Layout) -> int:
