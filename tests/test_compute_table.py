@@ -176,8 +176,9 @@ def test_a_sustained_run_is_sampled_through_its_length_and_noted_in_the_table(me
     assert run["shape"] == [64, 32, 16] and len(times) >= 4 and 1.5 < times[-1] < 3
     gaps = sorted(b - a for a, b in zip(times, times[1:]))
     # A sample each half second: on a busy machine one may stretch, and the one after it is as much shorter (each
-    # batch is sized by the last one's rate).
-    assert 0.2 < gaps[len(gaps) // 2] < 0.8
+    # batch is sized by the last one's rate); on CI's two loaded cores the median gap reached 0.81 s. Up to twice
+    # the interval: a sampler that waits a second or more between samples still fails it.
+    assert 0.2 < gaps[len(gaps) // 2] < 1.0
     rates = sorted(r for _, r in run["series"][-(len(times) // 3):])
     assert run["first_tflops"] == run["series"][0][1]
     assert run["steady_tflops"] == pytest.approx(rates[len(rates) // 2] if len(rates) % 2 else
