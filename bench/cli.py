@@ -1,9 +1,12 @@
-"""Command-line pieces shared by bench.run, bench.compare and bench.report."""
+"""Command-line pieces shared by the bench commands."""
 from __future__ import annotations
 
 import argparse
 import sys
 from dataclasses import dataclass, field
+
+from rich.markup import escape
+from rich.table import Table
 
 from backends import BACKEND_ONLY, BACKENDS, layout_backend
 from backends.keras_jax.modes import MODES as JAX_MODES
@@ -13,6 +16,17 @@ from common.layout import OPTIONS as LAYOUT_OPTIONS
 from common.layout import LayoutOption
 from common.profile import DEFAULT_STEPS as PROFILE_STEPS
 from common.spec import BERT_SIZES, WORKLOADS
+
+
+def console_table(title: str, columns, rows, caption: str | None = None) -> Table:
+    """Rows of text cells as a rich table, columns folded where the console is narrow, markup shown as text."""
+    table = Table(title=escape(title), title_justify="left", caption=caption and escape(caption),
+                  caption_justify="left")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))
+    return table
 
 
 class OneLineParser(argparse.ArgumentParser):

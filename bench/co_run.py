@@ -1,7 +1,5 @@
-"""bench.compare --co-run-probe: how much ranks that run side by side on one CPU host slow each other (they share
-its last-level cache and memory bandwidth): a sweep's first 1-device run's command again as K processes at once,
-their records under OUT/co-run/<run id>/, the slowdown written into the reference's record (common.sections.CoRun).
-docs/prediction.md, "Contention on a CPU host"."""
+"""bench.compare --co-run-probe: a 1-device run's command again as K processes at once on its CPU host; how much
+they slow each other goes into its record (common.sections.CoRun). docs/prediction.md, "Contention on a CPU host"."""
 from __future__ import annotations
 
 import json
@@ -23,10 +21,6 @@ def processes(cores: int | None, threads_per_device: int | None, largest_devices
     fewer than two fit (nothing to measure)."""
     k = min((cores or 1) // max(threads_per_device or 1, 1), largest_devices)
     return k if k >= 2 else 0
-
-
-def slowdown(reference_p50: float, copies_p50: list[float]) -> float:
-    return statistics.median(copies_p50) / reference_p50
 
 
 def probe(reference: dict, k: int, command: Callable[[Path], list[str]], out: Path, timeout_s: float,
@@ -59,7 +53,7 @@ def probe(reference: dict, k: int, command: Callable[[Path], list[str]], out: Pa
               "side by side not measured", flush=True)
         return None
     medians = [r["step_time_s"]["p50"] for r in records]
-    return CoRun(processes=k, step_s_p50=medians, slowdown=slowdown(reference["step_time_s"]["p50"], medians),
+    return CoRun(processes=k, step_s_p50=medians, slowdown=statistics.median(medians) / reference["step_time_s"]["p50"],
                  run_ids=[r["run_id"] for r in records])
 
 

@@ -1,10 +1,8 @@
 """python -m bench.compute_table --json FILE [--toml FILE --name NAME] [--device cuda|cpu] [--precisions bf16,fp8]
 
-Measures one device's compute table for bench.predict's first-principles model (common/predict/gpu_compute.py):
-matmul TFLOP/s over a grid of shapes and at every GEMM shape the published points time, causal attention TFLOP/s
-of torch's SDPA kernels over sequence lengths, device-to-device copy bandwidth, and the shortest kernel's time.
-Writes the measurement as JSON and, with --toml, the compute table made from it. Takes a few minutes on a GPU;
-on a CPU the same code runs on small sizes (the tests).
+Measures one device's compute table for bench.predict's first-principles model (common/predict/gpu_compute.py;
+docs/prediction-at-scale.md, "Measured on a lent H100"), as JSON and, with --toml, as the table. Takes a few
+minutes on a GPU; on a CPU the same code runs on small sizes (the tests).
 """
 from __future__ import annotations
 
@@ -19,16 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from common.predict.compute_table import (
-    ATTENTION_HEAD_DIM,
-    ATTENTION_HEADS,
-    ATTENTION_SEQS,
-    ATTENTION_TOKENS,
-    COPY_BYTES,
-    GRID,
-    grid_shapes,
-    toml_text,
-)
+from common.predict import compute_table as table_format
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -57,15 +46,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees one, else cpu")
     p.add_argument("--precisions", type=_names, help="matmul precisions (bf16, fp16, fp32, fp8); "
                    "default bf16,fp8 on cuda, fp32 on cpu")
-    p.add_argument("--grid", type=_ints, default=GRID, help="each of m, n, k over these (default: 256 ... 16384)")
+    p.add_argument("--grid", type=_ints, default=table_format.GRID,
+                   help="each of m, n, k over these (default: 256 ... 16384)")
     p.add_argument("--published-shapes", action=argparse.BooleanOptionalAction,
                    help="also the exact GEMM shapes of bench.predict --published's points (default: on cuda)")
     p.add_argument("--attention", type=_names, help="SDPA kernels: torch_flash, torch_cudnn, torch_efficient, "
                    "torch_math (default: torch_flash,torch_cudnn on cuda, torch_math on cpu)")
-    p.add_argument("--attention-seqs", type=_ints, default=ATTENTION_SEQS, help="default: 512 ... 32768")
-    p.add_argument("--attention-tokens", type=int, default=ATTENTION_TOKENS)
-    p.add_argument("--attention-heads", type=int, default=ATTENTION_HEADS)
-    p.add_argument("--copy-bytes", type=_ints, default=COPY_BYTES)
+    p.add_argument("--attention-seqs", type=_ints, default=table_format.ATTENTION_SEQS, help="default: 512 ... 32768")
+    p.add_argument("--attention-tokens", type=int, default=table_format.ATTENTION_TOKENS)
+    p.add_argument("--attention-heads", type=int, default=table_format.ATTENTION_HEADS)
+    p.add_argument("--copy-bytes", type=_ints, default=table_format.COPY_BYTES)
     p.add_argument("--target-ms", type=float, default=2.0, help="each timed batch lasts about this long")
     p.add_argument("--sustain-s", type=float, default=0.0,
                    help="first run one bf16 GEMM back to back this long, its rate sampled every half second, so "
@@ -90,15 +80,14 @@ def measure(args, console: Console) -> dict:
         if args.sustain_s > 0 else None
     out = {"device": probes.device_name, "device_kind": probes.kind, "software": probes.software,
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
-           "launch_us": probe.launch_us(device), "copy_GBps": {}, "matmul": {}, "attention": {}, "failed": failed,
-           **({"sustained": run} if run else {})}
-    for nbytes in args.copy_bytes:
-        out["copy_GBps"][str(nbytes)] = probe.copy_GBps(device, nbytes, target)
+           "launch_us": probe.launch_us(device),
+           "copy_GBps": {str(nbytes): probe.copy_GBps(device, nbytes, target) for nbytes in args.copy_bytes},
+           "matmul": {}, "attention": {}, "failed": failed, **({"sustained": run} if run else {})}
     exact = gemm_shapes() if (cuda if args.published_shapes is None else args.published_shapes) else []
     for precision in precisions:
         table = {"grid": [], "shapes": []}
         try:
-            for part, shapes in (("grid", grid_shapes(args.grid)), ("shapes", exact)):
+            for part, shapes in (("grid", table_format.grid_shapes(args.grid)), ("shapes", exact)):
                 rates = probe.gemm_tflops(device, precision, list(shapes), target)
                 table[part] = [[m, n, k, _sig(rate)] for (m, n, k), rate in zip(shapes, rates)]
             out["matmul"][precision] = table
@@ -110,8 +99,8 @@ def measure(args, console: Console) -> dict:
         try:
             for seq in args.attention_seqs:
                 fwd, bwd = probe.attention_tflops(device, kernel, "bf16" if cuda else "fp32", seq,
-                                                  args.attention_tokens, args.attention_heads, ATTENTION_HEAD_DIM,
-                                                  target)
+                                                  args.attention_tokens, args.attention_heads,
+                                                  table_format.ATTENTION_HEAD_DIM, target)
                 rates["forward_causal"].append([seq, _sig(fwd)])
                 rates["backward"].append([seq, _sig(bwd)])
             out["attention"][kernel] = rates
@@ -171,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(measured, indent=1) + "\n")
     if args.toml:
-        Path(args.toml).write_text(toml_text(measured, args.name, Path(args.json).name))
+        Path(args.toml).write_text(table_format.toml_text(measured, args.name, Path(args.json).name))
     console.print(summary(measured))
     console.print(f"measured in {measured['seconds']} s: {args.json}" + (f", {args.toml}" if args.toml else ""))
     return 0

@@ -1,7 +1,5 @@
-"""The fit check before launch, from a run's command line (bench.run's check_run, and so bench.compare for every
-run it plans): the device's limit (--memory-per-device, else the GPU's memory as nvidia-smi reports it shared by
-its virtual devices, else none on a CPU), the framework's overhead from --out's latest matching 1-device run and
-the model's memory error from --out's validation.json; the rule is common.plan.fit's."""
+"""The fit check before launch from a run's command line (bench.run's check_run, and so bench.compare's every run),
+with --out's records and validation.json; the rule is common.plan.fit's."""
 from __future__ import annotations
 
 import json
@@ -38,14 +36,12 @@ def device_limit(args, devices_per_node: int) -> tuple[float | None, str, str]:
 @lru_cache(maxsize=4)
 def _folder(out: str, stamp: int) -> tuple[list[dict], float | None]:
     """--out's records and the model's largest measured memory error; `stamp` (runs/'s mtime) renews it."""
-    records = load_records(Path(out))
-    error = None
     try:
         summary = json.loads((Path(out) / VALIDATION).read_text())["summary"]["all"]["memory_per_rank"]
         error = summary.get("max_abs_error")
     except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return records, error
+        error = None
+    return load_records(Path(out)), error
 
 
 def _stamp(out: Path) -> int:

@@ -1,11 +1,8 @@
 """python -m bench.layer_check --model NAME|FILE --hardware NAME|FILE [--part layer|head|optimizer] [--micro-batch B]
 
-One decoder layer of a bench.predict model, built in torch as torchtitan's eager Llama builds it
-(backends/torch_common/decoder_layer.py), timed forward and backward on this machine's device, beside what
-bench.predict's first-principles model (the hardware's compute table) says the same layer takes, with the
-model's parts (GEMMs, attention, memory-bound work); `--part head` the final norm, output layer and loss,
-`--part optimizer` the optimizer's step over a shard. It checks the compute model on a real device where no
-published point can separate compute from communication.
+One decoder layer of a bench.predict model (or `--part` its head or optimizer step), built in torch as torchtitan
+builds it (backends/torch_common/decoder_layer.py) and timed on this machine's device, beside what the compute
+table predicts: the compute model checked where no published point separates compute from communication.
 """
 from __future__ import annotations
 

@@ -16,19 +16,18 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
+from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int, workload_names
 from bench.plan_space import backend_refusal
 from bench.predict import layout_bases, measured_basis, measured_peak
 from bench.reporting import validation as validation_report
-from bench.reporting.plan import document
+from bench.reporting.document import markdown_table
 from common.config import PRECISIONS
 from common.errors import BadInput, Unsupported
 from common.loop import EVAL_BATCH
 from common.plan import decoders
-from common.plan.fit import GIB
-from common.plan.rank import explain, memory_error, predicted, rank, ranking_error
+from common.plan.fit import GIB, stage_split_of
+from common.plan.rank import document, memory_error, predicted, rank, ranking_error
 from common.plan.space import enumerate_layouts
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
@@ -117,9 +116,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def make_plan(args, validation: dict | None = None) -> dict:
-    """The plan document (bench.reporting.plan.document): every candidate predicted and ranked. `validation`
-    (a bench.predict --validate result) gives the errors; None: --from's validation.json, else one computed now
-    from --from's multi-device runs, else none."""
+    """The plan document (common.plan.rank.document). `validation` gives the errors; None: --from's
+    validation.json, else one computed now from --from's multi-device runs, else none."""
     hardware = hardware_files.load(args.hardware)
     spec = model_spec(args.workload, args.model_size)
     batch = args.global_batch or DEFAULTS[args.workload].per_device_batch
@@ -147,16 +145,21 @@ def make_plan(args, validation: dict | None = None) -> dict:
                                               args.precision, hardware))
     if not space.valid:
         raise ValueError(f"no layout of {args.devices} devices is valid for {args.workload} {args.model_size} at "
-                         f"global batch {batch}: " + "; ".join(list(space.reasons())[:3]))
+                         f"global batch {batch}: " + "; ".join(list(space.refused)[:3]))
     step_error, mem_error = ranking_error(validation), memory_error(validation)
-    rows = rank(predicted(spec, space.valid, batch, basis, hardware, args.backend,
-                          None if args.skip_eval else EVAL_BATCH, available, mem_error, basis_for), step_error)
+    rows = rank(predicted(spec, space.valid, batch, hardware, basis, available, mem_error, basis_for,
+                          backend=args.backend, eval_batch=None if args.skip_eval else EVAL_BATCH), step_error)
     for r in rows:
         r.auto_split = r.layout in space.auto
-    pick = rows[0] if rows and rows[0].rank == 1 else None
-    return document(args, hardware, basis.label + f" ({where})", available, step_error, mem_error, space, rows,
-                    [explain(r, pick, step_error, rows[i - 1] if i else None) if pick and r.rank else ""
-                     for i, r in enumerate(rows)], batch)
+    limit = (f"--memory-per-device {args.memory_per_device:g} GiB" if args.memory_per_device
+             else f"{hardware.name}'s memory")
+    head = {"workload": args.workload, "model_size": args.model_size, "devices": args.devices,
+            "backend": args.backend, "global_batch": batch, "hardware": hardware.name, "precision": args.precision,
+            "skip_eval": bool(args.skip_eval)}
+    return {**document(f"{args.workload} {args.model_size} on {args.devices} x {hardware.name} ({args.backend}), "
+                       f"global batch {batch}", head, rows, space, basis.label + f" ({where})", available, limit,
+                       step_error, mem_error, split_of=lambda layout: stage_split_of(spec, layout, batch)),
+            "measured": None}
 
 
 def _decoders(parser, console: Console, args) -> int:
@@ -194,13 +197,11 @@ def _decoders(parser, console: Console, args) -> int:
 
 
 def published_markdown(result: dict) -> str:
-    lines = ["| published run | its layout | rank in the plan | of | the plan's pick | pick predicted faster by |",
-             "|---|---|---|---|---|---|"]
-    for r in result["points"]:
-        rank = str(r["rank"]) if r["rank"] else f"- ({r['fit']}: {r['published_memory_gib']:,.1f} GiB)"
-        lines.append(f"| {r['point']} | `{r['published_layout']}` | {rank} | {r['fitting']:,} | `{r['pick']}` | "
-                     f"{r['pick_faster']:+.1%} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["published run", "its layout", "rank in the plan", "of", "the plan's pick", "pick predicted faster by"],
+        [[r["point"], f"`{r['published_layout']}`", str(r["rank"]) if r["rank"] else
+          f"- ({r['fit']}: {r['published_memory_gib']:,.1f} GiB)", f"{r['fitting']:,}", f"`{r['pick']}`",
+          f"{r['pick_faster']:+.1%}"] for r in result["points"]])
 
 
 def _validation(source: Path, records: list[dict], hardware) -> tuple[dict | None, str]:
@@ -212,26 +213,19 @@ def _validation(source: Path, records: list[dict], hardware) -> tuple[dict | Non
     return None, "nowhere: no multi-device run in the folder to validate the model on (error unknown)"
 
 
-def _gib(value: float | None) -> str:
-    return "" if value is None else f"{value / GIB:,.2f}"
-
-
 def show(console: Console, plan: dict, top: int) -> None:
     """The top rows of a plan (and the layout asked about, where it stands elsewhere), then its summary."""
     decoder_plan = "model" in plan
-    table = Table(title=escape(f"{plan['title']}\n{plan['basis']}"), title_justify="left")
-    for col in ("#", "layout", "step (ms)", "tokens/s/device" if decoder_plan else "samples/s", "memory/rank (GiB)",
-                "fits", "exposed comm", "bubble", "recompute", "what decides"):
-        table.add_column(col, overflow="fold")
     shown = [r for r in plan["rows"] if r["rank"] and r["rank"] <= top]
-    for r in shown + ([plan["asked"]] if plan.get("asked") and plan["asked"] not in shown else []):
-        parts = r["parts_s"]
-        rate = f"{r['tokens_per_s_per_device']:,.0f}" if decoder_plan else f"{r['samples_per_s']:,.1f}"
-        table.add_row(str(r["rank"] or "-"), r["layout"], f"{r['step_s'] * 1e3:,.0f}", rate,
-                      _gib(r["memory_per_rank_max"]), r["fit"], f"{parts['comm_exposed'] / r['step_s']:.0%}",
-                      f"{parts['bubble'] / r['step_s']:.0%}", f"{parts['recompute'] / r['step_s']:.0%}",
-                      escape(r["explanation"]))
-    console.print(table)
+    rows = [[str(r["rank"] or "-"), r["layout"], f"{r['step_s'] * 1e3:,.0f}",
+             f"{r['tokens_per_s_per_device']:,.0f}" if decoder_plan else f"{r['samples_per_s']:,.1f}",
+             f"{r['memory_per_rank_max'] / GIB:,.2f}", r["fit"],
+             *(f"{r['parts_s'][part] / r['step_s']:.0%}" for part in ("comm_exposed", "bubble", "recompute")),
+             r["explanation"]]
+            for r in shown + ([plan["asked"]] if plan.get("asked") and plan["asked"] not in shown else [])]
+    console.print(console_table(f"{plan['title']}\n{plan['basis']}", (
+        "#", "layout", "step (ms)", "tokens/s/device" if decoder_plan else "samples/s", "memory/rank (GiB)", "fits",
+        "exposed comm", "bubble", "recompute", "what decides"), rows))
     for line in plan["summary"]:
         console.print(escape(line))
 

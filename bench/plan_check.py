@@ -117,19 +117,18 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and pick["holds"] and rank["holds"] and fit["holds"]
         lines += [f"== mlm {size}, {DEVICES} devices, global batch {BATCH}: {rank['configurations']} layouts "
                   f"measured ({folder})", load,
-                  f"pick {pick['layout']}: measured {_sps(pick['pick_samples_per_s'])} samples/s; measured best "
-                  f"{pick['measured_best']}: {_sps(pick['best_samples_per_s'])}; ratio "
-                  f"{_share(pick['ratio'])} (goal >= {1 - PICK_WITHIN:.0%}): {_verdict(pick['holds'])}",
+                  f"pick {pick['layout']}: measured {_fmt(pick['pick_samples_per_s'], ',.1f')} samples/s; measured "
+                  f"best {pick['measured_best']}: {_fmt(pick['best_samples_per_s'], ',.1f')}; ratio "
+                  f"{_fmt(pick['ratio'], '.1%')} (goal >= {1 - PICK_WITHIN:.0%}): {_verdict(pick['holds'])}",
                   f"Spearman(predicted, measured step) over {rank['configurations']}: "
-                  f"{_rho(rank['spearman'])} (goal >= "
-                  f"{MIN_SPEARMAN}): {_verdict(rank['holds'])}",
+                  f"{_fmt(rank['spearman'], '.3f')} (goal >= {MIN_SPEARMAN}): {_verdict(rank['holds'])}",
                   f"under {fit['limits']} memory limits (each layout's tightest 'does not fit' limit P/(1+e), and "
                   f"the smallest predicted peak): {fit['calls']} calls 'does not fit' on {fit['layouts_called']} "
                   f"layouts, of which measured within their limit: {', '.join(fit['wrong']) or 'none'}; not "
                   f"measured: {', '.join(fit['unmeasured']) or 'none'}; closest: {_closest(fit['closest'])}: "
                   f"{_verdict(fit['holds'])}",
                   f"errors allowed (from {_source(other, validated)}): ranking "
-                  f"{_share(plan['ranking_error'])}, memory {_share(plan['memory_error'])}"]
+                  f"{_fmt(plan['ranking_error'], '.1%')}, memory {_fmt(plan['memory_error'], '.1%')}"]
     print("\n".join(lines))
     print("PLAN CHECK HOLDS" if ok else "PLAN CHECK FAILS")
     return 0 if ok else 1
@@ -146,16 +145,8 @@ def _closest(closest: dict | None) -> str:
             f"{closest['limit_bytes'] / GIB:.3f} GiB limit")
 
 
-def _sps(value) -> str:
-    return "n/a" if value is None else f"{value:,.1f}"
-
-
-def _rho(value) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def _share(value) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
+def _fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def _verdict(holds: bool) -> str:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from bench.cli import console_table
 from bench.reporting.plan import COLUMNS as PLAN_COLUMNS
 from bench.reporting.plan import PLANS_DIR, plan_rows
 from common.layout import Layout
@@ -116,11 +116,7 @@ def slug(plan: dict) -> str:
 
 
 def show_measured(console: Console, plan: dict) -> None:
-    table = Table(title=escape(f"{plan['title']}: predicted against measured"), title_justify="left")
-    for col in PLAN_COLUMNS:
-        table.add_column(col, overflow="fold")
-    for row in plan_rows({**plan, "rows": [r for r in plan["rows"] if r.get("measured")]}):
-        table.add_row(*(escape(c) for c in row))
-    console.print(table)
+    console.print(console_table(f"{plan['title']}: predicted against measured", PLAN_COLUMNS,
+                                plan_rows({**plan, "rows": [r for r in plan["rows"] if r.get("measured")]})))
     if plan.get("measured"):
         console.print(escape(plan["measured"]["summary"]))

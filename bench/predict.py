@@ -21,13 +21,11 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from bench.cli import OneLineParser, int_list, positive_float, positive_int, workload_names
+from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int, workload_names
+from bench.reporting import published_plot as published_table
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
-from bench.reporting.published_plot import FILE as published_file
-from bench.reporting.published_plot import published_plot
 from common.config import PRECISIONS
 from common.config_key import efficiency
 from common.errors import BadInput
@@ -127,10 +125,7 @@ def run_validation(console: Console, results: Path, hardware_name: str) -> int:
         tables.append(("each configuration's repeats as one (medians)", validation_report.CONFIG_COLUMNS,
                        validation_report.config_rows(result)))
     for title, columns, rows in tables:
-        table = Table(*columns, title=title, title_justify="left")
-        for row in rows:
-            table.add_row(*(escape(cell) for cell in row))
-        console.print(table)
+        console.print(console_table(title, columns, rows))
     for skipped in result["skipped"]:
         console.print(f"left out: {skipped['run_id']}: {escape(skipped['why'])}")
     console.print(validation_report.summary_line(result, str(results / validation_report.FILE)))
@@ -150,10 +145,9 @@ def _device_kind_of(record: dict) -> str:
 
 
 def layout_bases(results: Path, hardware, main: dict, basis: Basis) -> Callable[[Layout], Basis]:
-    """Per layout, the basis `--validate` would predict a run of it from (validation.references): RESULTS' 1-device
-    runs of the layout's micro-batches and --recompute where they hold them (on a CPU a micro-batch of 8
-    sequences runs faster per sample than one of 32: the tiny MLM at 4 micro-batches of 32 took 559 ms a step
-    against 650 ms at one), else `basis` (main's)."""
+    """Per layout, the basis `--validate` would predict a run of it from: RESULTS' 1-device runs of its micro-batches
+    and --recompute where they hold them (on a CPU a micro-batch of 8 sequences runs faster per sample than one of
+    32), else `basis` (main's)."""
     usable = _usable(results, hardware, main["workload"])
     spec = model_spec(main["workload"], (main.get("config") or {}).get("model_size") or "tiny")
     cache: dict[tuple, Basis] = {}
@@ -178,11 +172,9 @@ def _usable(results: Path, hardware, workload: str, any_device: bool = False) ->
 
 def measured_basis(results: Path, hardware, workload: str, size: str, precision: str = "amp",
                    batch: int | None = None) -> tuple[Basis, dict]:
-    """The basis from RESULTS' 1-device runs on the hardware's kind of device; ValueError (one line) when
-    there is none, naming the devices the folder does hold. Of those, the main run is torch_3d's (it runs
-    the layouts), of the size and precision asked for, plain (no --recompute, no --compile), of the
-    per-device `batch` or the nearest to it, the latest; its runs of the same batch at other micro-batch
-    counts give the per-micro-batch cost."""
+    """The basis from RESULTS' 1-device runs on the hardware's kind of device (ValueError naming the devices the
+    folder does hold where there is none): the main run is torch_3d's (it runs the layouts), of the size and
+    precision asked for, plain, of the per-device `batch` or the nearest to it, the latest."""
     target = _kind(hardware.device_kind, hardware.device_name)
     usable = _usable(results, hardware, workload)
     if not usable:
@@ -205,8 +197,7 @@ def measured_basis(results: Path, hardware, workload: str, size: str, precision:
 
 
 def measured_peak(results: Path, hardware, precision: str) -> float | None:
-    """The latest achievable matmul peak (record["achievable_peak"]) a run in RESULTS measured on the
-    hardware's kind of device at `precision`; None when none did."""
+    """The latest achievable matmul peak a run in RESULTS measured on the hardware's kind of device (or None)."""
     target = _kind(hardware.device_kind, hardware.device_name)
     found = [r for r in load_records(results) if r.get("status") == "ok" and _device_kind_of(r) == target
              and (r.get("config") or {}).get("precision") == precision
@@ -216,8 +207,7 @@ def measured_peak(results: Path, hardware, precision: str) -> float | None:
 
 
 def run_prediction(console: Console, args) -> int:
-    """The executed workloads (--workload, from --from's 1-device run or --assume-mfu) or a decoder (--model, from
-    the hardware's compute table or --assume-mfu): every layout at every device count, one table and figure."""
+    """Every layout at every device count, of an executed workload or a decoder (--model): one table and figure."""
     hardware = hardware_files.load(args.hardware)
     source = Path(args.source) if args.source else None
     if args.model:
@@ -322,21 +312,14 @@ def _print(console: Console, rows: list[dict], hardware, compute, rests_on: str,
            decoder_rows: bool) -> None:
     """One row per layout and device count, a layout the model cannot predict saying why."""
     rate = "tokens/s/device" if decoder_rows else "efficiency"
-    columns = ("layout", "N", "as", "batch", "step (ms)", "samples/s", rate, "memory/rank (GiB)", "fits",
-               "exposed comm", "bubble")
-    table = Table(title=title, title_justify="left", caption=rests_on, caption_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for r in rows:
-        if "invalid" in r:
-            table.add_row(r["layout"], str(r["devices"]), *[""] * (len(columns) - 3), escape(r["invalid"]))
-            continue
-        table.add_row(r["layout"], str(r["devices"]), r["layout_full"], str(r["global_batch"]),
-                      f"{r['step_s'] * 1e3:,.1f}", f"{r['samples_per_s']:,.1f}",
-                      f"{r['tokens_per_s_per_device']:,.0f}" if decoder_rows else f"{r['efficiency']:.2f}",
-                      f"{r['memory_per_rank_max'] / GIB:,.2f}", "yes" if r["fits"] else "NO",
-                      f"{r['comm_exposed_share']:.0%}", f"{r['bubble_share']:.0%}")
-    console.print(table)
+    body = [[r["layout"], str(r["devices"]), *[""] * 8, r["invalid"]] if "invalid" in r else
+            [r["layout"], str(r["devices"]), r["layout_full"], str(r["global_batch"]), f"{r['step_s'] * 1e3:,.1f}",
+             f"{r['samples_per_s']:,.1f}",
+             f"{r['tokens_per_s_per_device']:,.0f}" if decoder_rows else f"{r['efficiency']:.2f}",
+             f"{r['memory_per_rank_max'] / GIB:,.2f}", "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}",
+             f"{r['bubble_share']:.0%}"] for r in rows]
+    console.print(console_table(title, ("layout", "N", "as", "batch", "step (ms)", "samples/s", rate,
+                                        "memory/rank (GiB)", "fits", "exposed comm", "bubble"), body, rests_on))
     for n in sorted({r["devices"] for r in rows}):
         fitting = [r for r in rows if r["devices"] == n and r.get("fits")]
         best = max(fitting, key=lambda r: r["samples_per_s"], default=None)
@@ -348,32 +331,16 @@ def _print(console: Console, rows: list[dict], hardware, compute, rests_on: str,
 
 
 def run_constants(console: Console, args) -> int:
-    names = [args.hardware] if args.hardware else None
-    table = Table(title="bench.predict's GPU-cluster constants", title_justify="left")
-    for column in ("constant", "value", "unit", "source"):
-        table.add_column(column, overflow="fold")
-    for c in constants.table(names):
-        table.add_row(escape(c.name), escape(c.value), c.unit, escape(c.source))
-    console.print(table)
+    console.print(console_table("bench.predict's GPU-cluster constants", ("constant", "value", "unit", "source"),
+                                [[c.name, c.value, c.unit, c.source]
+                                 for c in constants.table([args.hardware] if args.hardware else None)]))
     return 0
 
 
 def run_published(console: Console, args) -> int:
     result = published_points.check()
-    table = Table(title="predicted against published GPU-cluster results", title_justify="left")
-    for column in ("point", "metric", "published", "predicted", "error", "on every table measured", "layout as "
-                   "modelled", "source"):
-        table.add_column(column, overflow="fold")
-    for r in result["points"]:
-        if r.get("refused"):
-            table.add_row(escape(r["name"]), r["metric"], f"{r['published']:g}", "refused", "", "",
-                          escape(r["refused"].split(": ", 1)[-1]), escape(r["source"].split(":")[0]))
-            continue
-        others = [r["error"], *r["error_by_table"].values()]
-        table.add_row(escape(r["name"]), r["metric"], f"{r['published']:g}", _figure(r["predicted"]),
-                      f"{r['error']:+.1%}", f"{min(others):+.1%} to {max(others):+.1%}",
-                      escape(r["layout_full"] + " " + r["stack"]), escape(r["source"].split(":")[0]))
-    console.print(table)
+    console.print(console_table("predicted against published GPU-cluster results", published_table.COLUMNS,
+                                published_table.rows(result)))
     tables = max((len(t) for t in result["tables"].values()), default=0)
     console.print(f"{result['predicted']} points predicted, {result['refused']} refused: median |error| "
                   f"{result['median_abs_error']:.1%}, largest {result['max_abs_error']:.1%} on the bundled tables; "
@@ -385,15 +352,11 @@ def run_published(console: Console, args) -> int:
                       f"points more than 10% apart {'holds' if g['order_holds'] else 'DOES NOT hold'} "
                       f"({len(g['points'])} points)")
     out = Path(args.out) if args.out else Path("predictions")
-    path = Path(args.json) if args.json else out / published_file
+    path = Path(args.json) if args.json else out / published_table.FILE
     written = [write_json_atomic(path, result), write_atomic(out / "plots" / "predicted-vs-published.png",
-                                                             published_plot(result).png())]
+                                                             published_table.published_plot(result).png())]
     console.print(f"table: {written[0]}; figure: {written[1]}")
     return 0
-
-
-def _figure(value: float) -> str:
-    return f"{value:,.3f}" if value < 10 else f"{value:,.1f}"
 
 
 if __name__ == "__main__":

@@ -29,9 +29,7 @@ def parse_split(text: str) -> str:
 
 
 def stage_costs(spec: BertSpec, counts: list[int], samples: int) -> list[float]:
-    """Per stage, the FLOP-equivalents of one step: forward+backward (3 x 2 x the forward multiply-adds) of its
-    layers and, on the last stage, the head, for `samples` sequences; plus OPTIMIZER_FLOPS_PER_PARAM per
-    parameter it holds (the first stage the embeddings, the last the head and its copy of the token table)."""
+    """Per stage, the FLOP-equivalents of one step of `samples` sequences (the module's cost)."""
     def cost(flops_per_sample: int, params: int) -> float:
         return 6 * flops_per_sample * samples + OPTIMIZER_FLOPS_PER_PARAM * params
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from common.layout import Layout
-from common.plan import decoders
 from common.plan.rank import predicted
 from common.predict import decoder, memory, published, stacks, step
 from common.predict import hardware as hardware_files
@@ -40,14 +39,14 @@ def test_the_validation_the_published_check_and_both_plans_reach_one_step_functi
     assert published.predict_point(point)["predicted"] and since(before) == {"decoder"}
     before = len(reached)
     cpu = hardware_files.load("cpu-loopback-2core")              # bench.plan --from / --assume-mfu
-    rows = predicted(BERT_SIZES["tiny"], [Layout(dp=2), Layout(tp=2)], 32, from_mfu(0.4, cpu, "fp32",
-                     achievable=1e11), cpu, "torch_3d", None, 1e12, None)
+    rows = predicted(BERT_SIZES["tiny"], [Layout(dp=2), Layout(tp=2)], 32, cpu,
+                     from_mfu(0.4, cpu, "fp32", achievable=1e11), 1e12, None, backend="torch_3d")
     assert len(rows) == 2 and since(before) == {"executed"}
     before = len(reached)
     h100 = hardware_files.load("h100-sxm-8")                     # bench.plan --model, a table and an assumed MFU
     for compute in (device_compute(h100), device_compute(h100, 0.4)):
-        decoders.plan_one(decoder.load("llama3-8b"), Layout.parse("fsdp8-mbs1", 8), 8, h100,
-                          stacks.load("torch-compile"), compute, h100.memory_bytes)
+        predicted(decoder.load("llama3-8b"), [Layout.parse("fsdp8-mbs1", 8)], 8, h100, compute, h100.memory_bytes,
+                  None, stack=stacks.load("torch-compile"))
     assert since(before) == {"decoder"} and len(reached) == before + 2
 
 

@@ -99,7 +99,7 @@ def test_the_backend_refusals_are_its_own():
     torch_3d = backend_refusal("torch_3d", "mlm", "tiny", 2, 32, "fp32", CPU)
     keras = enumerate_layouts(TINY, 2, 32, (2, 4), backend_refusal("keras_jax", "mlm", "tiny", 2, 32, "fp32", CPU))
     assert keras.valid and all(lay.pp == 1 for lay in keras.valid)
-    assert any("no pipeline parallelism" in why for why in keras.reasons())
+    assert any("no pipeline parallelism" in why for why in keras.refused)
     assert torch_3d(Layout(pp=2, micro_batches=4)) is None
     cnn = backend_refusal("torch_3d", "cnn", "tiny", 2, 32, "fp32", CPU)
     assert "--model-parallel" in cnn(Layout(tp=2)) and cnn(Layout(fsdp=2)) is None
@@ -126,8 +126,8 @@ def test_the_ranking_error_is_the_median_difference_of_two_layouts_errors():
 
 
 def test_the_plan_ranks_by_step_and_says_what_decides():
-    rows = rank(predicted(TINY, enumerate_layouts(TINY, 2, 32, (2, 4, 8)).valid, 32, BASIS, CPU, "torch_3d",
-                          None, 64 * GIB, None), error=0.0)
+    layouts = enumerate_layouts(TINY, 2, 32, (2, 4, 8)).valid
+    rows = rank(predicted(TINY, layouts, 32, CPU, BASIS, 64 * GIB, None, backend="torch_3d"), error=0.0)
     steps = [r.step_s for r in rows]
     assert steps == sorted(steps) and [r.rank for r in rows] == list(range(1, len(rows) + 1))
     pick, by_name = rows[0], {r.layout.name: r for r in rows}
@@ -156,13 +156,14 @@ def test_what_does_not_fit_is_dropped_and_what_may_not_fit_is_flagged():
     assert verdict(1e12, None, None) == "not checked"
     layouts = [Layout(dp=2), Layout(fsdp=2), Layout(dp=2, recompute="full")]
     fsdp_memory = max(predict(TINY, layouts[1], 32, CPU, BASIS).memory_per_rank)
-    rows = rank(predicted(TINY, layouts, 32, BASIS, CPU, "torch_3d", None, fsdp_memory * 1.01, None), None)
+    rows = rank(predicted(TINY, layouts, 32, CPU, BASIS, fsdp_memory * 1.01, None, backend="torch_3d"), None)
     # Those that do not fit follow, unranked, the leanest first.
     assert [(r.layout.name, r.rank, r.fit) for r in rows] == [("fsdp2", 1, "fits"), ("dp2-rc", 0, "does not fit"),
                                                               ("dp2", 0, "does not fit")]
     # Within a memory error of 20% dp2 may not fit: it is ranked after fsdp2, which fits, however fast it is.
     no_optimizer = replace(BASIS, s_per_param=0.0)   # dp2 then steps faster than fsdp2 (fewer bytes sent)
-    rows = rank(predicted(TINY, layouts[:2], 32, no_optimizer, CPU, "torch_3d", None, fsdp_memory * 1.25, 0.2), None)
+    rows = rank(predicted(TINY, layouts[:2], 32, CPU, no_optimizer, fsdp_memory * 1.25, 0.2, backend="torch_3d"),
+                None)
     assert [(r.layout.name, r.rank, r.fit) for r in rows] == [("fsdp2", 1, "fits"), ("dp2", 2, "may not fit")]
     assert rows[1].step_s < rows[0].step_s and explain(rows[1], rows[0], None).startswith("may not fit")
 

@@ -276,7 +276,7 @@ def test_the_table_by_hand():
            "fit": "fits", "parts_s": {"comm_exposed": 0.01, "bubble": 0.005, "recompute": 0.0},
            "explanation": "the [bold]pick[/bold]"}
     plan = {"title": "T [1]", "basis": "B [x]", "summary": ["one [red]line[/red]", "two"],
-            "rows": [row, {**row, "rank": 2, "layout": "fsdp2", "step_s": 2.5, "memory_per_rank_max": None,
+            "rows": [row, {**row, "rank": 2, "layout": "fsdp2", "step_s": 2.5, "memory_per_rank_max": 3 * GIB,
                            "explanation": "e2"},
                      {**row, "rank": 3, "layout": "tp2"}, {**row, "rank": 0, "layout": "pp2-nmb2"}]}
     lines = _console_lines(plan_cli.show, plan, 2)
@@ -287,7 +287,7 @@ def test_the_table_by_hand():
     assert columns == ["#", "layout", "step (ms)", "samples/s", "memory/rank (GiB)", "fits", "exposed comm",
                        "bubble", "recompute", "what decides"]
     assert body == [["1", "dp2", "50", "640.0", "1.50", "fits", "20%", "10%", "0%", "the [bold]pick[/bold]"],
-                    ["2", "fsdp2", "2,500", "640.0", "", "fits", "0%", "0%", "0%", "e2"]]
+                    ["2", "fsdp2", "2,500", "640.0", "3.00", "fits", "0%", "0%", "0%", "e2"]]
     assert lines[-2:] == ["one [red]line[/red]", "two"]
 
 
@@ -419,7 +419,7 @@ def test_a_layout_the_backend_refuses_everywhere_is_one_line(capsys):
     # The reasons as enumerate_layouts finds them, in its order.
     space = enumerate_layouts(model_spec("cnn"), 2, 64, None, plan_space.backend_refusal(
         "keras_jax", "cnn", "tiny", 2, 64, "fp16", hardware_files.load("h100-sxm-8")))
-    reasons = list(space.reasons())
+    reasons = list(space.refused)
     assert len(reasons) > 3 and not space.valid
     assert err == "bench.plan: error: no layout of 2 devices is valid for cnn tiny at global batch 64: " + \
         "; ".join(reasons[:3]) + "\n"
@@ -783,8 +783,8 @@ def test_plan_check_figures_and_verdicts_by_hand():
     assert plan_check._closest(None) == "n/a"
     assert plan_check._closest({"layout": "dp2", "measured_over_limit": 1.2345, "limit_bytes": 0.5 * GIB}) == \
         "dp2 measured 1.23x the 0.500 GiB limit"
-    assert (plan_check._sps(None), plan_check._rho(None), plan_check._share(None)) == ("n/a", "n/a", "n/a")
-    assert (plan_check._sps(1234.56), plan_check._rho(0.81234), plan_check._share(0.1234)) == \
+    assert plan_check._fmt(None, ".1%") == "n/a"
+    assert (plan_check._fmt(1234.56, ",.1f"), plan_check._fmt(0.81234, ".3f"), plan_check._fmt(0.1234, ".1%")) == \
         ("1,234.6", "0.812", "12.3%")
     assert (plan_check._verdict(True), plan_check._verdict(False)) == ("holds", "FAILS")
 

@@ -87,10 +87,11 @@ def test_the_placement_is_the_layers_each_stage_holds():
     assert placement(MINI, replace(MINI_PP2, dp=2, stage_split="auto"), 32) == (3, 1)
 
 
-def test_the_reasons_count_the_refused_by_why():
-    space = Space([], refused=[(Layout(dp=2), "a"), (Layout(tp=2), "b"), (Layout(pp=2), "a")])
-    assert space.reasons() == {"a": 2, "b": 1}
-    assert Space([]).reasons() == {}
+def test_the_refused_are_counted_by_why():
+    space = Space()
+    for why in ("a", "b", "a"):
+        space.refuse(why)
+    assert space.refused == {"a": 2, "b": 1} and Space().refused == {}
 
 
 def test_every_micro_batch_count_the_batch_divides_into_is_tried_by_default():
@@ -101,8 +102,7 @@ def test_every_micro_batch_count_the_batch_divides_into_is_tried_by_default():
     space = enumerate_layouts(TINY, 2, 8)
     assert len(space.valid) == 4 + 4 + 12
     fewer = "--micro-batches 1 is fewer than the 2 pipeline stages"
-    assert space.reasons() == {fewer: 4}
-    assert space.refused[0] == (Layout(pp=2, micro_batches=1), fewer)   # the first mesh: dp1 x tp1 x pp2
+    assert space.refused == {fewer: 4}
     # Every pipeline's even split is the one auto picks (one layer a stage); nothing else has a split.
     assert space.auto == {lay: [1, 1] for lay in space.valid if lay.pp == 2}
     assert all(lay.stage_split == "even" for lay in space.valid)
@@ -124,7 +124,7 @@ def test_the_backend_refuses_what_it_cannot_run_with_its_reason():
     space = enumerate_layouts(TINY, 2, 8, (2,), refuse=no_pipelines)
     assert sorted(lay.name for lay in space.valid) == sorted(
         ["dp2", "fsdp2", "dp2-rc", "fsdp2-rc", "tp2", "tp2-vocab", "tp2-rc", "tp2-rc-vocab"])
-    assert space.reasons() == {"no pipeline parallelism": 4}  # pp2-nmb2, gpipe and 1f1b, with and without rc
+    assert space.refused == {"no pipeline parallelism": 4}  # pp2-nmb2, gpipe and 1f1b, with and without rc
     assert space.auto == {}                                   # the layouts auto placed were refused
 
 
@@ -159,7 +159,7 @@ def test_the_memory_error_is_the_validation_s_largest_memory_error():
 
 def test_each_layout_is_predicted_with_its_placement_and_evaluation():
     auto = replace(MINI_PP2, stage_split="auto")   # placed 3+1: the placement predict is given
-    rows = predicted(MINI, [auto], 32, BASIS, CPU, "torch_3d", 128, 1e12, None)
+    rows = predicted(MINI, [auto], 32, CPU, BASIS, 1e12, None, backend="torch_3d", eval_batch=128)
     as_predicted = predict(MINI, auto, 32, CPU, BASIS, eval_batch=128)
     assert as_predicted.layout.stage_split == "3,1"
     assert rows[0].memory == max(as_predicted.memory_per_rank) and rows[0].step_s == as_predicted.step_s
@@ -171,12 +171,12 @@ def test_each_layout_is_predicted_with_its_placement_and_evaluation():
     assert rows[0].memory > max(predict(MINI, auto, 32, CPU, BASIS).memory_per_rank)
     # Without a measured overhead the peak is the model's count alone
     bare = replace(BASIS, memory_overhead=None)
-    row = predicted(MINI, [auto], 32, bare, CPU, "torch_3d", None, 1.0, None)[0]
+    row = predicted(MINI, [auto], 32, CPU, bare, 1.0, None, backend="torch_3d")[0]
     assert row.memory == max(predict(MINI, auto, 32, CPU, bare).model_per_rank)
     assert row.fit == "does not fit"                          # one byte per device
     # Each backend holds its own state: keras_jax's FSDP shards are not torch_3d's
     fsdp = Layout(fsdp=2)
-    keras = predicted(TINY, [fsdp], 32, BASIS, CPU, "keras_jax", None, 1e12, None)[0]
+    keras = predicted(TINY, [fsdp], 32, CPU, BASIS, 1e12, None, backend="keras_jax")[0]
     assert keras.memory == max(predict(TINY, fsdp, 32, CPU, BASIS, "keras_jax").memory_per_rank)
     assert keras.memory != max(predict(TINY, fsdp, 32, CPU, BASIS, "torch_3d").memory_per_rank)
 

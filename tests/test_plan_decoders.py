@@ -38,18 +38,22 @@ def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
     rows, space = decoders.plan(LLAMA, 8, 16, hw, stacks.load("torch-compile"), compute_for(hw),
                                 hw.memory_bytes)
     ranked = [r for r in rows if r.rank]
-    assert space.candidates == len(rows) + sum(space.refused.values())
+    assert len(space.valid) == len(rows) and sum(space.refused.values()) > 0
     assert [r.rank for r in ranked] == list(range(1, len(ranked) + 1))
     assert [r.step_s for r in ranked] == sorted(r.step_s for r in ranked)
     assert all(r.memory <= hw.memory_bytes for r in ranked)
     assert all(r.memory > hw.memory_bytes and not r.rank for r in rows[len(ranked):])
-    # a layout of the space is found where it ranks; one outside it is placed among the ranked rows
-    third = ranked[2]
-    assert decoders.rank_of(rows, third.layout) is third
-    outside = decoders.plan_one(LLAMA, Layout.parse("fsdp8-mbs1-rc", 8), 16, hw, stacks.load("torch-compile"),
-                                compute_for(hw), hw.memory_bytes)
-    placed = decoders.standing(rows, outside)
-    assert placed.rank == 1 + sum(1 for r in ranked if r.step_s < outside.step_s)
+    # a layout of the space asked for is found where it ranks
+    plan = decoders.decoder_plan("llama3-8b", 8, 16, "h100-sxm-8", "torch-compile", None, None, None, 3,
+                                 ranked[2].layout.name)
+    assert plan["asked"]["rank"] == 3 and plan["asked"]["step_s"] == ranked[2].step_s
+    # one outside it (micro-batches of 3: the space tries powers of two) is placed among the ranked rows
+    rows = [r for r in decoders.plan(LLAMA, 8, 48, hw, stacks.load("torch-compile"), compute_for(hw),
+                                     hw.memory_bytes)[0] if r.rank]
+    asked = decoders.decoder_plan("llama3-8b", 8, 48, "h100-sxm-8", "torch-compile", None, None, None, 3,
+                                  "fsdp8-mbs3-rc")["asked"]
+    assert asked["layout"] not in {r.layout.name for r in rows}
+    assert asked["rank"] == 1 + sum(1 for r in rows if r.step_s < asked["step_s"]) > 1
 
 
 def test_every_bundled_decoder_plans_on_every_gpu_with_a_compute_table():
@@ -58,7 +62,7 @@ def test_every_bundled_decoder_plans_on_every_gpu_with_a_compute_table():
     for i, model in enumerate(models):   # every decoder, and every GPU in turn
         hardware = gpus[i % len(gpus)]
         plan = decoders.decoder_plan(model, 8, 8, hardware, "torch-compile", 2048, None, None, 3)
-        assert plan["candidates"]["enumerated"] > 0, (model, hardware)
+        assert plan["candidates"]["valid"] > 0, (model, hardware)
         assert (plan["pick"] is None) == (plan["candidates"]["fit"] == 0), (model, hardware)
         if plan["pick"]:
             assert plan["rows"][0]["layout"] == plan["pick"] and plan["rows"][0]["rank"] == 1

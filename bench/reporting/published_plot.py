@@ -12,7 +12,6 @@ from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Te
 from bench.reporting.plots import Plot
 
 FILE = "published.json"
-
 MARKERS = {"tokens_per_s_per_gpu": "o", "tflops_per_gpu": "s", "mfu": "^"}
 
 
@@ -44,33 +43,42 @@ def published_plot(result: dict, slug: str = "predicted-vs-published") -> Plot:
                        color="tab:blue" if r["hardware"].startswith("h100-sxm") else "tab:orange")
             ax.annotate(f"{r['name'].split(',')[0]} {r['devices']} ({r['error']:+.0%})",
                         (r["published"], r["predicted"]), fontsize=6, xytext=(3, 3), textcoords="offset points")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-        ax.set_xlabel(f"published {metric}")
-        ax.set_ylabel(f"predicted {metric}")
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=f"published {metric}",
+               ylabel=f"predicted {metric}")
         ax.grid(True, alpha=0.3)
         data[metric] = [(r["name"], r["published"], r["predicted"], r["error"]) for r in mine]
     return Plot(slug, title, caption, fig, data)
 
 
+COLUMNS = ["point", "metric", "published", "predicted", "error", "on every table measured",
+           "layout as modelled / why refused", "source"]
+
+
+def rows(result: dict) -> list[list[str]]:
+    """One row a point: its error on the bundled table and its range over every table measured of its part."""
+    out = []
+    for r in result["points"]:
+        if r.get("predicted") is None:
+            out.append([r["name"], r["metric"], f"{r['published']:g}", "refused", "", "",
+                        r["refused"].split(": ", 1)[-1], r["source"].split(":")[0]])
+            continue
+        errors = [r["error"], *r.get("error_by_table", {}).values()]
+        out.append([r["name"], r["metric"], f"{r['published']:g}",
+                    f"{r['predicted']:,.3f}" if r["predicted"] < 10 else f"{r['predicted']:,.1f}",
+                    f"{r['error']:+.1%}", f"{min(errors):+.1%} to {max(errors):+.1%}",
+                    f"{r['layout_full']} {r['stack']}", r["source"].split(":")[0]])
+    return out
+
+
 def published_blocks(results: Path) -> list[Block]:
     """The report's section: the published points' table and the figure, when RESULTS/published.json exists."""
-    path = Path(results) / FILE
-    if not path.is_file():
-        return []
     try:
-        result = json.loads(path.read_text())
+        result = json.loads((Path(results) / FILE).read_text())
     except (OSError, ValueError):
         return []
     plot = published_plot(result)
-    rows = [[r["name"], r["metric"], f"{r['published']:g}",
-             "refused" if r.get("predicted") is None else f"{r['predicted']:.4g}",
-             "" if r.get("error") is None else f"{r['error']:+.1%}", r.get("refused") or r.get("layout_full", "")]
-            for r in result["points"]]
     return [Heading("Prediction against published GPU-cluster results", 2),
             Text(f"bench.predict --published ({FILE}): {plot.title}. Each error is predicted / published - 1 in the "
                  "publisher's metric (docs/prediction-at-scale.md)."),
-            Table(["point", "metric", "published", "predicted", "error", "layout as modelled / why refused"], rows),
+            Table(COLUMNS, rows(result)),
             Image(f"{PLOTS_DIR}/{plot.slug}.png", plot.title, plot.caption, plot.png())]

@@ -1,5 +1,4 @@
-"""The validation table: each multi-device run predicted from its folder's 1-device runs and link probes
-(common.predict.validation), against what it measured. bench.predict --validate prints it, bench.report
+"""The validation table of common.predict.validation's results: bench.predict --validate prints it, bench.report
 shows it when RESULTS/validation.json exists, and every prediction table quotes its summary."""
 from __future__ import annotations
 
@@ -17,12 +16,9 @@ COLUMNS = ["backend", "layout", "N", "step predicted (ms)", "step measured (ms)"
 
 
 def load(results: Path) -> dict | None:
-    path = Path(results) / FILE
-    if not path.is_file():
-        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads((Path(results) / FILE).read_text())
+    except (OSError, ValueError):  # none, or unreadable
         return None
 
 
@@ -37,9 +33,8 @@ def _shares(values) -> str:
 def _comm(check: dict | None) -> str:
     if not check:
         return ""
-    same = all(v["predicted"] == v["measured"] for v in check.values())
-    return "yes" if same else "; ".join(f"{k}: {v['predicted']} vs {v['measured']}" for k, v in check.items()
-                                        if v["predicted"] != v["measured"])
+    wrong = [f"{k}: {v['predicted']} vs {v['measured']}" for k, v in check.items() if v["predicted"] != v["measured"]]
+    return "; ".join(wrong) or "yes"
 
 
 def rows(validation: dict) -> list[list[str]]:
@@ -78,30 +73,31 @@ def config_rows(validation: dict) -> list[list[str]]:
     return body
 
 
+def _spread(errors: dict) -> str:
+    return f"{errors['median_abs_error']:.1%}, largest {errors['max_abs_error']:.1%}"
+
+
 def summary_line(validation: dict, source: str) -> str:
     """One sentence: the error a prediction rests on (of the configurations' medians where runs were repeated)."""
-    s = validation["summary"]["all"]
+    summary = validation["summary"]
+    s = summary["all"]
     step, memory = s["step_s"], s["memory_per_rank"]
     if not step["runs"]:
         return f"Validation ({source}): no run could be predicted."
     text = f"Validation ({source}, hardware {validation['hardware']}): step time median |error| "
     if repeated(validation):
-        configs = validation["summary"]["configurations"]["all"]
-        text += (f"{configs['step_s']['median_abs_error']:.1%}, largest {configs['step_s']['max_abs_error']:.1%} "
-                 f"over {configs['step_s']['runs']} configurations (the median of up to {configs['most_repeats']} "
-                 f"repeats each; run by run {step['median_abs_error']:.1%}, largest {step['max_abs_error']:.1%} "
-                 f"over {step['runs']} runs)")
+        configs = summary["configurations"]["all"]
+        text += (f"{_spread(configs['step_s'])} over {configs['step_s']['runs']} configurations (the median of up "
+                 f"to {configs['most_repeats']} repeats each; run by run {_spread(step)} over {step['runs']} runs)")
     else:
-        text += f"{step['median_abs_error']:.1%}, largest {step['max_abs_error']:.1%} over {step['runs']} runs"
+        text += f"{_spread(step)} over {step['runs']} runs"
     if memory["runs"]:
-        text += f"; memory per rank median {memory['median_abs_error']:.1%}, largest {memory['max_abs_error']:.1%}"
+        text += f"; memory per rank median {_spread(memory)}"
     training = s.get("training_memory_per_rank") or {}
     if training.get("runs"):
-        text += (f"; training memory median {training['median_abs_error']:.1%}, largest "
-                 f"{training['max_abs_error']:.1%}")
+        text += f"; training memory median {_spread(training)}"
     text += f"; state bytes exact in {s['state_bytes_exact']} of {s['state_bytes_compared']}"
-    over = validation["summary"]["oversubscribed_runs"]
-    skipped = validation["summary"]["skipped_runs"]
+    over, skipped = summary["oversubscribed_runs"], summary["skipped_runs"]
     if over:
         text += f"; {over} run(s) oversubscribed, predicted as such"
     if skipped:

@@ -49,9 +49,8 @@ def stage_split_of(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) 
 
 def measured_overhead(spec: BertSpec | CnnSpec, records: list[dict], backend: str, workload: str,
                       precision: str, device_kind: str, host: str | None) -> tuple[float, str] | None:
-    """The framework's fixed memory overhead (the process peak beyond what the model counts) of the latest ok
-    1-device run of this backend, workload, size, precision, device kind and host among `records`, and its
-    run id; None when there is none."""
+    """The framework's memory overhead (the process peak beyond what the model counts) and the run id of the latest
+    matching ok 1-device run among `records`; None when there is none."""
     size = getattr(spec, "name", None)
     found = [r for r in records if r.get("status") == "ok" and r.get("devices") == 1 and r.get("backend") == backend
              and r.get("workload") == workload and r.get("device_kind") == device_kind

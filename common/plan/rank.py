@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from common.layout import Layout
-from common.plan.fit import verdict
+from common.plan.fit import GIB, verdict
+from common.plan.space import Space
 from common.predict.basis import Basis
+from common.predict.gpu_compute import DeviceCompute
 from common.predict.hardware import Hardware
 from common.predict.prediction import Prediction
 from common.predict.step import predict
-from common.spec import BertSpec, CnnSpec
 
 # The parts of a predicted step, as the plan names them (compute is forward+backward less the recomputation).
 PARTS = {"compute": "compute", "recompute": "recompute cost", "comm_exposed": "exposed communication",
@@ -62,17 +63,15 @@ def memory_error(validation: dict | None) -> float | None:
     return (summary.get("memory_per_rank") or {}).get("max_abs_error")
 
 
-def predicted(spec: BertSpec | CnnSpec, layouts: list[Layout], global_batch: int, basis: Basis, hardware: Hardware,
-              backend: str, eval_batch: int | None, available: float, error: float | None,
-              basis_for: Callable[[Layout], Basis] | None = None) -> list[Ranked]:
-    """Each layout predicted, with its fit verdict against `available` bytes per device; `basis_for`: a layout's
-    own basis (its micro-batches' 1-device runs), else `basis` for every one."""
+def predicted(spec, layouts: list[Layout], global_batch: int, hardware: Hardware, compute: Basis | DeviceCompute,
+              available: float, error: float | None, compute_for: Callable[[Layout], Basis] | None = None,
+              **how) -> list[Ranked]:
+    """Each layout predicted (`how`: predict()'s backend, eval_batch, stack), with its fit verdict against
+    `available` bytes per device; `compute_for`: a layout's own basis (its micro-batches' 1-device runs)."""
     out = []
     for layout in layouts:
-        p = predict(spec, layout, global_batch, hardware, basis_for(layout) if basis_for else basis, backend,
-                    eval_batch=eval_batch)
-        memory = p.memory_max
-        out.append(Ranked(layout, p, memory, verdict(memory, available, error)))
+        p = predict(spec, layout, global_batch, hardware, compute_for(layout) if compute_for else compute, **how)
+        out.append(Ranked(layout, p, p.memory_max, verdict(p.memory_max, available, error)))
     return out
 
 
@@ -81,9 +80,8 @@ FIT_ORDER = {"fits": 0, "not checked": 0, "may not fit": 1}
 
 
 def rank(rows: list[Ranked], error: float | None) -> list[Ranked]:
-    """Those that fit, fastest first (among equal steps, the one holding less memory), then those that may not
-    fit, likewise; each against the pick: separable or not, and what decides. Those that do not fit follow,
-    unranked."""
+    """Those that fit, fastest first (among equal steps, the leaner), then those that may not fit, each against the
+    pick; those that do not fit follow, unranked."""
     fitting = sorted((r for r in rows if r.fit != "does not fit"),
                      key=lambda r: (FIT_ORDER[r.fit], r.step_s, r.memory, r.layout.name))
     dropped = sorted((r for r in rows if r.fit == "does not fit"), key=lambda r: (r.memory, r.layout.name))
@@ -141,3 +139,57 @@ def _ms(seconds: float) -> str:
     "1,250", not "1.25e+03")."""
     ms = seconds * 1e3
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
+def row(r: Ranked, explanation: str, layers_per_stage: list[int] | None = None) -> dict:
+    p = r.prediction
+    return {"rank": r.rank, "layout": r.layout.name, "step_s": r.step_s, "samples_per_s": p.samples_per_s,
+            **({"tokens_per_s_per_device": p.tokens_per_s / p.devices} if p.seq_len else {}),
+            "memory_per_rank_max": r.memory, "memory_per_rank": p.memory_per_rank or p.model_per_rank,
+            "fit": r.fit, "parts_s": r.parts, "separable": r.separable,
+            "decides": [[part, s] for part, s in r.decides], "explanation": explanation, "auto_split": r.auto_split,
+            **({"layers_per_stage": layers_per_stage} if layers_per_stage else {})}
+
+
+def document(title: str, head: dict, rows: list[Ranked], space: Space, basis: str, available: float, limit: str,
+             step_error: float | None, mem_error: float | None, top: int | None = None,
+             split_of: Callable[[Layout], list[int] | None] = lambda _: None) -> dict:
+    """The plan document bench.plan prints and writes: its rows (all, or the `top` ranked), each explained, and a
+    summary of the space, the memory limit, the pick and how far the ranking can be trusted."""
+    ranked = [r for r in rows if r.rank]
+    pick = ranked[0] if ranked else None
+    tied = [r.layout.name for r in ranked[1:] if r.separable is False or abs(r.step_s / pick.step_s - 1) <= SAME]
+    reasons = sorted(space.refused.items(), key=lambda kv: -kv[1])
+    refused = sum(space.refused.values())
+    allowance = f", allowing the model's measured memory error {mem_error:.0%}" if mem_error else \
+        " (no measured memory error: point predictions)"
+    summary = [f"space: {len(space.valid) + refused:,} candidate layouts, {len(space.valid):,} valid; "
+               f"{refused:,} refused" + (" (" + "; ".join(f"{n:,} x {why}" for why, n in reasons[:3])
+                                          + ("; ..." if len(reasons) > 3 else "") + ")" if reasons else ""),
+               f"memory: {limit}, {available / GIB:,.2f} GiB per device{allowance}: "
+               f"{sum(1 for r in rows if r.fit == 'does not fit'):,} predicted not to fit (dropped), "
+               f"{sum(1 for r in ranked if r.fit == 'may not fit'):,} may not fit (kept, flagged)"]
+    if pick:
+        p = pick.prediction
+        rate = f"{p.tokens_per_s / p.devices:,.0f} tokens/s per device" if p.seq_len else \
+            f"{p.samples_per_s:,.1f} samples/s"
+        summary.append(f"pick: {pick.layout.name}, predicted {rate} ({pick.step_s * 1e3:,.0f} ms a step), "
+                       f"{pick.memory / GIB:,.2f} GiB on its fullest rank")
+        if step_error is None:
+            summary.append("ranking error unknown (no validation of the model on this kind of machine): the order "
+                           "rests on point predictions")
+        elif tied:
+            summary.append(f"not separable from the pick within the ranking error {step_error:.1%}: "
+                           f"{', '.join(tied)}; measure them (bench.plan --run --repeats 3) to choose")
+        else:
+            summary.append(f"the pick is ahead of every other layout by more than the ranking error {step_error:.1%}")
+    else:
+        summary.append("no layout is predicted to fit")
+    shown = rows if top is None else ranked[:top]
+    return {"title": title, **head, "basis": basis, "available_bytes": available, "memory_limit": limit,
+            "ranking_error": step_error, "memory_error": mem_error,
+            "candidates": {"valid": len(space.valid), "fit": len(ranked), "refused": refused,
+                           "reasons": space.refused},
+            "pick": pick.layout.name if pick else None, "not_separable": tied, "summary": summary,
+            "rows": [row(r, explain(r, pick, step_error, rows[i - 1] if i else None) if pick and r.rank else "",
+                         split_of(r.layout)) for i, r in enumerate(shown)]}

@@ -22,27 +22,20 @@ MAX_PLACEMENTS = 16
 
 @dataclass
 class Space:
-    valid: list[Layout]
-    refused: list[tuple[Layout, str]] = field(default_factory=list)   # valid by name, refused by a check
-    auto: dict[Layout, list[int]] = field(default_factory=dict)       # layouts whose split is what auto picks
+    valid: list[Layout] = field(default_factory=list)
+    refused: dict[str, int] = field(default_factory=dict)          # why -> candidates refused for it
+    auto: dict[Layout, list[int]] = field(default_factory=dict)    # layouts whose split is what auto picks
 
-    def reasons(self) -> dict[str, int]:
-        """How many candidates each refusal left out, by reason."""
-        counts: dict[str, int] = {}
-        for _, why in self.refused:
-            counts[why] = counts.get(why, 0) + 1
-        return counts
+    def refuse(self, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
 
 
 def meshes(devices: int) -> list[tuple[int, int, int]]:
     """Every (data ranks, tp, pp) with their product = devices."""
-    return [(dp, tp, devices // (dp * tp)) for dp in range(1, devices + 1) if devices % dp == 0
-            for tp in range(1, devices // dp + 1) if (devices // dp) % tp == 0]
+    return [(dp, tp, devices // (dp * tp)) for dp in divisors(devices) for tp in divisors(devices // dp)]
 
 
 def divisors(n: int) -> list[int]:
-    """The micro-batch counts tried by default: those the global batch divides into (Layout.validate keeps the
-    ones that also divide each replica's share and fill the stages)."""
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
@@ -54,10 +47,8 @@ def placements(layers: int, stages: int) -> tuple[str, ...]:
 
 
 def _bases(mesh: tuple[int, int, int], global_batch: int, micro_batches: Sequence[int] | None) -> Iterator[Layout]:
-    """Every combination of the options the executed workloads' step model costs (common.predict.step.MODELLED)
-    for one mesh but the stage split (placed after): the data ranks as replicas or as FSDP shards, the micro-batch
-    counts and schedules of a pipeline, recompute none or full, the vocabulary split where there is tensor
-    parallelism."""
+    """Every combination for one mesh of the options the executed workloads' step model costs
+    (common.predict.executed.MODELLED), but the stage split (placed after)."""
     data, tp, pp = mesh
     domain: dict[str, Sequence] = {
         "micro_batches": sorted(set(micro_batches or divisors(global_batch))) if pp > 1 else (1,),
@@ -100,7 +91,7 @@ def enumerate_layouts(spec: BertSpec | CnnSpec, devices: int, global_batch: int,
                       micro_batches: Sequence[int] | None = None, refuse: Refuse | None = None) -> Space:
     """The valid layouts of `devices` for the model and global batch, the refused ones with the reason."""
     kept: dict[tuple, Layout] = {}
-    space = Space([])
+    space = Space()
     for mesh in meshes(devices):
         for base in _bases(mesh, global_batch, micro_batches):
             for split in splits(spec, base.pp):
@@ -110,7 +101,7 @@ def enumerate_layouts(spec: BertSpec | CnnSpec, devices: int, global_batch: int,
                 try:
                     layout.validate(spec, global_batch)
                 except BadInput as exc:
-                    space.refused.append((layout, str(exc)))
+                    space.refuse(str(exc))
                     if split == EVEN:  # nothing in the layout but its split: no other split helps
                         break
                     continue
@@ -123,7 +114,7 @@ def enumerate_layouts(spec: BertSpec | CnnSpec, devices: int, global_batch: int,
     for layout in kept.values():
         why = refuse(layout) if refuse else None
         if why:
-            space.refused.append((layout, why))
+            space.refuse(why)
         else:
             space.valid.append(layout)
     space.auto = {kept[key]: split for key, split in space.auto.items() if kept[key] in space.valid}

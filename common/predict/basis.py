@@ -1,12 +1,11 @@
-"""What a prediction's compute rests on: measured 1-device records (the step split by its --breakdown-steps probe,
-forward+backward per multiply-add, a fitted cost per micro-batch, the optimizer per parameter, the framework's
-memory overhead), or an MFU the user states (from_mfu: the one assumed-MFU rule). docs/prediction.md, "Compute"."""
+"""What a prediction's compute rests on: measured 1-device records, or an MFU the user states (from_mfu: the one
+assumed-MFU rule). docs/prediction.md, "Compute"."""
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
 
-from common.layout import Layout
+from common.config_key import record_layout
 from common.loop import EVAL_BATCH
 from common.peak_flops import PRECISION_MATH, peak_flops
 from common.predict.hardware import GB, Hardware
@@ -53,10 +52,9 @@ MEASURE_THE_SPLIT = ("for the measured split, run the 1-device references with -
 
 
 def background_load(record: dict) -> float:
-    """Other programs' demand (busy cores) during a CPU run: the record's load.other_busy_cores (the machine's
-    busy cores over the run less the run's own CPU time, common.hostinfo.load_over); in older records the
-    1-minute load average after it less the run's own threads (crude: the average also holds the minute
-    before the run, in a sweep the previous run)."""
+    """Other programs' demand (busy cores) during a CPU run: load.other_busy_cores (common.hostinfo.load_over),
+    else, in older records, the 1-minute load average after it less the run's own threads (docs/prediction.md,
+    "Contention on a CPU host")."""
     load = record.get("load") or {}
     if record.get("device_kind") != "cpu":
         return 0.0
@@ -70,9 +68,8 @@ def background_load(record: dict) -> float:
 
 
 def interruption_share(record: dict) -> float:
-    """The share of a step that a 1-device run lost to interruptions (other threads, the kernel, the allocator):
-    its measured steps' mean over their fastest, less one, as a share of the mean (0 with fewer than 5 steps).
-    One device waits for no one; ranks that synchronise wait for each other's (common.predict.step)."""
+    """The share of a step that a 1-device run lost to interruptions (0 with fewer than 5 steps): docs/prediction.md,
+    "Synchronisation on a CPU host"."""
     times = [t for t in record.get("step_times_s") or [] if t]
     if len(times) < 5:
         return 0.0
@@ -82,12 +79,9 @@ def interruption_share(record: dict) -> float:
 
 def co_run_slowdown(references: list[dict], repeats: list[dict] = ()) -> tuple[float, str | None]:
     """How much ranks side by side on a CPU host slow each other's compute, from the co-run probes the records
-    carry (record["co_run"], bench.co_run: a run's command as K processes at once); (1.0, None) where none
-    carries one: not measured, taken as none. `repeats`: the main reference's repeats in its sweep (itself among
-    them). Where they carry probes, every one of those probes' copies pooled over the repeats' median step alone:
-    a sweep with repeats probes each repeat, and one probe is one sample of a noisy machine. Else the median of
-    the references' probes, each over the one run it followed: another micro-batch count's run takes another
-    time a step, so its copies are never held against the main one's steps."""
+    carry (bench.co_run), and the probes' run ids; (1.0, None) where none carries one. `repeats`: the main
+    reference's repeats in its sweep (itself among them). How probes pool: docs/prediction.md, "Contention on a
+    CPU host"."""
     own = {r["run_id"]: probe for r in repeats if (probe := CoRun.from_record(r)) is not None}
     if own and len(repeats) > 1:
         copies = [s for probe in own.values() for s in probe.step_s_p50]
@@ -99,10 +93,6 @@ def co_run_slowdown(references: list[dict], repeats: list[dict] = ()) -> tuple[f
     return statistics.median(probe.slowdown for probe in probes.values()), ", ".join(probes)
 
 
-def record_layout(record: dict) -> Layout:
-    return Layout.from_record(record.get("layout") or {})
-
-
 def accumulation(record: dict) -> int:
     grad_accum = (record.get("config") or {}).get("grad_accum") or 1
     return record_layout(record).accumulation(grad_accum)
@@ -112,25 +102,16 @@ def stage_split(record: dict) -> list[int] | None:
     """Encoder layers per pipeline stage as a run placed them: layout.layers_per_stage where torch_3d records
     it, else a layout.stage_split of counts ("3,1" or [3, 1]); None: the even split."""
     layout = record.get("layout") or {}
-    placed = layout.get("layers_per_stage")
-    if placed:
-        return [int(n) for n in placed]
-    split = layout.get("stage_split")
-    if isinstance(split, list):
-        return [int(n) for n in split]
+    split = layout.get("layers_per_stage") or layout.get("stage_split")
     if isinstance(split, str) and split.replace(",", "").isdigit():
-        return [int(n) for n in split.split(",")]
-    return None
+        split = split.split(",")
+    return [int(n) for n in split] if isinstance(split, list) else None
 
 
 def _probe(record: dict) -> Breakdown | None:
     """A 1-device run's measured split of its step (--breakdown-steps), if it has one."""
     b = Breakdown.from_metrics(record.get("backend_metrics"))
     return b if b is not None and b.total_s else None
-
-
-def probed(record: dict) -> bool:
-    return _probe(record) is not None
 
 
 def _shares(record: dict) -> tuple[float, float, float]:
@@ -209,7 +190,7 @@ def from_records(spec: BertSpec | CnnSpec, records: list[dict], co_run_from: lis
     shares = ComputeShares.from_record(main)
     if shares:
         label += f", matmuls {shares.matmul:.0%} of its compute (profile)"
-    guesses = tuple(UNPROBED.format(run_id=r["run_id"]) for r in records if not probed(r))
+    guesses = tuple(UNPROBED.format(run_id=r["run_id"]) for r in records if _probe(r) is None)
     if guesses:
         label += "; GUESSED: no --breakdown-steps probe, the whole step taken as forward+backward"
     return Basis(s_per_mac_sample=per_mac, s_per_micro_batch=per_micro, s_per_param=opt * step / elements,

@@ -1,6 +1,5 @@
-"""The cost of one collective on one link level: Hockney's alpha-beta model with nccl-tests' bus-bandwidth factors
-(doc/PERFORMANCE.md), t = ring steps x alpha + factor x bytes / busbw, and which link a group crosses under
-common.layout's rank order. docs/prediction.md, "Communication"."""
+"""The cost of one collective on one link level (Hockney's alpha-beta model, nccl-tests' bus-bandwidth factors:
+doc/PERFORMANCE.md), and the link a group crosses in common.layout's rank order; docs/prediction.md, "Communication"."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,14 +45,11 @@ def group_stride(layout: Layout, dim: str) -> int:
             "pp": tp * cp * layout.data}[dim]
 
 
-def group_size(layout: Layout, dim: str) -> int:
-    return layout.data if dim == "data" else getattr(layout, dim)
-
-
 def crosses_nodes(layout: Layout, dim: str, devices_per_node: int, ranks: int | None = None) -> bool:
     """Whether a group of `ranks` (default: the whole dimension) along `dim` spans more than one node."""
-    size = group_size(layout, dim) if ranks is None else ranks
-    return size > 1 and size * group_stride(layout, dim) > devices_per_node
+    if ranks is None:
+        ranks = layout.data if dim == "data" else getattr(layout, dim)
+    return ranks > 1 and ranks * group_stride(layout, dim) > devices_per_node
 
 
 @dataclass(frozen=True)

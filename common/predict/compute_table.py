@@ -1,6 +1,5 @@
 """A device's compute table (hardware/compute/<name>.toml) written from bench.compute_table's measurement (JSON,
-kept as the record beside it): launch floor, copy bandwidth, matmul TFLOP/s over a grid and at the published
-points' exact shapes, SDPA attention over sequence lengths (the FlashAttention-3 paper's setting)."""
+kept as the record beside it); SDPA attention is measured in the FlashAttention-3 paper's setting."""
 from __future__ import annotations
 
 import json
@@ -41,7 +40,6 @@ def toml_text(measured: dict, name: str, record: str) -> str:
             f"{measured['date']}: {record}"
     launch = measured["launch_us"]
     floor, how = (launch["graph"], "from a CUDA graph") if launch.get("graph") else (launch["eager"], "from Python")
-    copy_what = "a {} MiB device-to-device copy, bytes read and written"
     attention_what = f"SDPA causal, {ATTENTION_TOKENS} tokens, {ATTENTION_HEADS} heads of {ATTENTION_HEAD_DIM}"
     lines = [f"# How fast {measured['device']} computes, measured by parbench (python -m bench.compute_table);",
              "# bench.predict's first-principles compute (common/predict/gpu_compute.py) reads it.",
@@ -52,9 +50,8 @@ def toml_text(measured: dict, name: str, record: str) -> str:
              f"eager_launch_us = {launch['eager']:.3g}   # the same adds issued one by one from Python", ""]
     if measured.get("copy_GBps"):
         largest = max(measured["copy_GBps"], key=int)
-        lines += ["[memory]", f"GBps = {measured['copy_GBps'][largest]:.4g}",
-                  f"source = {_q(where + ': ' + copy_what.format(int(largest) >> 20))}",
-                  ""]
+        copy = f"{where}: a {int(largest) >> 20} MiB device-to-device copy, bytes read and written"
+        lines += ["[memory]", f"GBps = {measured['copy_GBps'][largest]:.4g}", f"source = {_q(copy)}", ""]
     for precision, table in measured["matmul"].items():
         lines += [f"[matmul.{precision}]",
                   f"source = {_q(where + ': C[m, n] = A[m, k] B[k, n], row-major operands, median of 5 batches')}",

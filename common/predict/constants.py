@@ -1,10 +1,5 @@
-"""Every constant the GPU-cluster model uses, in one table (value, unit, source): bench.predict --constants.
-
-Gathered from where each is defined once: the hardware descriptions (links, memory, the compute table a part
-uses and its scale), the compute tables (matmul rates over shapes, attention kernels, the launch floor), the
-software stacks (bytes of memory-bound work, optimizer, FSDP copies), and the step's own constants. None is
-fitted to the published results (published/*.toml); where a figure is an assumption its source says so.
-"""
+"""Every constant the GPU-cluster model uses, in one table (value, unit, source): bench.predict --constants, each
+read from where it is defined once. None is fitted to the published results; an assumption's source says so."""
 from __future__ import annotations
 
 from dataclasses import dataclass

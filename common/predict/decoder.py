@@ -1,7 +1,5 @@
 """A decoder-only transformer (GPT-3, Megatron's GPT, Llama 3) described in a TOML file (models/README.md), and the
-one set of formulas bench.predict uses for every size: parameters, the GEMMs of a layer at their shapes, FLOPs
-(common.spec counts them) and the activations a layer keeps for its backward, component by component after
-Korthikanti et al. 2022 (tests/test_predict_decoders.py holds their closed forms). docs/prediction-at-scale.md."""
+one set of formulas bench.predict uses for every size (docs/prediction-at-scale.md, "The models")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -45,8 +43,6 @@ class DecoderSpec:
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
 
-    # -- parameters ------------------------------------------------------------------------------------
-
     def linears(self) -> list[Linear]:
         """A layer's linear layers in forward order (torchtitan's and Megatron's modules, unfused)."""
         h, f = self.hidden, self.ffn
@@ -75,12 +71,9 @@ class DecoderSpec:
     def param_count(self) -> int:
         return self.embedding_params() + self.layers * self.layer_params() + self.head_params()
 
-    # -- work -------------------------------------------------------------------------------------------
-
     def layer_gemms(self, tokens: int, tp: int = 1, fused: bool = False) -> list[Gemm]:
-        """A layer's forward GEMMs on one tensor-parallel rank for `tokens` tokens. `fused`: Q, K and V as one
-        GEMM and a SwiGLU's gate and up as one (Megatron's linear_qkv and linear_fc1); else one per module
-        (torchtitan's wq, wk, wv, w1, w3)."""
+        """A layer's forward GEMMs on one tensor-parallel rank for `tokens` tokens; `fused`: Q, K and V as one GEMM
+        and a SwiGLU's gate and up as one (Megatron's linear_qkv, linear_fc1), else torchtitan's one per module."""
         lins = self.linears()
         if fused:
             by = {lin.name: lin for lin in lins}
@@ -91,14 +84,12 @@ class DecoderSpec:
 
     @staticmethod
     def backward_gemms(forward: Gemm) -> list[Gemm]:
-        """The input gradient dX[m, k] = dY[m, n] W^T and the weight gradient dW[k, n] = X^T dY (a reduction over
-        the tokens)."""
+        """The input gradient dX[m, k] = dY[m, n] W^T and the weight gradient dW[k, n] = X^T dY (over the tokens)."""
         return [Gemm(forward.name + ".dgrad", forward.m, forward.k, forward.n),
                 Gemm(forward.name + ".wgrad", forward.k, forward.n, forward.m)]
 
     def head_gemm(self, tokens: int, tp: int = 1) -> Gemm:
-        """The output layer's logits, its vocabulary split over tensor parallel (Megatron, torchtitan's loss
-        parallel)."""
+        """The output layer's logits, the vocabulary split over tp (Megatron, torchtitan's loss parallel)."""
         return Gemm("output", tokens, self.vocab // tp, self.hidden)
 
     def gemms(self, samples: int) -> list[Gemm]:
@@ -108,8 +99,6 @@ class DecoderSpec:
 
     def attention_flops(self, samples: int, causal: bool = True) -> float:
         return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.q_width, causal)
-
-    # -- activations ------------------------------------------------------------------------------------
 
     def stored_activation_bytes(self, tokens: int, tp: int = 1, sequence_parallel: bool = False,
                                 flash: bool = True, dropout: bool = False, seq_len: int | None = None,
@@ -145,18 +134,12 @@ def load(name_or_file: str) -> DecoderSpec:
         raise ValueError(f"--model {name_or_file}: no such file or bundled model (bundled: {', '.join(available())})")
     try:
         raw = tomllib.loads(path.read_text())
-        known = {f.name for f in fields(DecoderSpec)} - {"path"}
-        unknown = sorted(set(raw) - known)
+        unknown = sorted(set(raw) - {f.name for f in fields(DecoderSpec) if f.name != "path"})
         if unknown:
             raise KeyError(f"unknown keys {unknown}")
         spec = DecoderSpec(**raw, path=str(path))
     except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
         raise ValueError(f"--model {path}: {type(exc).__name__}: {exc} (format: {MODELS_DIR}/README.md)") from None
-    _check(spec, path)
-    return spec
-
-
-def _check(spec: DecoderSpec, path: Path) -> None:
     problems = []
     if spec.ffn_kind not in FFN_KINDS:
         problems.append(f"ffn_kind {spec.ffn_kind!r} is not one of {', '.join(FFN_KINDS)}")
@@ -166,3 +149,4 @@ def _check(spec: DecoderSpec, path: Path) -> None:
         problems.append(f"position {spec.position!r} (learned|rope) or norm {spec.norm!r} (layernorm|rmsnorm)")
     if problems:
         raise ValueError(f"--model {path}: {'; '.join(problems)}")
+    return spec

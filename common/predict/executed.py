@@ -1,17 +1,14 @@
-"""The executed workloads (the BERT MLM, the CNN) in stages as parbench's backends run them, timed from a measured
-1-device run or an assumed MFU (basis.py); common.predict.step puts the stages together. Their collectives are
-torch_3d's (held against its counted comm_per_step by --validate), keras_jax's as XLA compiled them. Compute,
-communication, overlap, contention and the co-run slowdown: docs/prediction.md, "The model"."""
+"""The executed workloads (the BERT MLM, the CNN) in stages as parbench's backends run them, timed from a basis
+(basis.py): torch_3d's collectives, or keras_jax's as XLA compiled them. docs/prediction.md, "The model"."""
 from __future__ import annotations
 
 from common.layout import Layout
 from common.predict.basis import Basis
 from common.predict.collectives import Collective, cost_s, crosses_nodes, group_stride
-from common.predict.hardware import Hardware, Link
+from common.predict.hardware import Hardware
 from common.predict.memory import (
     FLOAT,
     counted_per_rank,
-    executed_memory,
     layer_elements,
     stage_params,
     state_bytes,
@@ -40,22 +37,18 @@ def check_modelled(layout: Layout) -> None:
                              "counts what torch_3d executes); the decoders' model does (bench.predict --model)")
 
 
-def _link(hardware: Hardware, layout: Layout, dim: str) -> Link:
-    return hardware.link(crosses_nodes(layout, dim, hardware.devices_per_node))
-
-
 def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, stage: int, backend: str,
                 activation_value_bytes: int = FLOAT) -> list[Collective]:
     """What one rank of `stage` issues per step. Activations travel at the run's precision
     (`activation_value_bytes`: bf16 under autocast), gradients and parameters as float32 (torch's amp keeps
     both in float32)."""
-    micro = global_batch // (layout.data * layout.micro_batches)
+    m = layout.micro_batches
+    micro = global_batch // (layout.data * m)
     out: list[Collective] = []
     params = stage_params(spec, layout, stage)
+    layers = stage_layer_counts(layout, spec.layers)[stage] if isinstance(spec, BertSpec) else 0
     if isinstance(spec, BertSpec):
-        layers = stage_layer_counts(layout, spec.layers)[stage]
         activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
-        m = layout.micro_batches
         if layout.tp > 1:
             calls = m * layers * (TP_FORWARD_ALL_REDUCES + TP_BACKWARD_ALL_REDUCES)
             if layout.vocab_split and stage == 0:
@@ -75,15 +68,13 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
     if layout.sharded:
         # FSDP units: each encoder layer, and the root (the rest of the stage); every micro-batch gathers each
         # layer twice (forward, backward) and the root, which stays gathered, once; gradients scatter once.
-        units = stage_layer_counts(layout, spec.layers)[stage] if isinstance(spec, BertSpec) else 0
-        per_layer = layer_elements(spec, layout) if units else 0
-        root = params - units * per_layer
-        m = layout.micro_batches
-        gathers = m * (2 * units + 1)
-        out.append(Collective("all_gather", "data", FLOAT * m * (2 * units * per_layer + root) / gathers, gathers,
+        per_layer = layer_elements(spec, layout) if layers else 0
+        root = params - layers * per_layer
+        gathers = m * (2 * layers + 1)
+        out.append(Collective("all_gather", "data", FLOAT * m * (2 * layers * per_layer + root) / gathers, gathers,
                               layout.data, True, "FSDP parameter all-gathers"))
-        out.append(Collective("reduce_scatter", "data", FLOAT * params / (units + 1), units + 1, layout.data, True,
-                              "FSDP gradient reduce-scatters"))
+        out.append(Collective("reduce_scatter", "data", FLOAT * params / (layers + 1), layers + 1, layout.data,
+                              True, "FSDP gradient reduce-scatters"))
     elif layout.data > 1:
         nbytes = FLOAT * params
         calls = max(1, -(-int(nbytes) // DDP_BUCKET_BYTES)) if backend == "torch_ddp" else 1
@@ -103,13 +94,12 @@ def _exposed(c: Collective, seconds: float, fb_s: float, backend: str, hardware:
 
 def _comm_s(c: Collective, hardware: Hardware, layout: Layout) -> float:
     if c.dim == "all":
-        return c.calls * cost_s(c.kind, c.nbytes, c.ranks, hardware.link(layout.devices > hardware.devices_per_node))
-    if c.dim == "tie":
-        stride = group_stride(layout, "pp") * (layout.pp - 1)
-        link = hardware.link(stride >= hardware.devices_per_node)
+        crosses = layout.devices > hardware.devices_per_node
+    elif c.dim == "tie":  # between the first stage's rank and the last's
+        crosses = group_stride(layout, "pp") * (layout.pp - 1) >= hardware.devices_per_node
     else:
-        link = _link(hardware, layout, c.dim)
-    return c.calls * cost_s(c.kind, c.nbytes, c.ranks, link)
+        crosses = crosses_nodes(layout, c.dim, hardware.devices_per_node)
+    return c.calls * cost_s(c.kind, c.nbytes, c.ranks, hardware.link(crosses))
 
 
 def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, hardware: Hardware, basis: Basis,
@@ -165,8 +155,12 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
         optimizer = contention * basis.s_per_param * updated
         out.add(compute=computed, inside=inside, recompute=computed - plain, after_comm=after, optimizer=optimizer,
                 collectives=comms)
-    out.memory = executed_memory(spec, layout, global_batch, basis.precision, eval_batch, backend,
-                                 basis.memory_overhead, basis.training_overhead)
+    states, model, growth = counted_per_rank(spec, layout, micro, basis.precision, eval_batch, backend)
+    overhead, training = basis.memory_overhead, basis.training_overhead  # the framework's, measured
+    out.memory = {"state_per_rank": states, "model_per_rank": model, "training_model_per_rank": growth,
+                  "memory_per_rank": [m + overhead for m in model] if overhead is not None else None,
+                  "training_per_rank": [g + training for g in growth] if training is not None else None,
+                  "memory_overhead": overhead, "training_overhead": training}
     if contention != 1:
         out.notes.append(f"contention: {layout.devices} ranks x {basis.threads_per_device} threads"
                          + (f" + {background:.1f} other runnable" if background else "")

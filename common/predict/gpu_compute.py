@@ -1,12 +1,11 @@
 """How long a GPU takes for one kernel, from the device's measured compute table (hardware/compute/<name>.toml,
-bench.compute_table): a GEMM at its shape (an exact shape as measured, else trilinear in log2 of each dimension,
-the edge's rate beyond), flash attention at its kernel's rate for the sequence, memory-bound work at the measured
-copy bandwidth of the part (another part's datasheet figure), no kernel under the launch floor."""
+bench.compute_table); docs/prediction-at-scale.md, "Compute from first principles"."""
 from __future__ import annotations
 
 import bisect
 import math
 from dataclasses import dataclass, field
+from itertools import product
 from pathlib import Path
 
 from common.predict.hardware import GB, Hardware, tomllib
@@ -26,20 +25,16 @@ class MatmulTable:
     _known: dict[tuple[float, float, float], float] = field(default_factory=dict, compare=False, repr=False)
 
     def rate(self, m: float, n: float, k: float) -> float:
-        """TFLOP/s at a shape: as measured where the table holds the shape itself; else trilinear in log2 of each
-        dimension between grid points, the edge's rate beyond."""
+        """TFLOP/s at a shape: as measured where the table holds the shape itself, else trilinear (_bracket)."""
         if (m, n, k) in self.exact:
             return self.exact[(m, n, k)]
-        if (m, n, k) in self._known:
-            return self._known[(m, n, k)]
-        corners = [_bracket(axis, value) for axis, value in zip(self.grid, (m, n, k))]
-        total = 0.0
-        for mi, wm in corners[0]:
-            for nj, wn in corners[1]:
-                for kv, wk in corners[2]:
-                    total += wm * wn * wk * self.tflops[(mi, nj, kv)]
-        self._known[(m, n, k)] = total
-        return total
+        if (m, n, k) not in self._known:
+            corners = [_bracket(axis, value) for axis, value in zip(self.grid, (m, n, k))]
+            total = 0.0
+            for (mi, wm), (nj, wn), (kv, wk) in product(*corners):
+                total += wm * wn * wk * self.tflops[(mi, nj, kv)]
+            self._known[(m, n, k)] = total
+        return self._known[(m, n, k)]
 
 
 def _bracket(axis: tuple[int, ...], value: float) -> list[tuple[int, float]]:
@@ -63,10 +58,8 @@ class AttentionRates:
     source: str
 
     def rate(self, seq: float, backward: bool) -> float:
-        points = self.backward if backward else self.forward_causal
-        axis = tuple(s for s, _ in points)
-        values = dict(points)
-        return sum(w * values[s] for s, w in _bracket(axis, seq))
+        rates = dict(self.backward if backward else self.forward_causal)
+        return sum(w * rates[s] for s, w in _bracket(tuple(rates), seq))
 
 
 @dataclass(frozen=True)
@@ -80,7 +73,6 @@ class DeviceCompute:
     scale: float
     path: str
     launch_floor_source: str = ""
-    scale_source: str = ""
     memory_source: str = ""
 
     def gemm_s(self, gemm: Gemm, precision: str = "bf16") -> float:
@@ -92,8 +84,7 @@ class DeviceCompute:
         return max(gemm.flops / rate, self.launch_floor_s)
 
     def attention_s(self, kernel: str, flops: float, seq: float, backward: bool) -> float:
-        """Flash attention of `flops` (the FA papers' convention: causal forward 2 s^2 d per head; the backward
-        2.5 x that) at the kernel's rate for the sequence length."""
+        """Flash attention of `flops` (the FA papers' convention) at the kernel's rate for the sequence length."""
         if kernel not in self.attention:
             raise ValueError(f"{self.name}: no attention kernel {kernel!r} (has {', '.join(self.attention)})")
         rate = self.attention[kernel].rate(seq, backward) * TERA * self.scale
@@ -140,5 +131,4 @@ def table_from(raw: dict, hardware: Hardware, path: str) -> DeviceCompute:
     return DeviceCompute(name=raw.get("name", hardware.compute), matmul=matmul, attention=attention,
                          launch_floor_s=float(raw["launch_floor_us"]) * 1e-6, memory_Bps=memory_GBps * GB,
                          scale=hardware.compute_scale, path=path,
-                         launch_floor_source=raw.get("launch_floor_source", ""),
-                         scale_source=hardware.compute_scale_source, memory_source=memory_source)
+                         launch_floor_source=raw.get("launch_floor_source", ""), memory_source=memory_source)

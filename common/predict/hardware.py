@@ -1,6 +1,5 @@
-"""A machine as the model sees it, read from a TOML file (format: hardware/README.md): the device, its memory and
-bandwidth, devices per node, one [[link]] per level a collective can cross (bus bandwidth and latency per
-message), and the compute table its kernels are timed by; every figure names its source."""
+"""A machine as the model sees it (device, memory, links, compute table), read from a TOML file (format:
+hardware/README.md); every figure names its source."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,8 +1,5 @@
-"""A decoder's pipeline stages timed kernel by kernel on a GPU (common.predict.step puts them together): each GEMM
-at its shape (gpu_compute.py), flash attention at its kernel's rate, the memory-bound work at the device's
-bandwidth, the collectives' alpha-beta costs (collectives.py), the software's choices from its stack description
-(stacks.py). Every formula, per layout option, is docs/prediction-at-scale.md's ("The layouts", "Compute from
-first principles")."""
+"""A decoder's pipeline stages timed kernel by kernel on a GPU (common.predict.step puts them together); every
+formula, per layout option, is docs/prediction-at-scale.md's ("The layouts", "Compute from first principles")."""
 from __future__ import annotations
 
 from common.errors import BadInput
@@ -23,8 +20,7 @@ MEGATRON_BUCKET_PARAMS = 40e6   # megatron/core/distributed: bucket_size = max(4
 
 
 class Timer:
-    """Kernel times of one rank: a device's measured rates (DeviceCompute) or, from an assumed MFU (basis.from_mfu),
-    every FLOP at its rate, the memory-bound work absorbed in it and the optimizer at its rate per element."""
+    """Kernel times of one rank: a device's measured rates (DeviceCompute) or an assumed MFU (basis.from_mfu)."""
 
     def __init__(self, compute: DeviceCompute | Basis, precision: str = "bf16"):
         self.precision = precision
@@ -50,9 +46,7 @@ class Timer:
 
 
 def device_compute(hardware: Hardware, mfu: float | None = None) -> DeviceCompute | Basis:
-    """What a decoder's kernels are timed by on `hardware`: its compute table, or with `mfu` the one assumed-MFU
-    rule every prediction uses (basis.from_mfu: of the measured or filed achievable bf16 peak, else the
-    datasheet's)."""
+    """What a decoder's kernels are timed by on `hardware`: its compute table, or with `mfu` basis.from_mfu's rule."""
     return from_mfu(mfu, hardware, "bf16") if mfu is not None else compute_for(hardware)
 
 
@@ -65,13 +59,14 @@ def compute_label(compute: DeviceCompute | Basis) -> str:
 
 def _cost(hardware: Hardware, layout: Layout, dim: str, ranks: int, kind: str, nbytes: float) -> float:
     """One collective over `ranks` along `dim` (common.layout's rank order), on the link its group crosses."""
+    if ranks < 2:
+        return 0.0      # a group of one rank sends nothing, over no link
     return cost_s(kind, nbytes, ranks, hardware.link(crosses_nodes(layout, dim, hardware.devices_per_node, ranks)))
 
 
 def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardware: Hardware,
            tokens: int) -> dict[str, float]:
-    """One layer, one micro-batch, one rank: forward and backward times, exposed communication, and the GEMM time
-    tensor-parallel overlap can hide behind."""
+    """One layer, one micro-batch, one rank: its forward and backward times and their parts."""
     tp, sp = layout.tp, layout.sp
     gemms = spec.layer_gemms(tokens, tp, stack.fused_projections)
     split = dict(stack.tp_overlap_split) if layout.tp_overlap and tp > 1 else {}
@@ -104,17 +99,12 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardwa
     bwd = gemm_bwd + attn_bwd + ew_bwd + recompute
     # Tensor parallel: 2 all-reduces a direction, or with sp 2 all-gathers + 2 reduce-scatters (the same bytes).
     act = BF16 * tokens * spec.hidden
-    if tp > 1:
-        one = (_cost(hardware, layout, "tp", tp, "all_gather", act) + _cost(hardware, layout, "tp", tp,
-               "reduce_scatter", act)) if sp else _cost(hardware, layout, "tp", tp, "all_reduce", act)
-        tp_fwd = 2 * one
-        tp_bwd = 2 * one + (tp_fwd if layout.recompute == "full" else 0.0)
-    else:
-        tp_fwd = tp_bwd = 0.0
+    kinds = ("all_gather", "reduce_scatter") if sp else ("all_reduce",)
+    tp_fwd = 2 * sum(_cost(hardware, layout, "tp", tp, kind, act) for kind in kinds)
+    tp_bwd = tp_fwd + (tp_fwd if layout.recompute == "full" else 0.0)
+    tp_exposed = tp_fwd + tp_bwd
     if layout.tp_overlap:
         tp_exposed = max(0.0, tp_fwd - sum(gemm_fwd)) + max(0.0, tp_bwd - gemm_bwd)
-    else:
-        tp_exposed = tp_fwd + tp_bwd
     cp_exposed = 0.0
     if layout.cp > 1:
         kv = BF16 * tokens * 2 * spec.kv_width / min(tp, spec.kv_heads)
@@ -136,8 +126,7 @@ def head(spec: DecoderSpec, tp: int, stack: Stack, timer: Timer, tokens: int) ->
 
 def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware: Hardware, micro_batch: int,
               precision: str = "bf16", recompute: str = "none") -> dict[str, float]:
-    """The model's forward and backward of one layer on one device (no parallelism), its GEMMs at `precision`'s
-    rates, with the parts it adds up: what bench.layer_check holds against a measured layer."""
+    """One layer's forward and backward on one device (no parallelism): what bench.layer_check measures beside it."""
     return _layer(spec, Layout(recompute=recompute), stack, Timer(compute, precision), hardware,
                   micro_batch * spec.seq_len)
 
@@ -152,8 +141,7 @@ def _stage_layers(spec: DecoderSpec, layout: Layout) -> list[int]:
 
 def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardware: Hardware, stack: Stack | None,
                    compute: DeviceCompute | Basis) -> Stages:
-    """One rank of each stage of `layout` at `global_batch` sequences. `compute`: the device's measured rates, or
-    an assumed MFU (basis.from_mfu)."""
+    """One rank of each stage of `layout` at `global_batch` sequences, timed by `compute` (device_compute)."""
     try:
         layout.validate(spec, global_batch)
     except BadInput as exc:
@@ -210,27 +198,25 @@ def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer:
                    params: float, layer_params: float, layers: int, m: int, window_fwd: float,
                    window_bwd: float) -> tuple[float, float, float, list[Collective]]:
     """(exposed seconds, total communication seconds, FSDP copy seconds, collectives) of the data dimension."""
-    colls: list[Collective] = []
     if layout.data == 1:
-        return 0.0, 0.0, 0.0, colls
+        return 0.0, 0.0, 0.0, []
     if layout.sharded:
         s = layout.fsdp
         gather = _cost(hardware, layout, "fsdp", s, "all_gather", BF16 * layer_params)
         scatter = _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * layer_params)
         root = params - layers * layer_params
         root_comm = _cost(hardware, layout, "fsdp", s, "all_gather", BF16 * root) \
-            + _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * root)
-        replicas = _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * layer_params / s) \
-            if layout.dp > 1 else 0.0
-        root_comm += _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * root / s) if layout.dp > 1 else 0
+            + _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * root) \
+            + _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * root / s)
+        replicas = _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * layer_params / s)
         again = 1 if _regathered(layout, stack) else 0   # a layer gathered again for its backward
         fwd_comm, bwd_comm = layers * gather, layers * (again * gather + scatter + replicas)
         exposed = m * (gather + max(0.0, fwd_comm - window_fwd) + max(0.0, bwd_comm - window_bwd)) + root_comm
         copies = timer.memory(m * layers * layer_params * ((1 + again) * stack.fsdp_gather_copy_bytes
                                                            + stack.fsdp_scatter_copy_bytes), (2 + again) * layers)
-        colls += [Collective("all_gather", "fsdp", BF16 * layer_params, (1 + again) * m * layers, s, True,
-                             "FSDP gathers"),
-                  Collective("reduce_scatter", "fsdp", FP32 * layer_params, m * layers, s, True, "FSDP scatters")]
+        colls = [Collective("all_gather", "fsdp", BF16 * layer_params, (1 + again) * m * layers, s, True,
+                            "FSDP gathers"),
+                 Collective("reduce_scatter", "fsdp", FP32 * layer_params, m * layers, s, True, "FSDP scatters")]
         return exposed, m * (fwd_comm + bwd_comm) + root_comm, copies, colls
     ranks = layout.dp
     bucket = min(1.0, max(MEGATRON_BUCKET_PARAMS, 1e6 * ranks) / params)
@@ -238,9 +224,9 @@ def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer:
         scatter = _cost(hardware, layout, "data", ranks, "reduce_scatter", FP32 * params)
         gather = _cost(hardware, layout, "data", ranks, "all_gather", BF16 * params)
         exposed = max(scatter - window_bwd, bucket * scatter) + max(gather - window_fwd, bucket * gather)
-        colls += [Collective("reduce_scatter", "data", FP32 * params, 1, ranks, True, "gradient reduce-scatter"),
-                  Collective("all_gather", "data", BF16 * params, 1, ranks, True, "weight all-gather")]
+        colls = [Collective("reduce_scatter", "data", FP32 * params, 1, ranks, True, "gradient reduce-scatter"),
+                 Collective("all_gather", "data", BF16 * params, 1, ranks, True, "weight all-gather")]
         return exposed, scatter + gather, 0.0, colls
     reduce = _cost(hardware, layout, "data", ranks, "all_reduce", FP32 * params)
-    colls.append(Collective("all_reduce", "data", FP32 * params, 1, ranks, True, "gradient all-reduce"))
-    return max(reduce - window_bwd, bucket * reduce), reduce, 0.0, colls
+    return max(reduce - window_bwd, bucket * reduce), reduce, 0.0, [
+        Collective("all_reduce", "data", FP32 * params, 1, ranks, True, "gradient all-reduce")]

@@ -1,8 +1,5 @@
-"""Memory per rank, one module for every workload. The executed workloads (BERT MLM, CNN): state exactly as
-torch_3d counts its shards (common.initial_weights.layout names the tensors), activations from the model's
-stored_activation_bytes, the step's buffers and the evaluation's logits. The decoders on GPUs: Megatron's and
-torchtitan's bf16 mixed-precision state and Korthikanti et al.'s activations, an estimate for "fits or not"
-checked against no measurement. docs/prediction.md ("Memory per rank") and docs/prediction-at-scale.md."""
+"""Memory per rank, one module for every workload: the executed workloads' as torch_3d counts its shards, the
+decoders' an estimate for "fits or not". docs/prediction.md ("Memory per rank") and docs/prediction-at-scale.md."""
 from __future__ import annotations
 
 import functools
@@ -22,14 +19,14 @@ FLOAT = 4          # bytes of a float32
 STEP_COUNTERS = {"torch": ("per tensor", 4), "keras": ("per device", 8)}
 HALF = 2           # activations under autocast (--precision amp/fp16) are bf16/fp16 (an assumption: norms
                    # and the loss stay float32)
+ADAM_MOMENTS = 2   # exp_avg, exp_avg_sq
+COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in")
+ROWWISE = ("attention.output", "ffn.out")
 
 
 def value_bytes(precision: str | None) -> int:
     """Bytes per activation value under a run's --precision."""
     return HALF if precision in ("amp", "fp16") else FLOAT
-ADAM_MOMENTS = 2   # exp_avg, exp_avg_sq
-COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in")
-ROWWISE = ("attention.output", "ffn.out")
 
 
 def _layer_of(name: str) -> int | None:
@@ -114,9 +111,8 @@ def stage_params(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> int:
 
 
 def in_flight(layout: Layout, stage: int, micro_batches: int | None = None) -> float:
-    """Micro-batches whose activations a stage holds at its peak (of `micro_batches`, else the layout's count):
-    1 without a pipeline, GPipe all m, 1F1B p - stage, interleaved 1F1B on stage 0 p x (1 + (p - 1) / (p v))
-    (Narayanan et al. 2021, section 2.2.2)."""
+    """Micro-batches whose activations a stage holds at its peak (of `micro_batches`, else the layout's count;
+    interleaved 1F1B's on stage 0: Narayanan et al. 2021, section 2.2.2)."""
     p, m = layout.pp, micro_batches or layout.micro_batches
     if p == 1:
         return 1
@@ -173,35 +169,19 @@ def layer_elements(spec: BertSpec, layout: Layout) -> int:
 
 def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, precision: str,
                      eval_batch: int | None, backend: str) -> tuple[list[StateBytes], list[float], list[float]]:
-    """Per rank, for micro-batches of `micro` samples: its state, what the model counts of its process peak (state
-    + the larger of training's and evaluation's live values) and of its training's growth over the start
-    (gradients, optimizer state and training's live values: the weights were there before); the framework's
-    overhead comes on top."""
+    """Per rank, for micro-batches of `micro` samples: its state, what the model counts of its process peak and of
+    its training's growth over the start (the weights were there before); the framework's overhead comes on top."""
     states, model, growth = [], [], []
     for rank in range(layout.devices):
         stage = layout.coordinates(rank)["pp"]
         state = state_bytes(spec, layout, rank, backend)
-        training_live = activation_bytes(spec, layout, stage, int(micro),
-                                         value_bytes(precision)) + \
+        training_live = activation_bytes(spec, layout, stage, int(micro), value_bytes(precision)) + \
             transient_bytes(spec, layout, stage)
         evaluation = evaluation_bytes(spec, layout, stage, eval_batch) if eval_batch else 0.0
         states.append(state)
         model.append(state.total + max(training_live, evaluation))
         growth.append(state.grads + state.optimizer + training_live)
     return states, model, growth
-
-
-def executed_memory(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, precision: str,
-                    eval_batch: int | None, backend: str,
-                    overhead: float | None, training_overhead: float | None) -> dict:
-    """Prediction's memory fields for a run: counted_per_rank's, and with the framework's measured overheads (a
-    basis's) the process peak and the training's growth per rank."""
-    micro = global_batch / (layout.data * layout.micro_batches)
-    states, model, growth = counted_per_rank(spec, layout, micro, precision, eval_batch, backend)
-    return {"state_per_rank": states, "model_per_rank": model, "training_model_per_rank": growth,
-            "memory_per_rank": [m + overhead for m in model] if overhead is not None else None,
-            "training_per_rank": [g + training_overhead for g in growth] if training_overhead is not None else None,
-            "memory_overhead": overhead, "training_overhead": training_overhead}
 
 
 # -- decoders (bf16 mixed precision on GPUs, Megatron's and torchtitan's state) -------------------------------
@@ -235,21 +215,14 @@ def decoder_activation_bytes(spec: DecoderSpec, layout: Layout, tokens: int, lay
     return per_stage * in_flight(layout, stage, micro_batches)
 
 
-def logits_bytes(spec: DecoderSpec, layout: Layout, tokens: int) -> float:
-    """The last stage's logits: bf16 out of the output layer, their float32 copy and its gradient (a split
-    vocabulary's share)."""
-    return tokens * spec.vocab / (layout.tp if layout.vocab_split else 1) * (HALF + 2 * FLOAT)
-
-
 def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
                        layers: int, micro_batches: int, last_stage: bool, selective: str = "attention",
                        stage: int = 0, gathered_layers: int = 2) -> float:
-    """A rank of `stage`: state + activations (+ FSDP's gathered layers: the one computing and the one prefetched,
-    or all a stage keeps gathered from forward to backward; + the logits on the last stage)."""
+    """A rank of `stage`: docs/prediction-at-scale.md's memory per rank (`gathered_layers`: FSDP's held at a time)."""
     total = decoder_state_bytes(stage_params, layout) + decoder_activation_bytes(
         spec, layout, tokens, layers, micro_batches, selective, stage)
     if layout.sharded:
         total += gathered_layers * layer_params * HALF
-    if last_stage:
-        total += logits_bytes(spec, layout, tokens)
+    if last_stage:  # the logits: bf16 out of the output layer, their float32 copy and its gradient
+        total += tokens * spec.vocab / (layout.tp if layout.vocab_split else 1) * (HALF + 2 * FLOAT)
     return total

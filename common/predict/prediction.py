@@ -65,10 +65,8 @@ class Prediction:
 
 @dataclass
 class Stages:
-    """One rank of each pipeline stage, as its work is timed: per micro-batch its forward+backward (recomputation
-    included) and the communication inside the micro-batch loop left exposed; once a step what runs after the
-    pipeline (exposed communication, memory copies, the optimizer); its collectives; what the model counts of its
-    memory. common.predict.step puts them together into one step."""
+    """One rank of each pipeline stage, as its work is timed: per micro-batch (compute, inside: the communication
+    in the micro-batch loop left exposed) and once a step after the pipeline (after_comm, after_other, optimizer)."""
     micro_batches: int
     compute: list[float] = field(default_factory=list)
     inside: list[float] = field(default_factory=list)

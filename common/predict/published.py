@@ -1,7 +1,5 @@
 """Published training results as checked data (published/*.toml, format in its README), and bench.predict's
-predictions of them: each point's figure as its publisher counts it (Megatron's FLOP formula for its TFLOP/s and
-MFU, so the model's own count never enters the comparison), the error, the ranking within a cluster, and each
-point again on every compute table measured of its part (the goals read the worst). docs/prediction-at-scale.md."""
+predictions of them, each figure counted as its publisher counts it (docs/prediction-at-scale.md)."""
 from __future__ import annotations
 
 import json
@@ -111,11 +109,8 @@ def gemm_shapes(points: list[Point] | None = None) -> list[tuple[int, int, int]]
             shapes.add((gemm.m, gemm.n, gemm.k))
             return super().gemm_s(gemm, precision)
 
-    def recording(hardware):
-        return Recording(**vars(compute_for(hardware)))
-
     for p in points if points is not None else all_points():
-        predict_point(p, recording)
+        predict_point(p, lambda hardware: Recording(**vars(compute_for(hardware))))
     return sorted(s for s in shapes if min(s) > 0)
 
 
@@ -144,10 +139,9 @@ def rankings(rows: list[dict]) -> list[dict]:
 
 
 def measured_tables(hardware: Hardware, reference: Path = REFERENCE_DIR) -> dict[str, DeviceCompute]:
-    """Every compute table measured of the part `hardware`'s table describes (bench.compute_table's JSON records
-    under `reference`/*/compute/ whose device is that part and which hold bf16 GEMMs), by record: the bundled
-    table with what the record measured in its place (the published rates it holds beside, e.g. the cuDNN
-    attention Megatron's stack takes, stay); {} where the checkout holds none."""
+    """Every compute table measured of the part `hardware`'s table describes (bench.compute_table's records under
+    `reference`/*/compute/ with bf16 GEMMs), by record: the bundled table with what the record measured in its
+    place (the published rates it holds beside, e.g. the cuDNN attention Megatron's stack takes, stay)."""
     bundled = compute_for(hardware)
     raw = tomllib.loads(Path(bundled.path).read_text())
     tables = {}
@@ -164,8 +158,7 @@ def measured_tables(hardware: Hardware, reference: Path = REFERENCE_DIR) -> dict
 
 def check(points: list[Point] | None = None, reference: Path = REFERENCE_DIR) -> dict:
     """Every published point predicted, from its hardware's bundled table and again from every table measured of
-    the same part: the JSON bench.predict --published writes. Each point's `worst_error` is the largest |error|
-    over them; the goals read `worst_median_abs_error` and `worst_max_abs_error`."""
+    the same part (`worst_error`: the largest |error| of them): the JSON bench.predict --published writes."""
     points = all_points() if points is None else points
     rows = [predict_point(p) for p in points]
     tables: dict[str, dict[str, DeviceCompute]] = {}

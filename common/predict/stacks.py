@@ -1,6 +1,5 @@
-"""The software that runs a decoder's step, as the GPU model sees it (attention kernel, fusions, bytes of the
-memory-bound work, what selective recomputation recomputes, the optimizer, FSDP's copies, tensor-parallel overlap,
-what it refuses), one entry per stack a published point ran, each figure read off that stack's code."""
+"""The software that runs a decoder's step as the GPU model sees it, one entry per stack a published point ran,
+each figure read off that stack's code."""
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -1,7 +1,5 @@
 """The one step model: a training step of a layout put together from its stages, whichever workload and whatever
-its compute rests on (a measured 1-device run, a device's compute table, an assumed MFU). The pipeline formula
-(GPipe, 1F1B, interleaved), the once-a-step tail and a CPU host's synchronisation wait are docs/prediction.md's
-"The model" and docs/prediction-at-scale.md's layouts table."""
+its compute rests on. docs/prediction.md's "The model" and docs/prediction-at-scale.md's layouts table."""
 from __future__ import annotations
 
 from common.layout import Layout
@@ -18,20 +16,16 @@ from common.spec import BertSpec, CnnSpec
 
 
 def sync_factor(layout: Layout) -> float:
-    """How many ranks' interruptions a rank of the layout waits for, in units of its own. Ranks that synchronise
-    many times a step (tensor parallel's all-reduces and FSDP's gathers, every layer) wait for each of their
-    group's interruptions in turn: the group size. Ranks that meet once a step (a data-parallel all-reduce)
-    wait for the longest of theirs: for exponentially distributed interruptions E[max of n] / E[one] = H_n, the
-    n-th harmonic number. Pipeline stages wait for each other through point-to-point sends with the bubble's
-    slack: not counted."""
+    """How many ranks' interruptions a rank of the layout waits for, in units of its own (docs/prediction.md,
+    "Synchronisation on a CPU host"). Pipeline stages wait for each other through point-to-point sends with the
+    bubble's slack: not counted."""
     harmonic = sum(1 / k for k in range(1, layout.data + 1))
     return layout.tp * (layout.data if layout.sharded else harmonic)
 
 
 def pipeline_s(per_micro_batch: list[float], micro_batches: int, virtual: int = 1) -> float:
-    """Forward+backward of m micro-batches through stages taking e_s each: GPipe and 1F1B (virtual 1)
-    sum_s e_s + (m - 1) max_s e_s; interleaved 1F1B, each stage's work v chunks whose warm-up and cool-down take
-    a chunk each per stage, sum_s e_s / v + (m - 1/v) max_s e_s."""
+    """Forward+backward of m micro-batches through stages taking e_s each, interleaved 1F1B over `virtual` chunks
+    (docs/prediction-at-scale.md's layouts table)."""
     return sum(per_micro_batch) / virtual + (micro_batches - 1 / virtual) * max(per_micro_batch)
 
 
@@ -59,8 +53,7 @@ def _step(stages: Stages, layout: Layout, global_batch: int) -> Prediction:
     pipe = pipeline_s(e, m, layout.virtual_stages if layout.schedule == "interleaved" else 1)
     busiest = max(range(layout.pp), key=lambda s: e[s])
     tails = [c + o + opt for c, o, opt in zip(stages.after_comm, stages.after_other, stages.optimizer)]
-    last = max(range(layout.pp), key=lambda s: tails[s])
-    alone = stages.overhead + pipe + tails[last]
+    alone = stages.overhead + pipe + max(tails)
     sync_wait = stages.interruption_share * alone * (sync_factor(layout) - 1)
     after = max(stages.after_comm)
     idle = [(pipe - m * e[s]) / (pipe + after) for s in range(layout.pp)] if layout.pp > 1 else None

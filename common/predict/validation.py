@@ -1,6 +1,5 @@
-"""Predicted against measured, run by run: every ok multi-device run of a results folder predicted from the
-folder's 1-device runs and link probes only, never from the run's own timings; a configuration run R times
-(bench.compare --repeats) also held as one, median against median. docs/prediction.md, "Validation"."""
+"""Predicted against measured: every ok multi-device run of a results folder predicted from the folder's 1-device
+runs and link probes only, never from its own timings. docs/prediction.md, "Validation"."""
 from __future__ import annotations
 
 import statistics
@@ -17,6 +16,7 @@ from common.predict.basis import (
     from_records,
     measured_memory,
     per_process,
+    record_layout,
     stage_split,
 )
 from common.predict.collectives import KINDS, Collective
@@ -45,14 +45,11 @@ def execution(record: dict) -> tuple[bool, str]:
     return bool((record.get("layout") or {}).get("recompute")), (record.get("config") or {}).get("compile") or ""
 
 
-def _step(record: dict) -> float:
-    return record["step_time_s"]["p50"]
-
-
 def median_repeat(candidates: list[dict]) -> dict:
     """Of runs latest first, the median by step time of those in the first one's sweep (its repeats); of two, the
     faster: a repeat slowed by the machine is the likelier outlier."""
-    repeats = sorted((r for r in candidates if sweep_of(r) == sweep_of(candidates[0])), key=_step)
+    repeats = sorted((r for r in candidates if sweep_of(r) == sweep_of(candidates[0])),
+                     key=lambda r: r["step_time_s"]["p50"])
     return repeats[(len(repeats) - 1) // 2]
 
 
@@ -63,8 +60,7 @@ def _one_device_alike(run: dict, records: list[dict]) -> list[dict]:
 
 
 def repeats_of(reference: dict, records: list[dict]) -> list[dict]:
-    """The ok repeats of a 1-device reference in its sweep (itself among them): the same key, batch, micro-batches
-    and execution."""
+    """The ok repeats of a 1-device reference in its sweep, itself among them."""
     return [r for r in _one_device_alike(reference, records) if sweep_of(r) == sweep_of(reference)
             and r["global_batch"] == reference["global_batch"] and accumulation(r) == accumulation(reference)
             and execution(r) == execution(reference)]
@@ -139,39 +135,40 @@ def relative(predicted: float | None, measured: float | None) -> float | None:
     return (predicted - measured) / measured
 
 
+def _memory(measured: list, devices: int, predicted: list[float] | None, model: list[float],
+            overhead: float | None) -> dict:
+    """Predicted memory per rank against measured, per process where one process drives several devices."""
+    if measured and predicted and len(measured) < devices:
+        predicted = per_process(model, len(measured), overhead)
+    errors = [e for p, m in zip(predicted or [], measured) if (e := relative(p, m)) is not None]
+    return {"predicted": predicted, "measured": measured, "error": max(errors, key=abs, default=None)}
+
+
 def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str) -> dict:
     measured_step = run["step_time_s"]["p50"]
     peaks = [v for v in measured_memory(run, "process_peak_per_rank") if v is not None]
     training = measured_memory(run, "training_per_rank") if (run.get("memory") or {}).get("training_per_rank") \
         else None
-    if peaks and prediction.memory_per_rank and len(peaks) < run["devices"]:  # one process, several devices
-        prediction = replace(prediction, memory_per_rank=per_process(prediction.model_per_rank, len(peaks),
-                                                                     prediction.memory_overhead))
-    if training and prediction.training_per_rank and len(training) < run["devices"]:
-        prediction = replace(prediction, training_per_rank=per_process(prediction.training_model_per_rank,
-                                                                       len(training), prediction.training_overhead))
     state = StateBytesPerRank.from_metrics(run.get("backend_metrics"))
     bubble = Bubble.from_metrics(run.get("backend_metrics"))
-    mem_err = [relative(p, m) for p, m in zip(prediction.memory_per_rank or [], peaks)]
-    train_err = [relative(p, m) for p, m in zip(prediction.training_per_rank or [], training or [])]
-    state_match = None
+    exact = None
     if state:
-        state_match = [asdict(p) == asdict(m) for p, m in zip(prediction.state_per_rank, state.ranks)] \
-            if len(state.ranks) == len(prediction.state_per_rank) else [False]
+        exact = len(state.ranks) == len(prediction.state_per_rank) and \
+            all(asdict(p) == asdict(m) for p, m in zip(prediction.state_per_rank, state.ranks))
     return {
-        "run_id": run["run_id"], "backend": run["backend"], "layout": _name(run), "devices": run["devices"],
+        "run_id": run["run_id"], "backend": run["backend"], "layout": _layout(run).name, "devices": run["devices"],
         "oversubscribed": bool(run.get("oversubscribed")), "global_batch": run["global_batch"],
         "references": [r["run_id"] for r in refs], "link": link_note,
         "step_s": {"predicted": prediction.step_s, "measured": measured_step,
                    "error": relative(prediction.step_s, measured_step)},
         "step_parts_s": prediction.parts_s,
-        "memory_per_rank": {"predicted": prediction.memory_per_rank, "measured": peaks,
-                            "error": _worst(mem_err), "what": "process peak (RSS on CPU)"},
-        "training_memory_per_rank": {"predicted": prediction.training_per_rank, "measured": training,
-                                     "error": _worst(train_err)} if training else None,
+        "memory_per_rank": {**_memory(peaks, run["devices"], prediction.memory_per_rank, prediction.model_per_rank,
+                                      prediction.memory_overhead), "what": "process peak (RSS on CPU)"},
+        "training_memory_per_rank": _memory(training, run["devices"], prediction.training_per_rank,
+                                            prediction.training_model_per_rank, prediction.training_overhead)
+        if training else None,
         "state_bytes_per_rank": {"predicted": [asdict(s) for s in prediction.state_per_rank],
-                                 "measured": [asdict(s) for s in state.ranks] if state else None,
-                                 "exact": all(state_match) if state_match is not None else None},
+                                 "measured": [asdict(s) for s in state.ranks] if state else None, "exact": exact},
         "idle_per_stage": {"predicted": prediction.idle_per_stage,
                            "measured": bubble.measured_per_stage if bubble else None,
                            "analytic": bubble.analytic if bubble else None} if prediction.idle_per_stage else None,
@@ -197,25 +194,19 @@ def _comm_check(run: dict, prediction: Prediction) -> dict | None:
                                                             if k in counted else None)} for k in kinds}
 
 
-def _worst(errors: list[float | None]) -> float | None:
-    known = [e for e in errors if e is not None]
-    return max(known, key=abs) if known else None
+def _layout(run: dict) -> Layout:
+    """The run's layout; a record without one ran plain data parallel."""
+    return record_layout(run) if run.get("layout") else Layout(dp=run["devices"])
 
 
-def _name(run: dict) -> str:
-    layout = Layout.from_record(run.get("layout") or {})
-    return layout.name if run.get("layout") else f"dp{run['devices']}"
-
-
-def _stats(values: list[float]) -> dict:
-    absolute = [abs(v) for v in values]
-    return {"runs": len(values), "median_abs_error": statistics.median(absolute) if absolute else None,
-            "max_abs_error": max(absolute) if absolute else None}
+def _errors(rows: list[dict], part: str, key: str = "error") -> dict:
+    absolute = [abs(e) for r in rows if (e := (r.get(part) or {}).get(key)) is not None]
+    return {"runs": len(absolute), "median_abs_error": statistics.median(absolute) if absolute else None,
+            "max_abs_error": max(absolute, default=None)}
 
 
 def configurations(rows: list[dict], records: list[dict]) -> list[dict]:
-    """The rows grouped by sweep, configuration key and device count (a configuration's repeats): the median of
-    their predictions against the median of their measured steps."""
+    """Each configuration's repeats (same sweep, configuration key and devices) as one: median against median."""
     by_id = {r["run_id"]: r for r in records}
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
@@ -225,20 +216,18 @@ def configurations(rows: list[dict], records: list[dict]) -> list[dict]:
     for (sweep, key, devices), alike in groups.items():
         predicted = statistics.median(r["step_s"]["predicted"] for r in alike)
         measured = [r["step_s"]["measured"] for r in alike]
+        median = statistics.median(measured)
         found.append({"sweep_id": sweep, "config_key": key, "backend": alike[0]["backend"],
                       "layout": alike[0]["layout"], "devices": devices,
                       "oversubscribed": any(r["oversubscribed"] for r in alike), "runs": [r["run_id"] for r in alike],
-                      "step_s": {"predicted": predicted, "measured": statistics.median(measured),
-                                 "error": relative(predicted, statistics.median(measured)),
+                      "step_s": {"predicted": predicted, "measured": median, "error": relative(predicted, median),
                                  "measured_range": [min(measured), max(measured)]}})
     return found
 
 
 def validate(records: list[dict], hardware: Hardware, account_load: bool = True) -> dict:
-    """validation.json's content: per run, per configuration (its repeats as one), then a summary (all runs,
-    those not oversubscribed, and the configurations alike).
-    `account_load`: CPU runs' contention includes the other programs' load each record measured; each run also
-    carries the prediction without it (step_s.error_ignoring_load)."""
+    """validation.json's content. `account_load`: CPU runs' contention includes the other programs' load each record
+    measured; each run also carries the prediction without it (step_s.error_ignoring_load)."""
     links = probed_links(records)
     runs, skipped = [], []
     for run in sorted(records, key=lambda r: (r["backend"], r["devices"], r.get("started_at") or "")):
@@ -250,10 +239,8 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
                                                              "host and threads per device"})
             continue
         spec = model_spec(run["workload"], _size(run))
-        layout = Layout.from_record(run.get("layout") or {}) if run.get("layout") else Layout(dp=run["devices"])
-        grad_accum = (run.get("config") or {}).get("grad_accum") or 1
         # Accumulated micro-batches run like a pipeline's, one after the other on every rank.
-        layout = replace(layout, micro_batches=layout.micro_batches * grad_accum)
+        layout = replace(_layout(run), micro_batches=accumulation(run))
         placed = stage_split(run)    # as the run placed its layers, whatever auto would pick today
         layout = replace(layout, stage_split=",".join(map(str, placed))) if placed else layout
         try:
@@ -268,30 +255,27 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
         except ValueError as exc:
             skipped.append({"run_id": run["run_id"], "why": str(exc)})
             continue
-        if counted is not None:
-            prediction.notes.append("collectives as XLA compiled them (the run's comm_per_step), not predicted")
         row = compare(run, prediction, refs, link_note)
-        if counted is not None:
-            row["comm_per_step"] = None  # taken from the record: nothing to hold against it
+        if counted is not None:  # taken from the record: nothing to hold against it
+            row["notes"].append("collectives as XLA compiled them (the run's comm_per_step), not predicted")
+            row["comm_per_step"] = None
         row["step_s"]["error_ignoring_load"] = relative(plain.step_s, row["step_s"]["measured"])
         row["load"] = {"background_run": background_load(run), "background_reference": basis.background,
                        "accounted": account_load}
         row["basis_guesses"] = list(basis.guesses)
         runs.append(row)
 
-    def errors(rows: list[dict], part: str, key: str = "error") -> dict:
-        return _stats([(r.get(part) or {}).get(key) for r in rows if (r.get(part) or {}).get(key) is not None])
-
     def summary(rows: list[dict]) -> dict:
-        return {"step_s": errors(rows, "step_s"), "step_s_ignoring_load": errors(rows, "step_s", "error_ignoring_load"),
-                "memory_per_rank": errors(rows, "memory_per_rank"),
-                "training_memory_per_rank": errors(rows, "training_memory_per_rank"),
+        return {"step_s": _errors(rows, "step_s"),
+                "step_s_ignoring_load": _errors(rows, "step_s", "error_ignoring_load"),
+                "memory_per_rank": _errors(rows, "memory_per_rank"),
+                "training_memory_per_rank": _errors(rows, "training_memory_per_rank"),
                 "resting_on_a_guess": sum(1 for r in rows if r["basis_guesses"]),
                 "state_bytes_exact": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"]),
                 "state_bytes_compared": sum(1 for r in rows if r["state_bytes_per_rank"]["exact"] is not None)}
 
     def of_configs(rows: list[dict]) -> dict:
-        return {"step_s": errors(rows, "step_s"), "most_repeats": max((len(r["runs"]) for r in rows), default=0)}
+        return {"step_s": _errors(rows, "step_s"), "most_repeats": max((len(r["runs"]) for r in rows), default=0)}
     quiet = [r for r in runs if not r["oversubscribed"]]
     configs = configurations(runs, records)
     return {"hardware": hardware.name,

@@ -1,6 +1,5 @@
-"""What each rank computes under a layout: the model's forward multiply-adds split by part (common.spec's counts),
-then shared out by tp, pp and the data ranks; under tensor parallelism the rest of a profiled 1-device run's
-compute divided as Megatron's plan divides it (ComputeShares). docs/prediction.md, "Compute"."""
+"""What each rank computes under a layout: the model's forward multiply-adds by part, shared out by tp, pp and the
+data ranks (under tp as Megatron's plan divides a profiled run's compute). docs/prediction.md, "Compute"."""
 from __future__ import annotations
 
 import dataclasses
@@ -61,10 +60,8 @@ def stage_macs(spec: BertSpec | CnnSpec, layout: Layout) -> list[float]:
         if layout.pp > 1 or layout.tp > 1:
             raise ValueError("the model predicts the CNN data parallel only (dp, fsdp)")
         return [whole.total]
-    counts = stage_layer_counts(layout, whole.layers)
-    vocab = whole.head_vocab / (layout.tp if layout.vocab_split else 1)
-    out = [n * whole.layer / layout.tp for n in counts]
-    out[-1] += whole.head_dense + vocab
+    out = [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers)]
+    out[-1] += whole.head_dense + whole.head_vocab / (layout.tp if layout.vocab_split else 1)
     return out
 
 
@@ -102,9 +99,8 @@ class ComputeShares:
 
 def rank_macs(spec: BertSpec | CnnSpec, layout: Layout, shares: ComputeShares | None,
               recomputed: bool = False) -> list[float]:
-    """What one rank of each stage computes, in multiply-adds per sample its time goes with: its matmuls'
-    (stage_macs, or recomputed_macs with `recomputed`), and, where `shares` measured the rest, the rest of its
-    stage's 1-device time divided as ComputeShares says (without shares: the rest divides as the matmuls do)."""
+    """What one rank of each stage computes, in multiply-adds per sample its time goes with: its matmuls', and the
+    rest of its stage's 1-device time divided as `shares` say (without them: as the matmuls divide)."""
     work = recomputed_macs if recomputed else stage_macs
     mine = work(spec, layout)
     if shares is None or layout.tp == 1:
