@@ -10,7 +10,7 @@ from common.errors import BadInput
 from common.layout import Layout
 from common.plan.check import fit_goal, fit_limits, goals
 from common.plan.fit import GIB, DoesNotFit, measured_overhead, predicted_check, refusal, stage_split_of, verdict
-from common.plan.rank import Ranked, decides, explain, memory_error, predicted, rank, ranking_error
+from common.plan.rank import Ranked, decides, document, explain, memory_error, predicted, rank, ranking_error
 from common.plan.space import (
     MAX_PLACEMENTS,
     Space,
@@ -503,3 +503,46 @@ def test_the_ranking_goal_holds_at_the_least_correlation_allowed():
     predicted, measured = [8, 9, 1, 1, 3, 4, 1, 4, 6], [8, 9, 1, 2, 1, 7, 6, 6, 6]
     plan = {"pick": "a", "rows": [_run(f"l{i}", p, 32 / m) for i, (p, m) in enumerate(zip(predicted, measured))]}
     assert goals(plan, [])["ranking"] == {"spearman": 0.8, "configurations": 9, "holds": True}
+
+
+def test_the_plan_document_by_hand():
+    """Five layouts of 2 devices, steps given: dp2 and tp2 alike (tp2 holds more), pp2 twice as slow, fsdp2-rc may not
+    fit, fsdp2 does not; four refusal reasons; the ranking error 50%, the memory error 20%."""
+    dp2 = _row(Layout(dp=2), 1 * GIB, compute=0.1)
+    tp2 = _row(Layout(tp=2), 2 * GIB, compute=0.1)
+    pp2 = _row(Layout(pp=2, micro_batches=2), 3 * GIB, compute=0.2)
+    maybe = _row(Layout(fsdp=2, recompute="full"), 7 * GIB, "may not fit", compute=0.16)
+    dropped = _row(Layout(fsdp=2), 9 * GIB, "does not fit", compute=0.05)
+    rows = rank([pp2, dropped, tp2, maybe, dp2], 0.5)
+    space = Space(valid=[r.layout for r in rows], refused={"x": 1, "y": 5, "z": 2, "w": 3})
+    doc = document("T", {"devices": 2}, rows, space, "B", 8 * GIB, "L", 0.5, 0.2,
+                   split_of=lambda layout: [1, 1] if layout.pp == 2 else None)
+    assert doc["summary"] == [
+        "space: 16 candidate layouts, 5 valid; 11 refused (5 x y; 3 x w; 2 x z; ...)",
+        "memory: L, 8.00 GiB per device, allowing the model's measured memory error 20%: 1 predicted not to fit "
+        "(dropped), 1 may not fit (kept, flagged)",
+        "pick: dp2, predicted 320.0 samples/s (100 ms a step), 1.00 GiB on its fullest rank",
+        "not separable from the pick within the ranking error 50.0%: tp2; measure them (bench.plan --run --repeats 3) "
+        "to choose"]
+    assert {k: doc[k] for k in ("title", "devices", "basis", "available_bytes", "memory_limit", "ranking_error",
+                                "memory_error", "pick", "not_separable")} == {
+        "title": "T", "devices": 2, "basis": "B", "available_bytes": 8 * GIB, "memory_limit": "L",
+        "ranking_error": 0.5, "memory_error": 0.2, "pick": "dp2", "not_separable": ["tp2"]}
+    assert doc["candidates"] == {"valid": 5, "fit": 4, "refused": 11, "reasons": space.refused}
+    by_name = {r["layout"]: r for r in doc["rows"]}
+    assert [r["layout"] for r in doc["rows"]] == ["dp2", "tp2", "pp2-nmb2", "fsdp2-rc", "fsdp2"]
+    assert by_name["pp2-nmb2"] == {
+        "rank": 3, "layout": "pp2-nmb2", "step_s": 0.2, "samples_per_s": 160.0, "memory_per_rank_max": 3 * GIB,
+        "memory_per_rank": [0.0], "fit": "fits", "parts_s": pp2.parts, "separable": True,
+        "decides": [["compute", pytest.approx(0.1)]], "explanation": explain(pp2, dp2, 0.5, tp2),
+        "auto_split": False, "layers_per_stage": [1, 1]}
+    assert "layers_per_stage" not in by_name["dp2"] and by_name["fsdp2"]["explanation"] == ""
+    # the top K ranked only; a decoder's rate per device; no memory error known: point predictions
+    decoder_row = replace(dp2, prediction=replace(dp2.prediction, seq_len=1024))
+    doc = document("T", {}, [decoder_row, tp2], Space(valid=[dp2.layout, tp2.layout]), "B", 8 * GIB, "L", None,
+                   None, top=1)
+    assert [r["layout"] for r in doc["rows"]] == ["dp2"]
+    assert doc["rows"][0]["tokens_per_s_per_device"] == 32 * 1024 / 0.1 / 2
+    assert doc["summary"][0] == "space: 2 candidate layouts, 2 valid; 0 refused"
+    assert doc["summary"][1].startswith("memory: L, 8.00 GiB per device (no measured memory error: point predictions)")
+    assert doc["summary"][2].startswith("pick: dp2, predicted 163,840 tokens/s per device (100 ms a step)")

@@ -3,6 +3,9 @@ decoders' step model from a device's compute table, held against the memory and 
 placed in that ranking or refused in one line; a published run's layout is ranked in the plan for its cluster."""
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pytest
 
 from bench import plan as plan_cli
@@ -134,3 +137,70 @@ def test_a_stack_refuses_in_one_line_what_its_code_does_not_run_and_the_plan_nev
     assert any("no ZeRO-1" in why for why in space.refused) and any("DDP" in why for why in space.refused)
     assert not any(r.layout.fsdp > 1 for r in decoders.plan(LLAMA, 8, 16, hw, megatron, compute,
                                                             hw.memory_bytes)[0])
+
+
+def test_the_published_ranking_table_by_hand():
+    result = {"points": [
+        {"point": "a 8B, 8 H100", "published_layout": "fsdp8-mbs2", "rank": 3, "fitting": 1234, "pick": "fsdp8-mbs1",
+         "pick_faster": 0.125, "fit": "fits", "published_memory_gib": 40.0},
+        {"point": "b | 70B", "published_layout": "fsdp8", "rank": 0, "fitting": 7, "pick": "tp8", "pick_faster": -0.5,
+         "fit": "does not fit", "published_memory_gib": 90.25}]}
+    assert plan_cli.published_markdown(result).splitlines() == [
+        "| published run | its layout | rank in the plan | of | the plan's pick | pick predicted faster by |",
+        "|---|---|---|---|---|---|",
+        "| a 8B, 8 H100 | `fsdp8-mbs2` | 3 | 1,234 | `fsdp8-mbs1` | +12.5% |",
+        "| b \\| 70B | `fsdp8` | - (does not fit: 90.2 GiB) | 7 | `tp8` | -50.0% |"]
+
+
+def test_the_published_ranking_is_printed_and_written(capsys, tmp_path, monkeypatch):
+    result = {"points": [{"point": "p", "published_layout": "dp8", "rank": 1, "fitting": 2, "pick": "dp8",
+                          "pick_faster": 0.0, "fit": "fits", "published_memory_gib": 1.0}]}
+    monkeypatch.setattr(decoders, "published_ranking", lambda: result)
+    out = tmp_path / "ranking.json"
+    assert plan_cli.main(["--published", "--json", str(out)]) == 0
+    assert plan_cli.published_markdown(result) in capsys.readouterr().out
+    assert json.loads(out.read_text()) == result
+
+
+def test_a_decoder_plan_is_written_with_the_models_error_against_published_runs(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    assert plan_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8", "--global-batch",
+                          "16", "--seq-len", "2048", "--stack", "torch-compile", "--top", "2", "--json",
+                          str(out)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    plan, checked = json.loads(out.read_text()), published.check()
+    assert plan["model_error"] == {k: checked[k] for k in ("predicted", "median_abs_error", "max_abs_error",
+                                                           "worst_median_abs_error", "worst_max_abs_error")}
+    assert plan["summary"][-1].endswith("(python -m bench.predict --published); the order it gives two layouts of "
+                                        "one cluster is checked against no measurement")
+    assert plan["summary"][-1] in printed and "tokens/s/device" in printed and "samples/s" not in printed
+    top = plan["rows"][0]
+    assert f"{top['tokens_per_s_per_device']:,.0f}" in printed and f"plan: {out}" in printed
+
+
+def test_a_decoder_plan_document_by_hand():
+    """At --seq-len 2048 and --memory-per-device 60, 8 H100 at batch 24: the title, the limit, the rows of the plan
+    made at that sequence, the reasons as the stack and the grammar give them, and the asked layout (micro-batches
+    of 3: outside the space) placed against the pick under the same limit."""
+    plan = decoders.decoder_plan("llama3-8b", 8, 24, "h100-sxm-8", "torch-compile", 2048, 60, None, 2, "fsdp8-mbs3-rc")
+    assert plan["title"] == "llama3-8b on 8 x h100-sxm-8 (torch-compile), global batch 24, sequence 2048"
+    assert (plan["seq_len"], plan["memory_limit"], plan["available_bytes"]) == (2048, "--memory-per-device 60 GiB",
+                                                                               60 * GIB)
+    hw = hardware_files.load("h100-sxm-8")
+    spec = decoder.load("llama3-8b")
+    rows, _ = decoders.plan(replace(spec, seq_len=2048), 8, 24, hw, stacks.load("torch-compile"), compute_for(hw),
+                            60 * GIB)
+    assert [(r["layout"], r["step_s"]) for r in plan["rows"]] == [(r.layout.name, r.step_s) for r in rows[:2]]
+    reasons = plan["candidates"]["reasons"]
+    assert "--micro-batches 3 is fewer than the 4 pipeline stages" in reasons
+    assert any(why.startswith("torch-compile does not run it: torchtitan 9dec370 has no ZeRO-1") for why in reasons)
+    asked, pick = plan["asked"], plan["rows"][0]
+    assert asked["fit"] == "fits" and asked["memory_per_rank_max"] <= 60 * GIB
+    assert asked["rank"] == 1 + sum(1 for r in rows if r.rank and r.step_s < asked["step_s"])
+    assert asked["explanation"].startswith(f"{asked['step_s'] / pick['step_s'] - 1:+.1%} against the pick")
+    # without a limit given, the device's memory, named
+    assert decoders.decoder_plan("llama3-8b", 8, 24, "h100-sxm-8", "torch-compile", 2048, None, None, 1)[
+        "memory_limit"] == "h100-sxm-8's memory"
+    tight = decoders.decoder_plan("llama3-8b", 8, 24, "h100-sxm-8", "torch-compile", 2048, 20, None, 1,
+                                  "fsdp8-mbs3-rc")["asked"]
+    assert (tight["fit"], tight["rank"]) == ("does not fit", 0)
