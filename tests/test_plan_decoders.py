@@ -111,6 +111,7 @@ def test_a_published_layout_is_ranked_in_the_plan_for_its_cluster():
     for row, point in zip(result["points"], points):
         assert row["published_layout"] == Layout.parse(point.layout, point.devices).name
         assert row["rank"] >= 1 and row["pick_faster"] >= 0 and row["fitting"] >= row["rank"]
+        assert row["fit"] == "fits" and Layout.parse(row["pick"], point.devices).name == row["pick"]
         assert (row["rank"] == 1) == (row["pick_faster"] == 0)
         assert row["published_memory_gib"] * GIB <= hardware_files.load(point.hardware).memory_bytes
     table = plan_cli.published_markdown(result)
@@ -186,6 +187,8 @@ def test_a_decoder_plan_document_by_hand():
     assert plan["title"] == "llama3-8b on 8 x h100-sxm-8 (torch-compile), global batch 24, sequence 2048"
     assert (plan["seq_len"], plan["memory_limit"], plan["available_bytes"]) == (2048, "--memory-per-device 60 GiB",
                                                                                60 * GIB)
+    assert {k: plan[k] for k in ("model", "devices", "hardware", "stack", "global_batch")} == {
+        "model": "llama3-8b", "devices": 8, "hardware": "h100-sxm-8", "stack": "torch-compile", "global_batch": 24}
     hw = hardware_files.load("h100-sxm-8")
     spec = decoder.load("llama3-8b")
     rows, _ = decoders.plan(replace(spec, seq_len=2048), 8, 24, hw, stacks.load("torch-compile"), compute_for(hw),
