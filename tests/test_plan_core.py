@@ -548,7 +548,7 @@ def test_the_plan_document_by_hand():
     assert doc["summary"][2].startswith("pick: dp2, predicted 163,840 tokens/s per device (100 ms a step)")
     # three reasons: all of them, no ellipsis; a step of 1.5 s in milliseconds
     slow = _row(Layout(dp=2), GIB, compute=1.5)
-    doc = document("T", {}, rank([slow], None), Space(valid=[slow.layout], refused={"a": 1, "b": 2, "c": 3}), "B", 8 * GIB, "L",
-                   None, None)
+    space = Space(valid=[slow.layout], refused={"a": 1, "b": 2, "c": 3})
+    doc = document("T", {}, rank([slow], None), space, "B", 8 * GIB, "L", None, None)
     assert doc["summary"][0] == "space: 7 candidate layouts, 1 valid; 6 refused (3 x c; 2 x b; 1 x a)"
     assert doc["summary"][2] == "pick: dp2, predicted 21.3 samples/s (1,500 ms a step), 1.00 GiB on its fullest rank"
