@@ -105,7 +105,9 @@ def sustained_gemm(device: torch.device, precision: str, m: int, n: int, k: int,
         t0 = time.perf_counter()
         elapsed = _batch_s(device, product, calls) * calls
         series.append([round(t0 - start, 3), 2.0 * m * n * k * calls / elapsed / 1e12])
-        calls = max(1, round(calls * interval_s / elapsed))  # the next sample as long, whatever the clocks do now
+        # The next sample as long, whatever the clocks do now; at most 8 times the calls, so that one sample timed
+        # short (a loaded host) cannot size the next one past the whole run (CI: two samples in 3 s, 0.0 and 0.003).
+        calls = max(1, min(8 * calls, round(calls * interval_s / elapsed)))
     return series
 
 
