@@ -26,7 +26,7 @@ from common.config import PRECISIONS
 from common.errors import BadInput, Unsupported
 from common.loop import EVAL_BATCH
 from common.plan import decoders
-from common.plan.fit import GIB, stage_split_of
+from common.plan.fit import GIB, memory_limit, stage_split_of
 from common.plan.rank import document, memory_error, predicted, rank, ranking_error
 from common.plan.space import enumerate_layouts
 from common.predict import decoder, stacks
@@ -139,7 +139,7 @@ def make_plan(args, validation: dict | None = None) -> dict:
             where += f"; errors from {how}"
         if validation:
             where += f" ({len(validation.get('runs', []))} runs validated)"
-    available = args.memory_per_device * GIB if args.memory_per_device else hardware.memory_bytes
+    available, limit = memory_limit(hardware, args.memory_per_device)
     space = enumerate_layouts(spec, args.devices, batch, args.micro_batches,
                               backend_refusal(args.backend, args.workload, args.model_size, args.devices, batch,
                                               args.precision, hardware))
@@ -151,8 +151,6 @@ def make_plan(args, validation: dict | None = None) -> dict:
                           backend=args.backend, eval_batch=None if args.skip_eval else EVAL_BATCH), step_error)
     for r in rows:
         r.auto_split = r.layout in space.auto
-    limit = (f"--memory-per-device {args.memory_per_device:g} GiB" if args.memory_per_device
-             else f"{hardware.name}'s memory")
     head = {"workload": args.workload, "model_size": args.model_size, "devices": args.devices,
             "backend": args.backend, "global_batch": batch, "hardware": hardware.name, "precision": args.precision,
             "skip_eval": bool(args.skip_eval)}

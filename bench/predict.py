@@ -311,15 +311,16 @@ def _row(spec, name: str, devices: int, global_batch: int | None, per_device: in
 def _print(console: Console, rows: list[dict], hardware, compute, rests_on: str, title: str,
            decoder_rows: bool) -> None:
     """One row per layout and device count, a layout the model cannot predict saying why."""
-    rate = "tokens/s/device" if decoder_rows else "efficiency"
-    body = [[r["layout"], str(r["devices"]), *[""] * 8, r["invalid"]] if "invalid" in r else
+    columns = ("layout", "N", "as", "batch", "step (ms)", "samples/s",
+               "tokens/s/device" if decoder_rows else "efficiency", "memory/rank (GiB)", "fits", "exposed comm",
+               "bubble")
+    body = [[r["layout"], str(r["devices"]), *[""] * (len(columns) - 3), r["invalid"]] if "invalid" in r else
             [r["layout"], str(r["devices"]), r["layout_full"], str(r["global_batch"]), f"{r['step_s'] * 1e3:,.1f}",
              f"{r['samples_per_s']:,.1f}",
              f"{r['tokens_per_s_per_device']:,.0f}" if decoder_rows else f"{r['efficiency']:.2f}",
              f"{r['memory_per_rank_max'] / GIB:,.2f}", "yes" if r["fits"] else "NO", f"{r['comm_exposed_share']:.0%}",
              f"{r['bubble_share']:.0%}"] for r in rows]
-    console.print(console_table(title, ("layout", "N", "as", "batch", "step (ms)", "samples/s", rate,
-                                        "memory/rank (GiB)", "fits", "exposed comm", "bubble"), body, rests_on))
+    console.print(console_table(title, columns, body, rests_on))
     for n in sorted({r["devices"] for r in rows}):
         fitting = [r for r in rows if r["devices"] == n and r.get("fits")]
         best = max(fitting, key=lambda r: r["samples_per_s"], default=None)

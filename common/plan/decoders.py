@@ -10,7 +10,7 @@ from itertools import product
 
 from common.errors import BadInput
 from common.layout import Layout
-from common.plan.fit import GIB
+from common.plan.fit import GIB, memory_limit
 from common.plan.rank import Ranked, document, explain, predicted, rank, row
 from common.plan.space import Space, divisors
 from common.predict import decoder, stacks
@@ -85,13 +85,12 @@ def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack
         layout = Layout.parse(asked, devices)
         layout.validate(spec, batch)
         stack.check(layout)
-    available = memory_gib * GIB if memory_gib else hardware.memory_bytes
+    available, limit = memory_limit(hardware, memory_gib)
     rows, space = plan(spec, devices, batch, hardware, stack, compute, available)
     doc = document(f"{spec.name} on {devices} x {hardware.name} ({stack.name}), global batch {batch}, sequence "
                    f"{spec.seq_len}", {"model": spec.name, "devices": devices, "hardware": hardware.name,
                                        "stack": stack.name, "global_batch": batch, "seq_len": spec.seq_len},
-                   rows, space, compute_label(compute), available, f"{hardware.name}'s memory"
-                   if not memory_gib else f"--memory-per-device {memory_gib:g} GiB", None, None, top)
+                   rows, space, compute_label(compute), available, limit, None, None, top)
     if layout is not None:
         ranked = [r for r in rows if r.rank]
         found = next((r for r in rows if r.layout == layout), None)

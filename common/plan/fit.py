@@ -40,6 +40,13 @@ def verdict(predicted: float, available: float | None, error: float | None) -> s
     return "fits" if predicted / (1 - e) <= available else "may not fit"
 
 
+def memory_limit(hardware, memory_gib: float | None) -> tuple[float, str]:
+    """(bytes a plan's device may hold, what says so): --memory-per-device where given, else the hardware's."""
+    if memory_gib:
+        return memory_gib * GIB, f"--memory-per-device {memory_gib:g} GiB"
+    return hardware.memory_bytes, f"{hardware.name}'s memory"
+
+
 def stage_split_of(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) -> list[int] | None:
     """Layers per stage as torch_3d places them (--stage-split even, auto or counts); None: no pipeline."""
     if layout.pp == 1 or not isinstance(spec, BertSpec):
