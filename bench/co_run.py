@@ -59,6 +59,4 @@ def probe(reference: dict, k: int, command: Callable[[Path], list[str]], out: Pa
 
 def attach(record_path: Path, section: CoRun) -> None:
     """The reference's record with the probe's section added (the rest as bench.run wrote it)."""
-    record = json.loads(record_path.read_text())
-    record.update(section.to_record())
-    write_json_atomic(record_path, record)
+    write_json_atomic(record_path, {**json.loads(record_path.read_text()), **section.to_record()})

@@ -19,7 +19,7 @@ from rich.markup import escape
 
 from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int, workload_names
 from bench.plan_space import backend_refusal
-from bench.predict import layout_bases, measured_basis, measured_peak
+from bench.predict import DEFAULT_HARDWARE, chosen_basis
 from bench.reporting import validation as validation_report
 from bench.reporting.document import markdown_table
 from common.config import PRECISIONS
@@ -32,13 +32,9 @@ from common.plan.space import enumerate_layouts
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
-from common.predict.basis import from_mfu
 from common.predict.validation import hardware_for, probed_links, validate
 from common.results import load_records, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, model_spec
-
-DEFAULT_HARDWARE = "cpu-loopback-2core"
-PLAN_BACKENDS = ("torch_3d", "keras_jax")   # the backends that execute layouts on CPU and CUDA
 
 
 def build_parser() -> OneLineParser:
@@ -60,7 +56,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--memory-per-device", type=positive_float, metavar="GIB",
                    help="memory one device may use (default: the hardware description's)")
     p.add_argument("--top", type=positive_int, default=5, help="layouts to show (and to run with --run)")
-    p.add_argument("--backend", choices=PLAN_BACKENDS, default="torch_3d")
+    p.add_argument("--backend", choices=("torch_3d", "keras_jax"), default="torch_3d")  # those that execute layouts
     p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="as bench.run's (default fp32)")
     p.add_argument("--skip-eval", action="store_true",
                    help="the runs do not evaluate: memory without the evaluation's logits (passed on with --run)")
@@ -89,29 +85,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     console = Console(width=200)
-    if args.published or args.model:
-        return _decoders(parser, console, args)
-    if args.layout:
+    executed = not (args.published or args.model)   # else decoder LLMs on GPU clusters
+    if not executed:
+        if not args.published and (args.devices is None or args.global_batch is None
+                                   or args.hardware == DEFAULT_HARDWARE):
+            parser.error("--model needs --devices, --global-batch and --hardware (a GPU with a compute table)")
+    elif args.layout:
         parser.error("--layout goes with --model (a decoder's plan); an executed workload's plan runs with --run")
-    if args.devices is None:
+    elif args.devices is None:
         parser.error("the following arguments are required: --devices")
-    if args.devices < 2:
+    elif args.devices < 2:
         parser.error("--devices 1: a plan lays a model out over 2 or more devices")
-    if not args.source and args.assume_mfu is None:
+    elif not args.source and args.assume_mfu is None:
         parser.error("give --from RESULTS (a measured 1-device run) or --assume-mfu MFU")
-    if args.run and args.assume_mfu is not None:
+    elif args.run and args.assume_mfu is not None:
         parser.error("--run measures on this machine: plan from its records (--from RESULTS), not --assume-mfu")
     try:
-        plan = make_plan(args)
+        plan = make_plan(args) if executed else _decoders(args)
     except (ValueError, BadInput, Unsupported) as exc:
         parser.error(str(exc))
-    show(console, plan, args.top)
-    if args.run:
+    if args.published:
+        console.print(published_markdown(plan))
+    else:
+        show(console, plan, args.top)
+    if executed and args.run:
         from bench.plan_run import measure  # starts bench.compare: only when asked
         plan = measure(console, plan, args)
     if args.json:
         write_json_atomic(Path(args.json), plan)
         console.print(f"plan: {args.json}")
+    asked = plan.get("asked") or {}
+    if asked.get("fit") == "does not fit":
+        parser.error(f"--layout {asked['layout']}: does not fit: predicted {asked['memory_per_rank_max'] / GIB:,.1f} "
+                     f"GiB on its fullest rank, {plan['available_bytes'] / GIB:,.1f} GiB available")
     return 0
 
 
@@ -122,18 +128,13 @@ def make_plan(args, validation: dict | None = None) -> dict:
     spec = model_spec(args.workload, args.model_size)
     batch = args.global_batch or DEFAULTS[args.workload].per_device_batch
     source = Path(args.source) if args.source else None
-    if args.assume_mfu is not None:
-        achievable = measured_peak(source, hardware, args.precision) if source else None
-        basis, where = from_mfu(args.assume_mfu, hardware, args.precision, achievable), "assumed"
-        basis_for = None
-    else:
-        basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision, batch)
-        basis_for = layout_bases(source, hardware, main, basis)
-        where = (f"{main['backend']} 1-device run at global batch {main['global_batch']}, each layout from the "
-                 "1-device runs of its micro-batches and recompute where measured")
+    basis, main, basis_for = chosen_basis(args, hardware, source, batch)
+    where = "assumed"
+    if main:
         records = [r for r in load_records(source) if r.get("device_kind") == hardware.device_kind]
         hardware, link = hardware_for({"devices": args.devices}, hardware, probed_links(records))
-        where += f"; {link}"
+        where = (f"{main['backend']} 1-device run at global batch {main['global_batch']}, each layout from the "
+                 f"1-device runs of its micro-batches and recompute where measured; {link}")
         if validation is None:
             validation, how = _validation(source, records, hardware)
             where += f"; errors from {how}"
@@ -160,38 +161,22 @@ def make_plan(args, validation: dict | None = None) -> dict:
             "measured": None}
 
 
-def _decoders(parser, console: Console, args) -> int:
-    """bench.plan --model and --published: decoder LLMs on GPU clusters."""
-    try:
-        if args.published:
-            result = decoders.published_ranking()
-            console.print(published_markdown(result))
-        else:
-            if args.devices is None or args.global_batch is None or args.hardware == DEFAULT_HARDWARE:
-                parser.error("--model needs --devices, --global-batch and --hardware (a GPU with a compute table)")
-            result = decoders.decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
-                                           args.seq_len, args.memory_per_device, args.assume_mfu, args.top,
-                                           args.layout)
-            e = published_points.check()
-            result["model_error"] = {k: e[k] for k in ("predicted", "median_abs_error", "max_abs_error",
-                                                       "worst_median_abs_error", "worst_max_abs_error")}
-            result["summary"].append(
-                f"the step model against {e['predicted']} published GPU-cluster runs: median |error| "
-                f"{e['median_abs_error']:.1%}, largest {e['max_abs_error']:.1%}, on the worst of every table measured "
-                f"of the part {e['worst_median_abs_error']:.1%} and {e['worst_max_abs_error']:.1%} (python -m "
-                "bench.predict --published); the order it gives two layouts of one cluster is checked against no "
-                "measurement")
-            show(console, result, args.top)
-    except (ValueError, BadInput) as exc:
-        parser.error(str(exc))
-    if args.json:
-        write_json_atomic(Path(args.json), result)
-        console.print(f"plan: {args.json}")
-    asked = result.get("asked") or {}
-    if asked.get("fit") == "does not fit":
-        parser.error(f"--layout {asked['layout']}: does not fit: predicted {asked['memory_per_rank_max'] / GIB:,.1f} "
-                     f"GiB on its fullest rank, {result['available_bytes'] / GIB:,.1f} GiB available")
-    return 0
+def _decoders(args) -> dict:
+    """--published's ranking, else --model's plan with the step model's error against the published runs."""
+    if args.published:
+        return decoders.published_ranking()
+    result = decoders.decoder_plan(args.model, args.devices, args.global_batch, args.hardware, args.stack,
+                                   args.seq_len, args.memory_per_device, args.assume_mfu, args.top, args.layout)
+    e = published_points.check()
+    result["model_error"] = {k: e[k] for k in ("predicted", "median_abs_error", "max_abs_error",
+                                               "worst_median_abs_error", "worst_max_abs_error")}
+    result["summary"].append(
+        f"the step model against {e['predicted']} published GPU-cluster runs: median |error| "
+        f"{e['median_abs_error']:.1%}, largest {e['max_abs_error']:.1%}, on the worst of every table measured "
+        f"of the part {e['worst_median_abs_error']:.1%} and {e['worst_max_abs_error']:.1%} (python -m "
+        "bench.predict --published); the order it gives two layouts of one cluster is checked against no "
+        "measurement")
+    return result
 
 
 def published_markdown(result: dict) -> str:

@@ -69,10 +69,8 @@ def measure(size: str, folder: Path, args) -> None:
 
 
 def load_figures(records: list[dict]) -> str:
-    busy = [(r.get("load") or {}).get("other_busy_cores") for r in records]
-    busy = [b for b in busy if b is not None]
-    avg = [(r.get("load") or {}).get("loadavg_1m_before") for r in records]
-    avg = [a for a in avg if a is not None]
+    busy = [b for r in records if (b := (r.get("load") or {}).get("other_busy_cores")) is not None]
+    avg = [a for r in records if (a := (r.get("load") or {}).get("loadavg_1m_before")) is not None]
     if not busy:
         return "load: not recorded"
     return (f"load while measuring: other programs' busy cores median {statistics.median(busy):.2f}, largest "
@@ -88,13 +86,12 @@ def check(size: str, folder: Path, other: dict) -> tuple[dict, dict, str]:
     plan = attach_measured(make_plan(plan_args(size, folder, None), validation=other), records)
     limited = [attach_measured(make_plan(plan_args(size, folder, gib), validation=other), records)
                for gib in fit_limits(plan)]
-    result = goals(plan, limited)
-    plan["check"] = result
+    plan["check"] = goals(plan, limited)
     plan["fit_plans"] = [{"available_bytes": p["available_bytes"],
                           "does_not_fit": [r["layout"] for r in p["rows"] if r["fit"] == "does not fit"]}
                          for p in limited]
     write_json_atomic(folder / PLANS_DIR / f"plan-check-mlm-{size}.json", plan)
-    return plan, result, load_figures([r for r in records if r.get("status") == "ok"])
+    return plan, plan["check"], load_figures([r for r in records if r.get("status") == "ok"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     for size, folder in folders.items():
         other = next((s for s in validations if s != size), None)
         plan, result, load = check(size, folder, validations[other] if other else {})
+        allowed = f"the {other} runs' validation, {validated[other]}" if other else "no other size's runs: none allowed"
         pick, rank, fit = result["pick"], result["ranking"], result["fit"]
         ok = ok and pick["holds"] and rank["holds"] and fit["holds"]
         lines += [f"== mlm {size}, {DEVICES} devices, global batch {BATCH}: {rank['configurations']} layouts "
@@ -127,15 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"layouts, of which measured within their limit: {', '.join(fit['wrong']) or 'none'}; not "
                   f"measured: {', '.join(fit['unmeasured']) or 'none'}; closest: {_closest(fit['closest'])}: "
                   f"{_verdict(fit['holds'])}",
-                  f"errors allowed (from {_source(other, validated)}): ranking "
+                  f"errors allowed (from {allowed}): ranking "
                   f"{_fmt(plan['ranking_error'], '.1%')}, memory {_fmt(plan['memory_error'], '.1%')}"]
     print("\n".join(lines))
     print("PLAN CHECK HOLDS" if ok else "PLAN CHECK FAILS")
     return 0 if ok else 1
-
-
-def _source(size: str | None, folders: dict[str, Path]) -> str:
-    return f"the {size} runs' validation, {folders[size]}" if size else "no other size's runs: none allowed"
 
 
 def _closest(closest: dict | None) -> str:

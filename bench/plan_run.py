@@ -32,24 +32,14 @@ def compare_command(plan: dict, names: list[str], out: str, steps: int | None = 
     return cmd
 
 
-def _name(record: dict) -> str:
-    return Layout.from_record(record.get("layout") or {}).name
-
-
-def _runs_of(plan: dict, records: list[dict]) -> dict[str, list[dict]]:
-    mine: dict[str, list[dict]] = {}
-    for r in records:
-        config = r.get("config") or {}
-        if (r.get("workload"), r.get("backend"), r.get("devices"), r.get("global_batch")) == \
-                (plan["workload"], plan["backend"], plan["devices"], plan["global_batch"]) and r.get("layout") \
-                and (plan["workload"] != "mlm" or config.get("model_size") == plan["model_size"]):
-            mine.setdefault(_name(r), []).append(r)
-    return mine
-
-
 def attach_measured(plan: dict, records: list[dict]) -> dict:
     """The plan with each row's measured figures (those of `records` that ran its layout) and a summary."""
-    runs = _runs_of(plan, records)
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        if (r.get("workload"), r.get("backend"), r.get("devices"), r.get("global_batch")) == \
+                (plan["workload"], plan["backend"], plan["devices"], plan["global_batch"]) and r.get("layout") \
+                and (plan["workload"] != "mlm" or (r.get("config") or {}).get("model_size") == plan["model_size"]):
+            runs.setdefault(Layout.from_record(r["layout"]).name, []).append(r)
     for row in plan["rows"]:
         found = runs.get(row["layout"], [])
         ok = [r for r in found if r.get("status") == "ok" and r.get("step_times_s")]
@@ -103,20 +93,16 @@ def measure(console: Console, plan: dict, args) -> dict:
     done = subprocess.run(cmd, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise SystemExit(f"bench.plan: error: bench.compare exited {done.returncode}")
-    new = [r for r in load_records(out) if r["run_id"] not in before]
-    plan = attach_measured(plan, new)
+    plan = attach_measured(plan, [r for r in load_records(out) if r["run_id"] not in before])
     show_measured(console, plan)
-    path = write_json_atomic(out / PLANS_DIR / f"{slug(plan)}.json", plan)
+    slug = f"plan-{plan['workload']}-{plan['model_size']}-{plan['backend']}-n{plan['devices']}"
+    path = write_json_atomic(out / PLANS_DIR / f"{slug}.json", plan)
     console.print(f"plan with its measurements: {path} (bench.report shows it)")
     return plan
 
 
-def slug(plan: dict) -> str:
-    return f"plan-{plan['workload']}-{plan['model_size']}-{plan['backend']}-n{plan['devices']}"
-
-
 def show_measured(console: Console, plan: dict) -> None:
     console.print(console_table(f"{plan['title']}: predicted against measured", PLAN_COLUMNS,
-                                plan_rows({**plan, "rows": [r for r in plan["rows"] if r.get("measured")]})))
+                                plan_rows([r for r in plan["rows"] if r.get("measured")])))
     if plan.get("measured"):
         console.print(escape(plan["measured"]["summary"]))

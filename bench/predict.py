@@ -31,7 +31,7 @@ from common.config_key import efficiency
 from common.errors import BadInput
 from common.layout import Layout, check_name
 from common.peak_flops import device_model
-from common.plan.fit import stage_split_of
+from common.plan.fit import GIB, stage_split_of
 from common.predict import constants, decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
@@ -42,8 +42,7 @@ from common.predict.validation import basis_of, execution, references, validate
 from common.results import load_records, write_atomic, write_json_atomic
 from common.spec import BERT_SIZES, DEFAULTS, model_spec
 
-DEFAULT_CPU_HARDWARE = "cpu-loopback-2core"
-GIB = 2**30
+DEFAULT_HARDWARE = "cpu-loopback-2core"   # this development VM: --validate's default, and bench.plan's
 
 
 def build_parser() -> OneLineParser:
@@ -54,7 +53,7 @@ def build_parser() -> OneLineParser:
                    help="results folder whose 1-device run on the --hardware's kind of device gives the compute")
     p.add_argument("--hardware", metavar="NAME|FILE",
                    help=f"a bundled description ({', '.join(hardware_files.available())}) or a TOML file of "
-                        f"yours (common/predict/hardware/README.md); --validate defaults to {DEFAULT_CPU_HARDWARE}")
+                        f"yours (common/predict/hardware/README.md); --validate defaults to {DEFAULT_HARDWARE}")
     p.add_argument("--devices", type=int_list, default=[8, 64, 512], help="device counts (default 8,64,512)")
     p.add_argument("--layouts", default="dp,fsdp,tp2xdp,tp8xdp,pp4-1f1b",
                    help="layout names (docs/layouts.md); a bare dp or fsdp takes the devices the rest leave")
@@ -95,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=200)
     try:
         if args.validate:
-            return run_validation(console, Path(args.validate), args.hardware or DEFAULT_CPU_HARDWARE)
+            return run_validation(console, Path(args.validate), args.hardware or DEFAULT_HARDWARE)
         if args.constants:
             return run_constants(console, args)
         if args.published:
@@ -115,17 +114,15 @@ def main(argv: list[str] | None = None) -> int:
 def run_validation(console: Console, results: Path, hardware_name: str) -> int:
     if not (results / "runs").is_dir():
         raise ValueError(f"--validate {results}: no runs/ folder of run records there")
-    hardware = hardware_files.load(hardware_name)
-    result = validate(load_records(results), hardware)
+    result = validate(load_records(results), hardware_files.load(hardware_name))
     if not result["runs"] and not result["skipped"]:
         raise ValueError(f"--validate {results}: no ok multi-device run to predict")
     write_json_atomic(results / validation_report.FILE, result)
-    tables = [(f"predicted vs measured, {results}", validation_report.COLUMNS, validation_report.rows(result))]
+    console.print(console_table(f"predicted vs measured, {results}", validation_report.COLUMNS,
+                                validation_report.rows(result)))
     if validation_report.repeated(result):
-        tables.append(("each configuration's repeats as one (medians)", validation_report.CONFIG_COLUMNS,
-                       validation_report.config_rows(result)))
-    for title, columns, rows in tables:
-        console.print(console_table(title, columns, rows))
+        console.print(console_table("each configuration's repeats as one (medians)", validation_report.CONFIG_COLUMNS,
+                                    validation_report.config_rows(result)))
     for skipped in result["skipped"]:
         console.print(f"left out: {skipped['run_id']}: {escape(skipped['why'])}")
     console.print(validation_report.summary_line(result, str(results / validation_report.FILE)))
@@ -144,78 +141,60 @@ def _device_kind_of(record: dict) -> str:
     return _kind(record.get("device_kind"), ((record.get("host") or {}).get("gpus") or [None])[0])
 
 
-def layout_bases(results: Path, hardware, main: dict, basis: Basis) -> Callable[[Layout], Basis]:
-    """Per layout, the basis `--validate` would predict a run of it from: RESULTS' 1-device runs of its micro-batches
-    and --recompute where they hold them (on a CPU a micro-batch of 8 sequences runs faster per sample than one of
-    32), else `basis` (main's)."""
-    usable = _usable(results, hardware, main["workload"])
-    spec = model_spec(main["workload"], (main.get("config") or {}).get("model_size") or "tiny")
-    cache: dict[tuple, Basis] = {}
-
-    def basis_for(layout: Layout) -> Basis:
-        run = {**main, "devices": layout.devices, "layout": asdict(layout),
-               "config": {**(main.get("config") or {}), "grad_accum": 1}}
-        refs = references(run, usable)
-        ids = tuple(r["run_id"] for r in refs)
-        if not refs or ids == basis.record_ids:
-            return basis
-        return cache.setdefault(ids, basis_of(spec, refs, usable))
-    return basis_for
-
-
-def _usable(results: Path, hardware, workload: str, any_device: bool = False) -> list[dict]:
-    """RESULTS' ok 1-device runs of the workload that measured a step, on the hardware's kind of device."""
-    return [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
-            and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")
-            and (any_device or _device_kind_of(r) == _kind(hardware.device_kind, hardware.device_name))]
-
-
-def measured_basis(results: Path, hardware, workload: str, size: str, precision: str = "amp",
-                   batch: int | None = None) -> tuple[Basis, dict]:
+def measured_basis(results: Path, hardware, workload: str, size: str, precision: str,
+                   batch: int) -> tuple[Basis, dict, Callable[[Layout], Basis]]:
     """The basis from RESULTS' 1-device runs on the hardware's kind of device (ValueError naming the devices the
     folder does hold where there is none): the main run is torch_3d's (it runs the layouts), of the size and
-    precision asked for, plain, of the per-device `batch` or the nearest to it, the latest."""
+    precision asked for, plain, of the per-device `batch` or the nearest to it, the latest; that run; and per layout
+    the basis `--validate` would predict a run of it from: RESULTS' 1-device runs of its micro-batches and
+    --recompute where held (on a CPU a micro-batch of 8 runs faster per sample than one of 32), else the main one's."""
     target = _kind(hardware.device_kind, hardware.device_name)
-    usable = _usable(results, hardware, workload)
+    ones = [r for r in load_records(results) if r.get("status") == "ok" and r.get("devices") == 1
+            and r.get("workload") == workload and (r.get("step_time_s") or {}).get("p50")]
+    usable = [r for r in ones if _device_kind_of(r) == target]
     if not usable:
-        held = sorted({_device_kind_of(r) for r in _usable(results, hardware, workload, True)}) or ["none"]
+        held = sorted({_device_kind_of(r) for r in ones}) or ["none"]
         raise ValueError(f"{results} has no 1-device {workload} run on {target} (its runs: {', '.join(held)}); "
                          f"compute measured on one kind of device does not predict {hardware.name}: "
                          "pass --assume-mfu MFU to predict from an assumed utilisation")
 
     def preference(r: dict) -> tuple:
         config = r.get("config") or {}
-        off = abs(math.log(r["global_batch"] / batch)) if batch else 0.0
         return (r["backend"] != "torch_3d", config.get("model_size") != size,
-                (config.get("precision") or "fp32") != precision, any(execution(r)), accumulation(r) != 1, off)
-    usable.sort(key=lambda r: r.get("started_at") or "", reverse=True)   # the latest first among equals
-    usable.sort(key=preference)
-    main = usable[0]
+                (config.get("precision") or "fp32") != precision, any(execution(r)), accumulation(r) != 1,
+                abs(math.log(r["global_batch"] / batch)))
+    ranked = sorted(usable, key=lambda r: r.get("started_at") or "", reverse=True)   # the latest first among equals
+    ranked.sort(key=preference)
+    main = ranked[0]
     spec = model_spec(workload, (main.get("config") or {}).get("model_size") or "tiny")
-    refs = references(main, usable) or [main]
-    return basis_of(spec, refs, usable), main
+    basis = basis_of(spec, references(main, ranked) or [main], ranked)
+
+    def basis_for(layout: Layout) -> Basis:
+        run = {**main, "devices": layout.devices, "layout": asdict(layout),
+               "config": {**(main.get("config") or {}), "grad_accum": 1}}
+        refs = references(run, usable)
+        return basis_of(spec, refs, usable) if refs else basis
+    return basis, main, basis_for
 
 
-def measured_peak(results: Path, hardware, precision: str) -> float | None:
-    """The latest achievable matmul peak a run in RESULTS measured on the hardware's kind of device (or None)."""
+def chosen_basis(args, hardware, source: Path | None, batch: int) -> tuple[Basis, dict | None, Callable | None]:
+    """With --assume-mfu, from_mfu's basis at the latest achievable matmul peak a run in `source` measured on the
+    hardware's kind of device (where one did), and no main run nor per-layout bases; else measured_basis's."""
+    if args.assume_mfu is None:
+        return measured_basis(source, hardware, args.workload, args.model_size, args.precision, batch)
     target = _kind(hardware.device_kind, hardware.device_name)
-    found = [r for r in load_records(results) if r.get("status") == "ok" and _device_kind_of(r) == target
-             and (r.get("config") or {}).get("precision") == precision
-             and ((r.get("achievable_peak") or {}).get("flops_per_s"))]
-    found.sort(key=lambda r: r.get("started_at") or "")
-    return float(found[-1]["achievable_peak"]["flops_per_s"]) if found else None
+    found = sorted((r for r in (load_records(source) if source else []) if r.get("status") == "ok"
+                    and _device_kind_of(r) == target and (r.get("config") or {}).get("precision") == args.precision
+                    and (r.get("achievable_peak") or {}).get("flops_per_s")), key=lambda r: r.get("started_at") or "")
+    achievable = float(found[-1]["achievable_peak"]["flops_per_s"]) if found else None
+    return from_mfu(args.assume_mfu, hardware, args.precision, achievable), None, None
 
 
 def run_prediction(console: Console, args) -> int:
     """Every layout at every device count, of an executed workload or a decoder (--model): one table and figure."""
     hardware = hardware_files.load(args.hardware)
-    source = Path(args.source) if args.source else None
-    if args.model:
-        spec, backend, stack, compute, rests_on = _decoder(args, hardware)
-        what = spec.name
-    else:
-        (spec, backend, compute), stack = _executed(args, hardware, source), None
-        rests_on, what = _rests_on(source, compute), f"{args.workload}-{args.model_size}"
+    spec, backend, stack, compute, rests_on = (_decoder if args.model else _executed)(args, hardware)
+    what = spec.name if args.model else f"{args.workload}-{args.model_size}"
     label = compute_label(compute)
     names = [e.strip() for e in args.layouts.split(",") if e.strip()]
     for name in names:   # what no device count can change is refused before anything is predicted
@@ -232,7 +211,7 @@ def run_prediction(console: Console, args) -> int:
     title = f"{what} on {hardware.name}" + (f" ({stack.name})" if stack else "") + f": predicted per layout\n{label}"
     slug = f"predict-{what}-{hardware.name}"
     _print(console, rows, hardware, compute, rests_on, title, decoder_rows=bool(args.model))
-    out = Path(args.out) if args.out else (source if source and not args.model else Path("predictions"))
+    out = Path(args.out or (None if args.model else args.source) or "predictions")
     plot = prediction_plot(rows, hardware.memory_bytes, title, rests_on, slug)
     head = {"model": spec.name, "stack": stack.name} if args.model else \
         {"workload": args.workload, "model_size": args.model_size}
@@ -248,30 +227,29 @@ def _decoder(args, hardware):
     if args.precision != "amp":
         raise ValueError(f"--model predicts bf16 mixed precision (--precision amp), not {args.precision}: fp8 and "
                          "fp32 are not modelled")
-    spec = decoder.load(args.model)
-    return spec, "", stacks.load(args.stack), device_compute(hardware, args.assume_mfu), \
+    return decoder.load(args.model), "", stacks.load(args.stack), device_compute(hardware, args.assume_mfu), \
         ("Checked against published GPU-cluster results: python -m bench.predict --published "
          "(docs/prediction-at-scale.md).")
 
 
-def _executed(args, hardware, source: Path | None) -> tuple:
+def _executed(args, hardware) -> tuple:
     spec = model_spec(args.workload, args.model_size)
+    source = Path(args.source) if args.source else None
     per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch
-    if args.assume_mfu is not None:
-        achievable = measured_peak(source, hardware, args.precision) if source else None
-        return spec, "torch_3d", from_mfu(args.assume_mfu, hardware, args.precision, achievable)
-    basis, main = measured_basis(source, hardware, args.workload, args.model_size, args.precision,
-                                 args.global_batch // min(args.devices) if args.global_batch else per_device)
-    precision = (main.get("config") or {}).get("precision") or "fp32"
-    extra = f"; measured at {precision}, not {args.precision} (none of that precision)" \
-        if precision != args.precision else ""
-    if not args.global_batch and main["global_batch"] != per_device:
-        extra += (f"; measured at batch {main['global_batch']}, predicted at {per_device} per device by "
-                  "multiply-adds (an assumption: pass --batch-size to use a measured one)")
-    measured_size = (main.get("config") or {}).get("model_size")
-    if args.workload == "mlm" and measured_size != args.model_size:
-        extra += f"; measured at size {measured_size}, scaled to {args.model_size} by multiply-adds (an assumption)"
-    return spec, main["backend"], replace(basis, label=basis.label + extra)
+    basis, main, _ = chosen_basis(args, hardware, source,
+                                  args.global_batch // min(args.devices) if args.global_batch else per_device)
+    if main:   # what the measured run differs in from what is predicted
+        precision = (main.get("config") or {}).get("precision") or "fp32"
+        extra = f"; measured at {precision}, not {args.precision} (none of that precision)" \
+            if precision != args.precision else ""
+        if not args.global_batch and main["global_batch"] != per_device:
+            extra += (f"; measured at batch {main['global_batch']}, predicted at {per_device} per device by "
+                      "multiply-adds (an assumption: pass --batch-size to use a measured one)")
+        size = (main.get("config") or {}).get("model_size")
+        if args.workload == "mlm" and size != args.model_size:
+            extra += f"; measured at size {size}, scaled to {args.model_size} by multiply-adds (an assumption)"
+        basis = replace(basis, label=basis.label + extra)
+    return spec, main["backend"] if main else "torch_3d", None, basis, _rests_on(source, basis)
 
 
 def _rests_on(source: Path | None, basis: Basis) -> str:
@@ -304,8 +282,8 @@ def _row(spec, name: str, devices: int, global_batch: int | None, per_device: in
     if stack:
         return {**out, "tokens_per_s_per_device": p.tokens_per_s / devices}
     return {**out, "efficiency": efficiency(p.samples_per_s, devices, one),
-            "state_per_rank_max": max(s.total for s in p.state_per_rank), **({"layers_per_stage": split} if split
-                                                                             else {})}
+            "state_per_rank_max": max(s.total for s in p.state_per_rank),
+            **({"layers_per_stage": split} if split else {})}
 
 
 def _print(console: Console, rows: list[dict], hardware, compute, rests_on: str, title: str,
@@ -352,11 +330,10 @@ def run_published(console: Console, args) -> int:
         console.print(f"ranking {g['model']} on {g['devices']} x {g['hardware']}: Spearman {rho}; order of "
                       f"points more than 10% apart {'holds' if g['order_holds'] else 'DOES NOT hold'} "
                       f"({len(g['points'])} points)")
-    out = Path(args.out) if args.out else Path("predictions")
-    path = Path(args.json) if args.json else out / published_table.FILE
-    written = [write_json_atomic(path, result), write_atomic(out / "plots" / "predicted-vs-published.png",
-                                                             published_table.published_plot(result).png())]
-    console.print(f"table: {written[0]}; figure: {written[1]}")
+    out = Path(args.out or "predictions")
+    path = write_json_atomic(Path(args.json) if args.json else out / published_table.FILE, result)
+    plot = write_atomic(out / "plots" / "predicted-vs-published.png", published_table.published_plot(result).png())
+    console.print(f"table: {path}; figure: {plot}")
     return 0
 
 

@@ -120,9 +120,9 @@ def write_record(record: dict, out_dir: Path, folder: str = RUN_RECORDS) -> Path
     return write_json_atomic(Path(out_dir) / folder / f"{record['run_id']}.json", record)
 
 
-def load_records(out_dir: Path) -> list[dict]:
+def load_records(out_dir: Path, folder: str = RUN_RECORDS) -> list[dict]:
     records = []
-    for path in sorted((Path(out_dir) / "runs").glob("*.json")):
+    for path in sorted((Path(out_dir) / folder).glob("*.json")):
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, ValueError):  # JSONDecodeError, and UnicodeDecodeError for a binary file

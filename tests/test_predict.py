@@ -347,11 +347,11 @@ def test_the_h100_basis_is_the_plain_run_of_the_batch_asked_for(tmp_path, capsys
     and the same batch at another micro-batch count, never the recompute run (the folder's latest at 32)."""
     hw = hardware_files.load("h100-sxm-8")
     ids = lambda basis: [i.rsplit("-", 1)[1] for i in basis.record_ids]  # noqa: E731
-    basis, main = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 32)
+    basis, main, _ = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 32)
     assert ids(basis) == ["8f7ccb", "80a9cd"] and main["backend"] == "torch_3d"
-    basis, main = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 256)
+    basis, main, _ = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 256)
     assert ids(basis) == ["e79003", "3802b5"] and basis.s_per_micro_batch > 0
-    fp32, _ = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "fp32", 32)
+    fp32, _, _ = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "fp32", 32)
     assert ids(fp32) == ["71a4f0"]
     # Batch 200 was not measured: the nearest (256) is, and the table says it scaled.
     assert predict_cli.main(["--from", str(H100_RUNS), "--hardware", "h100-sxm-8", "--devices", "8,64",
@@ -369,13 +369,13 @@ def test_a_basis_without_the_breakdown_probe_says_it_guessed_and_how_to_measure(
     """The split of a 1-device step into forward+backward, optimizer and the rest comes from its --breakdown-steps
     probe; without it the whole step is taken as forward+backward, and every table built on it says so."""
     hw = hardware_files.load("h100-sxm-8")
-    measured, main = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 32)
+    measured, main, _ = predict_cli.measured_basis(H100_RUNS, hw, "mlm", "base", "amp", 32)
     assert measured.guesses == () and "GUESSED" not in measured.label and measured.s_per_param > 0
     stripped = json.loads(json.dumps(main))
     del stripped["backend_metrics"]["breakdown"]
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "a.json").write_text(json.dumps(stripped))
-    guessed, _ = predict_cli.measured_basis(tmp_path, hw, "mlm", "base", "amp", 32)
+    guessed, _, _ = predict_cli.measured_basis(tmp_path, hw, "mlm", "base", "amp", 32)
     assert guessed.guesses == (UNPROBED.format(run_id=main["run_id"]),) and "GUESSED" in guessed.label
     assert guessed.s_per_param == 0 and guessed.s_per_step == 0
     assert predict_cli.main(["--from", str(tmp_path), "--hardware", "h100-sxm-8", "--devices", "8",

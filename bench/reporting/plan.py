@@ -2,54 +2,35 @@
 layouts with the measured points beside them."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from bench.reporting.document import Block, Heading, Table, Text
 from common.plan.fit import GIB
+from common.results import load_records
 
 PLANS_DIR = "plans"
 
 
-def load_plans(results: Path) -> list[dict]:
-    plans = []
-    for path in sorted((Path(results) / PLANS_DIR).glob("*.json")):
-        try:
-            plans.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return plans
-
-
-def _measured_cell(row: dict) -> str:
-    m = row.get("measured")
-    if not m:
-        return ""
+def _measured_cell(m: dict) -> str:
     if m.get("samples_per_s") is None:
         return m.get("status", "")
-    text = f"{m['samples_per_s']:,.1f}"
-    if m.get("low") is not None:
-        text += f" [{m['low']:,.1f}, {m['high']:,.1f}]"
-    return text
+    return f"{m['samples_per_s']:,.1f}" + (f" [{m['low']:,.1f}, {m['high']:,.1f}]" if m.get("low") is not None else "")
 
 
 COLUMNS = ["#", "layout", "step predicted (ms)", "samples/s predicted", "samples/s measured [95% interval]",
            "measured rank", "memory/rank predicted (GiB)", "peak/rank measured (GiB)", "fits", "what decides"]
 
 
-def plan_rows(plan: dict) -> list[list[str]]:
-    body = []
-    for r in plan["rows"]:
-        m = r.get("measured") or {}
-        body.append([str(r["rank"] or "-"), r["layout"], f"{r['step_s'] * 1e3:,.0f}", f"{r['samples_per_s']:,.1f}",
-                     _measured_cell(r), str(m.get("rank") or ""), f"{r['memory_per_rank_max'] / GIB:,.2f}",
-                     f"{m['peak_per_rank_max'] / GIB:,.2f}" if m.get("peak_per_rank_max") else "", r["fit"],
-                     r["explanation"]])
-    return body
+def plan_rows(rows: list[dict]) -> list[list[str]]:
+    measured = [r.get("measured") or {} for r in rows]
+    return [[str(r["rank"] or "-"), r["layout"], f"{r['step_s'] * 1e3:,.0f}", f"{r['samples_per_s']:,.1f}",
+             _measured_cell(m), str(m.get("rank") or ""), f"{r['memory_per_rank_max'] / GIB:,.2f}",
+             f"{m['peak_per_rank_max'] / GIB:,.2f}" if m.get("peak_per_rank_max") else "", r["fit"], r["explanation"]]
+            for r, m in zip(rows, measured)]
 
 
 def plan_blocks(results: Path) -> list[Block]:
-    plans = load_plans(results)
+    plans = load_records(results, PLANS_DIR)
     if not plans:
         return []
     blocks: list[Block] = [Heading("Plans: layouts chosen without trial runs", 2),
@@ -62,5 +43,5 @@ def plan_blocks(results: Path) -> list[Block]:
         blocks += [Heading(plan["title"], 3), Text(plan["basis"] + ". " + " ".join(plan["summary"])
                                                    + (" " + plan["measured"]["summary"] if plan.get("measured")
                                                       else "")),
-                   Table(COLUMNS, plan_rows({**plan, "rows": shown}))]
+                   Table(COLUMNS, plan_rows(shown))]
     return blocks
