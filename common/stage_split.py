@@ -56,10 +56,8 @@ def balanced_split(spec: BertSpec, stages: int, samples: int) -> list[int]:
 def even_split(layers: int, stages: int) -> list[int]:
     """Contiguous layers per stage, the last stage taking any remainder (the MindSpore tutorial's rule)."""
     per_stage = max((layers + 1) // stages, 1)
-    counts = [0] * stages
-    for layer in range(layers):
-        counts[min(layer // per_stage, stages - 1)] += 1
-    return counts
+    starts = [min(s * per_stage, layers) for s in range(stages)] + [layers]
+    return [end - start for start, end in zip(starts, starts[1:])]
 
 
 def layers_per_stage(split: str, spec: BertSpec, stages: int, samples: int) -> list[int]:

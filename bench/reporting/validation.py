@@ -26,10 +26,6 @@ def _signed(value) -> str:
     return "" if value is None else f"{value:+.1%}"
 
 
-def _shares(values) -> str:
-    return ", ".join(fmt_share(v) for v in values) if values else ""
-
-
 def _comm(check: dict | None) -> str:
     if not check:
         return ""
@@ -43,13 +39,13 @@ def rows(validation: dict) -> list[list[str]]:
         step, idle = r["step_s"], r.get("idle_per_stage") or {}
         guessed = ["GUESSED basis: " + "; ".join(r["basis_guesses"])] if r.get("basis_guesses") else []
         notes = (["oversubscribed"] if r["oversubscribed"] else []) + guessed + list(r.get("notes") or [])
-        exact = r["state_bytes_per_rank"]["exact"]
         body.append([r["backend"], r["layout"], str(r["devices"]), f"{step['predicted'] * 1e3:,.0f}",
                      f"{step['measured'] * 1e3:,.0f}", _signed(step["error"]),
                      _signed(step.get("error_ignoring_load")), _signed(r["memory_per_rank"]["error"]),
                      _signed((r.get("training_memory_per_rank") or {}).get("error")),
-                     "" if exact is None else ("yes" if exact else "NO"), _shares(idle.get("predicted")),
-                     _shares(idle.get("measured")), _comm(r.get("comm_per_step")), "; ".join(notes)])
+                     {None: "", True: "yes", False: "NO"}[r["state_bytes_per_rank"]["exact"]],
+                     *(", ".join(map(fmt_share, idle.get(k) or [])) for k in ("predicted", "measured")),
+                     _comm(r.get("comm_per_step")), "; ".join(notes)])
     return body
 
 
@@ -80,8 +76,7 @@ def _spread(errors: dict) -> str:
 def summary_line(validation: dict, source: str) -> str:
     """One sentence: the error a prediction rests on (of the configurations' medians where runs were repeated)."""
     summary = validation["summary"]
-    s = summary["all"]
-    step, memory = s["step_s"], s["memory_per_rank"]
+    s, step = summary["all"], summary["all"]["step_s"]
     if not step["runs"]:
         return f"Validation ({source}): no run could be predicted."
     text = f"Validation ({source}, hardware {validation['hardware']}): step time median |error| "
@@ -91,19 +86,15 @@ def summary_line(validation: dict, source: str) -> str:
                  f"to {configs['most_repeats']} repeats each; run by run {_spread(step)} over {step['runs']} runs)")
     else:
         text += f"{_spread(step)} over {step['runs']} runs"
-    if memory["runs"]:
-        text += f"; memory per rank median {_spread(memory)}"
-    training = s.get("training_memory_per_rank") or {}
-    if training.get("runs"):
-        text += f"; training memory median {_spread(training)}"
+    for part, what in (("memory_per_rank", "memory per rank"), ("training_memory_per_rank", "training memory")):
+        if (s.get(part) or {}).get("runs"):
+            text += f"; {what} median {_spread(s[part])}"
     text += f"; state bytes exact in {s['state_bytes_exact']} of {s['state_bytes_compared']}"
-    over, skipped = summary["oversubscribed_runs"], summary["skipped_runs"]
-    if over:
+    if over := summary["oversubscribed_runs"]:
         text += f"; {over} run(s) oversubscribed, predicted as such"
-    if skipped:
+    if skipped := summary["skipped_runs"]:
         text += f"; {skipped} run(s) left out (see {FILE})"
-    guessed = s.get("resting_on_a_guess")
-    if guessed:
+    if guessed := s.get("resting_on_a_guess"):
         text += (f". {guessed} of {step['runs']} predictions rest on a GUESSED split of their 1-device step; "
                  + MEASURE_THE_SPLIT)
     return text + "."

@@ -60,11 +60,8 @@ def background_load(record: dict) -> float:
         return 0.0
     if load.get("other_busy_cores") is not None:
         return float(load["other_busy_cores"])
-    after = load.get("loadavg_1m_after")
-    if after is None:
-        return 0.0
     own = (record.get("devices") or 1) * (record.get("threads_per_device") or 1)
-    return max(0.0, float(after) - own)
+    return max(0.0, float(load.get("loadavg_1m_after") or 0.0) - own)  # none measured: none counted
 
 
 def interruption_share(record: dict) -> float:
@@ -94,8 +91,7 @@ def co_run_slowdown(references: list[dict], repeats: list[dict] = ()) -> tuple[f
 
 
 def accumulation(record: dict) -> int:
-    grad_accum = (record.get("config") or {}).get("grad_accum") or 1
-    return record_layout(record).accumulation(grad_accum)
+    return record_layout(record).accumulation((record.get("config") or {}).get("grad_accum") or 1)
 
 
 def stage_split(record: dict) -> list[int] | None:
@@ -133,8 +129,7 @@ def measured_memory(record: dict, which: str) -> list[float | None]:
     """Per process, a record's memory figure: `process_peak_per_rank` (record["memory"], else the older
     peak_memory_per_rank) or `training_per_rank` (record["memory"] only). A process that drives several
     devices (tf_mirrored, keras_jax in one process) has one figure for all of them."""
-    memory = record.get("memory") or {}
-    values = memory.get(which)
+    values = (record.get("memory") or {}).get(which)
     if values is None and which == "process_peak_per_rank":
         values = record.get("peak_memory_per_rank") or [record.get("peak_memory_bytes")]
     return list(values or [None])

@@ -6,16 +6,9 @@ from common.layout import Layout
 from common.predict.basis import Basis
 from common.predict.collectives import Collective, cost_s, crosses_nodes, group_stride
 from common.predict.hardware import Hardware
-from common.predict.memory import (
-    FLOAT,
-    counted_per_rank,
-    layer_elements,
-    stage_params,
-    state_bytes,
-    value_bytes,
-)
+from common.predict.memory import FLOAT, counted_per_rank, layer_elements, stage_params, state_bytes, value_bytes
 from common.predict.prediction import Stages
-from common.predict.work import parts, rank_macs, recomputed_macs, stage_layer_counts, stage_macs
+from common.predict.work import parts, rank_macs, stage_layer_counts, stage_macs
 from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
 
@@ -51,8 +44,7 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
         activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
         if layout.tp > 1:
             calls = m * layers * (TP_FORWARD_ALL_REDUCES + TP_BACKWARD_ALL_REDUCES)
-            if layout.vocab_split and stage == 0:
-                calls += m
+            calls += m if layout.vocab_split and stage == 0 else 0   # the split embedding's output
             out.append(Collective("all_reduce", "tp", activation, calls, layout.tp, True,
                                   "tensor-parallel activations"))
         if layout.pp > 1:
@@ -125,7 +117,10 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
     # The fixed cost per micro-batch (kernel launches, per-tensor work) goes with the layers: a stage pays its
     # share of the whole model's forward multiply-adds (tensor parallel launches every kernel still: no split).
     whole = sum(stage_macs(spec, Layout(tp=layout.tp, vocab_split=layout.vocab_split)))
-    per_mac = basis.s_per_mac_sample * plain_share(spec, basis)
+    per_mac = basis.s_per_mac_sample
+    if basis.recompute and not isinstance(spec, CnnSpec):  # its 1-device run recomputed its encoder layers' forward:
+        one = parts(spec)                                   # of its time per multiply-add, the plain share
+        per_mac *= one.total / (one.total + (1 - BACKWARD_SHARE) * one.layers * one.layer)
 
     def stage_s(launched: float, computed: float) -> float:
         """launched: the multiply-adds the fixed cost goes with; computed: those the time per sample goes with."""
@@ -133,7 +128,7 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
     # --recompute runs each encoder layer's forward again in the backward: its forward share of forward+backward
     # (1 - BACKWARD_SHARE) more, costed as that many more multiply-adds (and their launches).
     launched = stage_macs(spec, layout)
-    launched_again = [(1 - BACKWARD_SHARE) * r for r in recomputed_macs(spec, layout)]
+    launched_again = [(1 - BACKWARD_SHARE) * r for r in stage_macs(spec, layout, True)]
     macs = rank_macs(spec, layout, basis.compute_shares)
     again = [(1 - BACKWARD_SHARE) * r for r in rank_macs(spec, layout, basis.compute_shares, True)]
     stage_comm = [counted] if counted is not None and layout.pp == 1 else \
@@ -152,9 +147,8 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
         after = sum(_exposed(c, _comm_s(c, hardware, layout), m * computed, backend, hardware)
                     for c in comms if c.dim not in ("tp", "pp"))
         updated = state_bytes(spec, layout, s * layout.data * layout.tp).params / FLOAT
-        optimizer = contention * basis.s_per_param * updated
-        out.add(compute=computed, inside=inside, recompute=computed - plain, after_comm=after, optimizer=optimizer,
-                collectives=comms)
+        out.add(compute=computed, inside=inside, recompute=computed - plain, after_comm=after,
+                optimizer=contention * basis.s_per_param * updated, collectives=comms)
     states, model, growth = counted_per_rank(spec, layout, micro, basis.precision, eval_batch, backend)
     overhead, training = basis.memory_overhead, basis.training_overhead  # the framework's, measured
     out.memory = {"state_per_rank": states, "model_per_rank": model, "training_model_per_rank": growth,
@@ -173,15 +167,6 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
 
 TP_UNPROFILED = ("tensor parallel: the 1-device run has no --profile, so its norms, dropouts and loss are taken to "
                  "divide as its matmuls do (they do not: predicted too fast)")
-
-
-def plain_share(spec: BertSpec | CnnSpec, basis: Basis) -> float:
-    """The share of a basis's time per multiply-add that is the plain forward+backward: all of it, except for a
-    basis measured with --recompute, whose 1-device run also recomputed its encoder layers' forward."""
-    if not basis.recompute or isinstance(spec, CnnSpec):
-        return 1.0
-    whole = parts(spec)
-    return whole.total / (whole.total + (1 - BACKWARD_SHARE) * whole.layers * whole.layer)
 
 
 def memory_per_rank(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, precision: str | None,

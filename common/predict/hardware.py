@@ -40,12 +40,9 @@ class Hardware:
     comm_overlaps_compute: bool = False  # collectives run beside compute (own stream/engine), not on its cores
     sources: tuple[str, ...] = field(default_factory=tuple)
     path: str = ""
-    # Measured matmul peak per math mode (TFLOP/s), e.g. from a run's achievable_peak: --assume-mfu's base
-    # where given, before the datasheet's.
+    # The file's [achievable_TFLOPS] (per math mode), compute (its compute table: "" where none is known),
+    # compute_scale and compute_scale_source, as hardware/README.md describes them.
     achievable_tflops: dict[str, float] = field(default_factory=dict)
-    # The device's compute table (hardware/compute/<name>.toml: matmul rates over shapes, attention kernels) for
-    # bench.predict --model's first-principles compute; "" where none is known. compute_scale: a published bound
-    # on how this part differs from the part the table was measured on (1: the same part), with its source.
     compute: str = ""
     compute_scale: float = 1.0
     compute_scale_source: str = ""
@@ -65,9 +62,7 @@ def available() -> list[str]:
 
 def load(name_or_file: str) -> Hardware:
     """A bundled description by name (hardware/<name>.toml) or a user's own file; ValueError in one line."""
-    path = Path(name_or_file)
-    if not path.suffix:
-        path = HARDWARE_DIR / f"{name_or_file}.toml"
+    path = Path(name_or_file) if Path(name_or_file).suffix else HARDWARE_DIR / f"{name_or_file}.toml"
     if not path.is_file():
         raise ValueError(f"--hardware {name_or_file}: no such file or bundled description "
                          f"(bundled: {', '.join(available())})")

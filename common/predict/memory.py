@@ -49,18 +49,14 @@ def stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> tuple
     first_layer = sum(counts[:stage])
     mine = range(first_layer, first_layer + counts[stage])
     first, last = stage == 0, stage == layout.pp - 1
-    out = []
-    for t in tensors:
-        layer = _layer_of(t.name)
-        if layer is not None:
-            keep = layer in mine
-        elif t.name.startswith("embeddings."):
-            keep = first or (last and t.name == "embeddings.token")
-        else:
-            keep = last
-        if keep:
-            out.append(t)
-    return tuple(out)
+
+    def held(name: str) -> bool:
+        if (layer := _layer_of(name)) is not None:
+            return layer in mine
+        if name.startswith("embeddings."):
+            return first or (last and name == "embeddings.token")
+        return last
+    return tuple(t for t in tensors if held(t.name))
 
 
 def tp_shape(t: Tensor, layout: Layout) -> tuple[int, ...]:
@@ -155,9 +151,8 @@ def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_
 def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> float:
     """Buffers a step allocates beside state and activations: torch_3d's flat gradient copy for its dp
     all-reduce; FSDP's whole parameters of the layer being computed and of the one prefetched."""
-    elements = stage_params(spec, layout, stage)
     if layout.dp > 1 and not layout.sharded:
-        return FLOAT * elements
+        return FLOAT * stage_params(spec, layout, stage)
     if layout.sharded and isinstance(spec, BertSpec):
         return FLOAT * 2 * layer_elements(spec, layout)
     return 0.0
@@ -187,20 +182,17 @@ def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, pre
 # -- decoders (bf16 mixed precision on GPUs, Megatron's and torchtitan's state) -------------------------------
 
 
-def decoder_state_bytes(params: float, layout: Layout) -> float:
-    """Training state of a rank holding `params` elements (its tensor-parallel share of its stage)."""
-    if layout.sharded:
-        return params * (FLOAT + FLOAT + 2 * FLOAT) / layout.fsdp
-    optimizer = 3 * FLOAT * params / (layout.dp if layout.zero1 else 1)
-    return params * (HALF + FLOAT) + optimizer
-
-
-def decoder_activation_bytes(spec: DecoderSpec, layout: Layout, tokens: int, layers: int, micro_batches: int,
-                             selective: str = "attention", stage: int = 0) -> float:
-    """What the busiest stage keeps for its backward: its layers' activations per micro-batch in flight.
-    Selective recomputation as Megatron does it (the attention core) keeps what flash attention keeps anyway;
-    torchtitan's op policy ("odd-mm") keeps the block's input, the 1st, 3rd, ... matmuls' outputs and the
-    attention's output and log-sum-exp, and recomputes the rest."""
+def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
+                       layers: int, micro_batches: int, last_stage: bool, selective: str, stage: int,
+                       gathered_layers: int) -> float:
+    """A rank of `stage`: docs/prediction-at-scale.md's memory per rank (`gathered_layers`: FSDP's held at a time).
+    Its layers' activations per micro-batch in flight: selective recomputation as Megatron does it (the attention
+    core) keeps what flash attention keeps anyway; torchtitan's op policy ("odd-mm") keeps the block's input, the
+    1st, 3rd, ... matmuls' outputs and the attention's output and log-sum-exp, and recomputes the rest."""
+    if layout.sharded:  # float32 parameters, gradients and AdamW's moments, sharded
+        state = stage_params * (FLOAT + FLOAT + 2 * FLOAT) / layout.fsdp
+    else:  # bf16 parameters, float32 gradients; float32 master weights and moments (ZeRO-1: sharded over dp)
+        state = stage_params * (HALF + FLOAT) + 3 * FLOAT * stage_params / (layout.dp if layout.zero1 else 1)
     per_layer = spec.stored_activation_bytes(tokens, layout.tp, layout.sp, flash=True)
     if layout.recompute == "selective" and selective == "odd-mm":
         saved = [g.n for g in spec.layer_gemms(tokens, layout.tp)][0::2]
@@ -212,15 +204,7 @@ def decoder_activation_bytes(spec: DecoderSpec, layout: Layout, tokens: int, lay
         per_stage = layers * kept + per_layer          # the inputs, and the one layer being recomputed
     else:
         per_stage = layers * per_layer
-    return per_stage * in_flight(layout, stage, micro_batches)
-
-
-def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
-                       layers: int, micro_batches: int, last_stage: bool, selective: str = "attention",
-                       stage: int = 0, gathered_layers: int = 2) -> float:
-    """A rank of `stage`: docs/prediction-at-scale.md's memory per rank (`gathered_layers`: FSDP's held at a time)."""
-    total = decoder_state_bytes(stage_params, layout) + decoder_activation_bytes(
-        spec, layout, tokens, layers, micro_batches, selective, stage)
+    total = state + per_stage * in_flight(layout, stage, micro_batches)
     if layout.sharded:
         total += gathered_layers * layer_params * HALF
     if last_stage:  # the logits: bf16 out of the output layer, their float32 copy and its gradient

@@ -76,12 +76,11 @@ class Stages:
     optimizer: list[float] = field(default_factory=list)
     collectives: list[list[Collective]] = field(default_factory=list)
     parts: list[dict[str, float]] = field(default_factory=list)
-    model_bytes: list[float] = field(default_factory=list)
     overhead: float = 0.0             # per step: data, Python (a measured 1-device run's rest)
     interruption_share: float = 0.0   # of a step, lost to a CPU host's interruptions (step.sync_factor)
     contention: float = 1.0
     notes: list[str] = field(default_factory=list)
-    memory: dict = field(default_factory=dict)    # Prediction's memory fields, where counted per rank
+    memory: dict = field(default_factory=dict)    # Prediction's memory fields (a decoder's: model_per_rank, by add)
     seq_len: int = 0
 
     def add(self, *, compute: float, inside: float, recompute: float = 0.0, after_comm: float = 0.0,
@@ -97,4 +96,4 @@ class Stages:
         self.collectives.append(list(collectives))
         self.parts.append(parts or {})
         if model_bytes is not None:
-            self.model_bytes.append(model_bytes)
+            self.memory.setdefault("model_per_rank", []).append(model_bytes)

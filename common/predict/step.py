@@ -57,7 +57,6 @@ def _step(stages: Stages, layout: Layout, global_batch: int) -> Prediction:
     sync_wait = stages.interruption_share * alone * (sync_factor(layout) - 1)
     after = max(stages.after_comm)
     idle = [(pipe - m * e[s]) / (pipe + after) for s in range(layout.pp)] if layout.pp > 1 else None
-    memory = stages.memory or {"model_per_rank": stages.model_bytes}
     return Prediction(layout=layout, devices=layout.devices, global_batch=global_batch, step_s=alone + sync_wait,
                       compute_s=m * stages.compute[busiest], comm_exposed_s=m * stages.inside[busiest] + after,
                       bubble_s=pipe - m * e[busiest] if layout.pp > 1 else 0.0, optimizer_s=max(stages.optimizer),
@@ -65,4 +64,4 @@ def _step(stages: Stages, layout: Layout, global_batch: int) -> Prediction:
                       collectives=[c for comms in stages.collectives for c in comms],
                       collectives_of_rank0=stages.collectives[0], contention=stages.contention, notes=stages.notes,
                       recompute_s=m * stages.recompute[busiest], parts=stages.parts[busiest],
-                      seq_len=stages.seq_len, **memory)
+                      seq_len=stages.seq_len, **stages.memory)

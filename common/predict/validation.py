@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, replace
 
-from common.config_key import config_key, sweep_of
+from common.config_key import config_key, record_layout, sweep_of
 from common.layout import Layout
 from common.loop import EVAL_BATCH
 from common.predict.basis import (
@@ -16,7 +16,6 @@ from common.predict.basis import (
     from_records,
     measured_memory,
     per_process,
-    record_layout,
     stage_split,
 )
 from common.predict.collectives import KINDS, Collective
@@ -26,7 +25,6 @@ from common.predict.step import predict
 from common.sections import Bubble, CommPerStep, GradComm, StateBytesPerRank
 from common.spec import model_spec
 
-MATCH = ("backend", "workload", "device_kind", "threads_per_device")
 # Backends whose collectives a compiler places: predicted with those its compiled step holds (comm_per_step).
 COMPILER_PLACED = ("keras_jax",)
 
@@ -36,8 +34,8 @@ def _size(record: dict) -> str:
 
 
 def _key(record: dict) -> tuple:
-    return (*(record.get(k) for k in MATCH), _size(record), (record.get("host") or {}).get("name"),
-            (record.get("config") or {}).get("precision"))
+    return (*(record.get(k) for k in ("backend", "workload", "device_kind", "threads_per_device")), _size(record),
+            (record.get("host") or {}).get("name"), (record.get("config") or {}).get("precision"))
 
 
 def execution(record: dict) -> tuple[bool, str]:
@@ -76,8 +74,7 @@ def references(run: dict, records: list[dict]) -> list[dict]:
     """The 1-device runs a run is predicted from, the main one first (executed alike, --recompute and --compile,
     first; then same global batch and micro-batches, else same global batch, else any; of each the latest sweep's
     median repeat). The others: that global batch at other micro-batch counts, executed as the main one."""
-    ones = _one_device_alike(run, records)
-    ones.sort(key=lambda r: r.get("started_at") or "", reverse=True)
+    ones = sorted(_one_device_alike(run, records), key=lambda r: r.get("started_at") or "", reverse=True)
 
     def rank(r):
         same_batch = r["global_batch"] == run["global_batch"]
@@ -87,12 +84,9 @@ def references(run: dict, records: list[dict]) -> list[dict]:
     if not ones:
         return []
     main = median_repeat([r for r in ones if rank(r) == rank(ones[0])])
-    others = [r for r in ones if r["global_batch"] == main["global_batch"]
-              and accumulation(r) != accumulation(main) and execution(r) == execution(main)]
-    distinct = {}
-    for r in others:
-        distinct.setdefault(accumulation(r), []).append(r)
-    return [main, *(median_repeat(alike) for alike in distinct.values())]
+    others = [r for r in ones if r["global_batch"] == main["global_batch"] and execution(r) == execution(main)]
+    counts = dict.fromkeys(accumulation(r) for r in others if accumulation(r) != accumulation(main))
+    return [main, *(median_repeat([r for r in others if accumulation(r) == k]) for k in counts)]
 
 
 def probed_links(records: list[dict]) -> dict[int, dict[str, float]]:
@@ -113,11 +107,10 @@ def hardware_for(run: dict, hardware: Hardware, links: dict[int, dict[str, float
         return hardware, f"link: {hardware.name}'s description (no link probe in the folder)"
     n = min(links, key=lambda k: (abs(k - run["devices"]), k))
     busbw, by_kind = links[n]["all_reduce"], {k: v for k, v in links[n].items() if k != "all_reduce"}
-    node = [replace(lk, busbw_GBps=busbw, busbw_by_kind=by_kind, source=f"median link probe at {n} ranks")
-            for lk in hardware.links if lk.level == "node"]
-    rest = [lk for lk in hardware.links if lk.level != "node"]
+    probed = tuple(replace(lk, busbw_GBps=busbw, busbw_by_kind=by_kind, source=f"median link probe at {n} ranks")
+                   if lk.level == "node" else lk for lk in hardware.links)
     apart = "".join(f", {kind} {gbps:.3g}" for kind, gbps in sorted(by_kind.items()))
-    return replace(hardware, links=tuple(node + rest)), f"link: probe at {n} ranks, {busbw:.3g} GB/s busbw{apart}"
+    return replace(hardware, links=probed), f"link: probe at {n} ranks, {busbw:.3g} GB/s busbw{apart}"
 
 
 def compiled_collectives(run: dict, layout: Layout) -> list[Collective] | None:
@@ -130,9 +123,7 @@ def compiled_collectives(run: dict, layout: Layout) -> list[Collective] | None:
 
 
 def relative(predicted: float | None, measured: float | None) -> float | None:
-    if predicted is None or not measured:
-        return None
-    return (predicted - measured) / measured
+    return None if predicted is None or not measured else (predicted - measured) / measured
 
 
 def _memory(measured: list, devices: int, predicted: list[float] | None, model: list[float],
@@ -150,11 +141,9 @@ def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str)
     training = measured_memory(run, "training_per_rank") if (run.get("memory") or {}).get("training_per_rank") \
         else None
     state = StateBytesPerRank.from_metrics(run.get("backend_metrics"))
+    predicted_state = [asdict(s) for s in prediction.state_per_rank]
+    measured_state = [asdict(s) for s in state.ranks] if state else None
     bubble = Bubble.from_metrics(run.get("backend_metrics"))
-    exact = None
-    if state:
-        exact = len(state.ranks) == len(prediction.state_per_rank) and \
-            all(asdict(p) == asdict(m) for p, m in zip(prediction.state_per_rank, state.ranks))
     return {
         "run_id": run["run_id"], "backend": run["backend"], "layout": _layout(run).name, "devices": run["devices"],
         "oversubscribed": bool(run.get("oversubscribed")), "global_batch": run["global_batch"],
@@ -167,8 +156,8 @@ def compare(run: dict, prediction: Prediction, refs: list[dict], link_note: str)
         "training_memory_per_rank": _memory(training, run["devices"], prediction.training_per_rank,
                                             prediction.training_model_per_rank, prediction.training_overhead)
         if training else None,
-        "state_bytes_per_rank": {"predicted": [asdict(s) for s in prediction.state_per_rank],
-                                 "measured": [asdict(s) for s in state.ranks] if state else None, "exact": exact},
+        "state_bytes_per_rank": {"predicted": predicted_state, "measured": measured_state,
+                                 "exact": predicted_state == measured_state if state else None},
         "idle_per_stage": {"predicted": prediction.idle_per_stage,
                            "measured": bubble.measured_per_stage if bubble else None,
                            "analytic": bubble.analytic if bubble else None} if prediction.idle_per_stage else None,
@@ -184,11 +173,9 @@ def _comm_check(run: dict, prediction: Prediction) -> dict | None:
     if not comm or not comm.ranks or comm.ranks[0] is None:
         return None
     counted = comm.ranks[0]
-    predicted: dict[str, dict] = {}
-    for c in prediction.collectives_of_rank0:
-        slot = predicted.setdefault(c.kind, {"bytes": 0, "calls": 0})
-        slot["bytes"] += int(round(c.total_bytes))
-        slot["calls"] += c.calls
+    mine = prediction.collectives_of_rank0
+    predicted = {k: {"bytes": sum(int(round(c.total_bytes)) for c in mine if c.kind == k),
+                     "calls": sum(c.calls for c in mine if c.kind == k)} for k in {c.kind for c in mine}}
     kinds = sorted(set(predicted) | set(counted))
     return {k: {"predicted": predicted.get(k), "measured": ({"bytes": counted[k].bytes, "calls": counted[k].calls}
                                                             if k in counted else None)} for k in kinds}
@@ -246,12 +233,10 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
         try:
             target, link_note = hardware_for(run, hardware, links)
             basis = basis_of(spec, refs, records)
-            eval_batch = EVAL_BATCH if evaluated(run) else None
             counted = compiled_collectives(run, layout)
-            prediction = predict(spec, layout, run["global_batch"], target, basis, run["backend"],
-                                 background_load(run) if account_load else None, eval_batch, counted)
-            plain = predict(spec, layout, run["global_batch"], target, basis, run["backend"], eval_batch=eval_batch,
-                            counted=counted)
+            loads = (background_load(run) if account_load else None, None)  # as accounted, and ignoring the load
+            prediction, plain = (predict(spec, layout, run["global_batch"], target, basis, run["backend"], load,
+                                         EVAL_BATCH if evaluated(run) else None, counted) for load in loads)
         except ValueError as exc:
             skipped.append({"run_id": run["run_id"], "why": str(exc)})
             continue
@@ -282,7 +267,6 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
             "links_probed_GBps": {str(k): v["all_reduce"] for k, v in sorted(links.items())},
             "runs": runs, "configurations": configs, "skipped": skipped,
             "summary": {"all": summary(runs), "not_oversubscribed": summary(quiet),
-                        "configurations": {"all": of_configs(configs),
-                                           "not_oversubscribed": of_configs([c for c in configs
-                                                                             if not c["oversubscribed"]])},
+                        "configurations": {"all": of_configs(configs), "not_oversubscribed": of_configs(
+                            [c for c in configs if not c["oversubscribed"]])},
                         "oversubscribed_runs": len(runs) - len(quiet), "skipped_runs": len(skipped)}}

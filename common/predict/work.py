@@ -53,26 +53,21 @@ def stage_layer_counts(layout: Layout, layers: int) -> list[int]:
     return counts
 
 
-def stage_macs(spec: BertSpec | CnnSpec, layout: Layout) -> list[float]:
-    """Forward multiply-adds per sample on one rank of each pipeline stage (its tensor-parallel share)."""
+def stage_macs(spec: BertSpec | CnnSpec, layout: Layout, recomputed: bool = False) -> list[float]:
+    """Forward multiply-adds per sample on one rank of each pipeline stage (its tensor-parallel share). `recomputed`:
+    those --recompute runs a second time in the backward, its encoder layers' (torch_3d and keras_jax checkpoint
+    each encoder layer; the head is kept): none without --recompute, nor for the CNN (no backend recomputes it)."""
     whole = parts(spec)
     if isinstance(spec, CnnSpec):
         if layout.pp > 1 or layout.tp > 1:
             raise ValueError("the model predicts the CNN data parallel only (dp, fsdp)")
-        return [whole.total]
-    out = [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers)]
-    out[-1] += whole.head_dense + whole.head_vocab / (layout.tp if layout.vocab_split else 1)
-    return out
-
-
-def recomputed_macs(spec: BertSpec | CnnSpec, layout: Layout) -> list[float]:
-    """Forward multiply-adds per sample that --recompute runs a second time in the backward on one rank of each
-    stage: its encoder layers' (torch_3d and keras_jax checkpoint each encoder layer; the head is kept). Zero
-    without --recompute, and for the CNN (no backend recomputes it)."""
-    if not layout.recomputes or isinstance(spec, CnnSpec):
+        return [0.0 if recomputed else whole.total]
+    if recomputed and not layout.recomputes:
         return [0.0] * layout.pp
-    whole = parts(spec)
-    return [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers)]
+    out = [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers)]
+    if not recomputed:
+        out[-1] += whole.head_dense + whole.head_vocab / (layout.tp if layout.vocab_split else 1)
+    return out
 
 
 @dataclass(frozen=True)
@@ -101,10 +96,9 @@ def rank_macs(spec: BertSpec | CnnSpec, layout: Layout, shares: ComputeShares | 
               recomputed: bool = False) -> list[float]:
     """What one rank of each stage computes, in multiply-adds per sample its time goes with: its matmuls', and the
     rest of its stage's 1-device time divided as `shares` say (without them: as the matmuls divide)."""
-    work = recomputed_macs if recomputed else stage_macs
-    mine = work(spec, layout)
+    mine = stage_macs(spec, layout, recomputed)
     if shares is None or layout.tp == 1:
         return mine
-    whole = work(spec, dataclasses.replace(layout, tp=1))
+    whole = stage_macs(spec, dataclasses.replace(layout, tp=1), recomputed)
     rest = shares.split / layout.tp + shares.vocab / (layout.tp if layout.vocab_split else 1) + shares.whole
     return [shares.matmul * m + rest * w for m, w in zip(mine, whole)]
