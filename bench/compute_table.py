@@ -12,11 +12,13 @@ import statistics
 import sys
 import time
 from datetime import datetime, timezone
+from itertools import product
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from bench.cli import console_table
 from common.predict import compute_table as table_format
 
 
@@ -74,7 +76,6 @@ def measure(args, console: Console) -> dict:
     precisions = args.precisions or (("bf16", "fp8") if cuda else ("fp32",))
     kernels = args.attention or (("torch_flash", "torch_cudnn") if cuda else ("torch_math",))
     target = args.target_ms / 1e3
-    failed: dict[str, str] = {}
     # The sustained run goes first: what follows it is measured at the clocks it leaves.
     run = sustained(probe, device, "bf16" if cuda else "fp32", args.sustain_shape, args.sustain_s) \
         if args.sustain_s > 0 else None
@@ -82,30 +83,28 @@ def measure(args, console: Console) -> dict:
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "command": " ".join(sys.argv),
            "launch_us": probe.launch_us(device),
            "copy_GBps": {str(nbytes): probe.copy_GBps(device, nbytes, target) for nbytes in args.copy_bytes},
-           "matmul": {}, "attention": {}, "failed": failed, **({"sustained": run} if run else {})}
+           "matmul": {}, "attention": {}, "failed": {}, **({"sustained": run} if run else {})}
     exact = gemm_shapes() if (cuda if args.published_shapes is None else args.published_shapes) else []
     for precision in precisions:
         table = {"grid": [], "shapes": []}
         try:
-            for part, shapes in (("grid", table_format.grid_shapes(args.grid)), ("shapes", exact)):
+            for part, shapes in (("grid", list(product(args.grid, repeat=3))), ("shapes", exact)):
                 rates = probe.gemm_tflops(device, precision, list(shapes), target)
                 table[part] = [[m, n, k, _sig(rate)] for (m, n, k), rate in zip(shapes, rates)]
             out["matmul"][precision] = table
         except Exception as exc:  # noqa: BLE001 - a precision the device lacks (fp8 before Hopper) is noted, not fatal
-            failed[f"matmul.{precision}"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            out["failed"][f"matmul.{precision}"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
         console.print(f"matmul {precision}: {len(table['grid'])} grid shapes, {len(table['shapes'])} exact")
     for kernel in kernels:
-        rates = {"forward_causal": [], "backward": []}
         try:
-            for seq in args.attention_seqs:
-                fwd, bwd = probe.attention_tflops(device, kernel, "bf16" if cuda else "fp32", seq,
-                                                  args.attention_tokens, args.attention_heads,
-                                                  table_format.ATTENTION_HEAD_DIM, target)
-                rates["forward_causal"].append([seq, _sig(fwd)])
-                rates["backward"].append([seq, _sig(bwd)])
-            out["attention"][kernel] = rates
+            rates = [(seq, *probe.attention_tflops(device, kernel, "bf16" if cuda else "fp32", seq,
+                                                   args.attention_tokens, args.attention_heads,
+                                                   table_format.ATTENTION_HEAD_DIM, target))
+                     for seq in args.attention_seqs]
+            out["attention"][kernel] = {"forward_causal": [[seq, _sig(fwd)] for seq, fwd, _ in rates],
+                                        "backward": [[seq, _sig(bwd)] for seq, _, bwd in rates]}
         except Exception as exc:  # noqa: BLE001 - a kernel this torch or device cannot run is noted, not fatal
-            failed[f"attention.{kernel}"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            out["failed"][f"attention.{kernel}"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
     return out
 
 
@@ -119,33 +118,30 @@ def sustained(probe, device, precision: str, shape: tuple[int, ...], seconds: fl
 
 
 def summary(measured: dict) -> Table:
-    t = Table(title=f"{measured['device']} ({measured['software']})")
-    t.add_column("what")
-    t.add_column("measured", justify="right")
     launch = measured["launch_us"]
-    t.add_row("shortest kernel from Python (us)", f"{launch['eager']:.2f}")
+    rows = [("shortest kernel from Python (us)", f"{launch['eager']:.2f}")]
     if launch.get("graph"):
-        t.add_row("shortest kernel from a CUDA graph (us)", f"{launch['graph']:.2f}")
+        rows.append(("shortest kernel from a CUDA graph (us)", f"{launch['graph']:.2f}"))
     for nbytes, rate in measured["copy_GBps"].items():
-        t.add_row(f"copy {int(nbytes) >> 20} MiB (GB/s, read + written)", f"{rate:,.0f}")
+        rows.append((f"copy {int(nbytes) >> 20} MiB (GB/s, read + written)", f"{rate:,.0f}"))
     if "sustained" in measured:
         run = measured["sustained"]
-        t.add_row(f"matmul {run['precision']} {'x'.join(map(str, run['shape']))} run {run['seconds']:g} s: first half "
-                  "second / last third (TFLOP/s)", f"{run['first_tflops']:,.1f} / {run['steady_tflops']:,.1f} "
-                  f"(x{run['steady_over_first']:.3f})")
+        rows.append((f"matmul {run['precision']} {'x'.join(map(str, run['shape']))} run {run['seconds']:g} s: first "
+                     "half second / last third (TFLOP/s)", f"{run['first_tflops']:,.1f} / {run['steady_tflops']:,.1f} "
+                     f"(x{run['steady_over_first']:.3f})"))
     for precision, table in measured["matmul"].items():
         best = max(table["grid"], key=lambda r: r[3])
-        t.add_row(f"matmul {precision}: best of the grid (TFLOP/s)", f"{best[3]:,.1f} at {best[0]}x{best[1]}x{best[2]}")
+        rows.append((f"matmul {precision}: best of the grid (TFLOP/s)",
+                     f"{best[3]:,.1f} at {best[0]}x{best[1]}x{best[2]}"))
         if table["shapes"]:
             rates = sorted(r[3] for r in table["shapes"])
-            t.add_row(f"matmul {precision}: published points' {len(rates)} shapes (TFLOP/s, min / median / max)",
-                      f"{rates[0]:,.0f} / {rates[len(rates) // 2]:,.0f} / {rates[-1]:,.0f}")
+            rows.append((f"matmul {precision}: published points' {len(rates)} shapes (TFLOP/s, min / median / max)",
+                         f"{rates[0]:,.0f} / {rates[len(rates) // 2]:,.0f} / {rates[-1]:,.0f}"))
     for kernel, rates in measured["attention"].items():
         fwd = ", ".join(f"{s}: {r:.0f}" for s, r in rates["forward_causal"])
-        t.add_row(f"attention {kernel} forward (TFLOP/s by sequence)", fwd)
-    for what, why in measured["failed"].items():
-        t.add_row(f"failed: {what}", why)
-    return t
+        rows.append((f"attention {kernel} forward (TFLOP/s by sequence)", fwd))
+    rows += [(f"failed: {what}", why) for what, why in measured["failed"].items()]
+    return console_table(f"{measured['device']} ({measured['software']})", ("what", "measured"), rows)
 
 
 def main(argv: list[str] | None = None) -> int:

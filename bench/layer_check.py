@@ -13,8 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
+from bench.cli import console_table
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import compute_for
@@ -49,9 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
     try:
-        spec = decoder.load(args.model)
-        if args.seq_len:
-            spec = replace(spec, seq_len=args.seq_len)
+        spec = decoder.load(args.model, args.seq_len)
         hardware = hardware_files.load(args.hardware)
         stack = stacks.load(args.stack)
         compute = compute_for(hardware)
@@ -72,52 +70,38 @@ def main(argv: list[str] | None = None) -> int:
            "part": args.part, "recompute": args.recompute, "hardware": hardware.name, "compute_table": compute.path,
            "device": probes.device_name, "software": probes.software, "precision": precision,
            "sdpa_kernel": kernel}
-    what = {"layer": _layer, "head": _head, "optimizer": _optimizer}[args.part]
-    title, rows, parts = what(args, spec, stack, compute, hardware, probes, precision, kernel, out)
-    out["error"] = {name: p / m - 1 for name, m, p in rows}
+    tokens = f"{args.micro_batch} x {spec.seq_len} tokens"
+    if args.part == "layer":
+        measured = probes.layers.time_layer(spec, probes.device, precision, args.micro_batch, kernel, args.steps,
+                                            compile=stack.name == "torch-compile", recompute=args.recompute)
+        # The model times the attention at the measured rates of the kernel the layer runs.
+        predicted = one_layer(spec, replace(stack, attention_kernel=kernel), compute, hardware, args.micro_batch,
+                              precision, args.recompute)
+        m_fwd, m_bwd, p_fwd, p_bwd = measured["forward_s"], measured["backward_s"], predicted["fwd"], predicted["bwd"]
+        rows = [("forward", m_fwd, p_fwd), ("backward", m_bwd, p_bwd), ("layer", m_fwd + m_bwd, p_fwd + p_bwd)]
+        title = f"one {spec.name} layer, {tokens}, SDPA {kernel}, recompute {args.recompute}"
+        parts = {k: predicted[k] for k in ("gemm", "attention", "elementwise", "recompute")}
+    elif args.part == "head":
+        measured = probes.layers.time_head(spec, probes.device, precision, args.micro_batch, args.steps)
+        parts = predicted = head(spec, 1, stack, Timer(compute, precision), args.micro_batch * spec.seq_len)
+        rows = [("head", measured["forward_s"] + measured["backward_s"], sum(predicted.values()))]
+        title = f"{spec.name}'s final norm, output layer and loss, {tokens}"
+    else:
+        measured = probes.layers.time_optimizer(spec, probes.device, args.shards, args.steps)
+        parts = predicted = {"optimizer": Timer(compute).optimizer(spec.param_count() / args.shards, stack)}
+        rows = [("optimizer", measured["step_s"], predicted["optimizer"])]
+        title = (f"{spec.name}'s clipping and AdamW over 1/{args.shards} of its parameters "
+                 f"({measured['elements'] / 1e6:,.0f} M elements)")
+    shards = {"shards": args.shards} if args.part == "optimizer" else {}
+    out.update(measured=measured, predicted=predicted, **shards, error={name: p / m - 1 for name, m, p in rows})
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
-    t = Table(title=f"{title}, {out['device']} ({out['software']}, {stack.name}, {precision})")
-    for col in ("", "measured (ms)", "predicted (ms)", "error"):
-        t.add_column(col, justify="right" if col else "left")
-    for name, m, p in rows:
-        t.add_row(name, f"{m * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / m - 1:+.1%}")
-    console.print(t)
+    cells = [(name, f"{m * 1e3:.3f}", f"{p * 1e3:.3f}", f"{p / m - 1:+.1%}") for name, m, p in rows]
+    console.print(console_table(f"{title}, {out['device']} ({out['software']}, {stack.name}, {precision})",
+                                ("", "measured (ms)", "predicted (ms)", "error"), cells))
     console.print("predicted parts (ms): " + ", ".join(f"{part} {v * 1e3:.3f}" for part, v in parts.items()))
     return 0
-
-
-def _layer(args, spec, stack, compute, hardware, probes, precision, kernel, out):
-    measured = probes.layers.time_layer(spec, probes.device, precision, args.micro_batch, kernel, args.steps,
-                          compile=stack.name == "torch-compile", recompute=args.recompute)
-    # The model times the attention at the measured rates of the kernel the layer runs.
-    predicted = one_layer(spec, replace(stack, attention_kernel=kernel), compute, hardware, args.micro_batch,
-                          precision, args.recompute)
-    out.update(measured=measured, predicted=predicted)
-    m_fwd, m_bwd, p_fwd, p_bwd = measured["forward_s"], measured["backward_s"], predicted["fwd"], predicted["bwd"]
-    rows = [("forward", m_fwd, p_fwd), ("backward", m_bwd, p_bwd), ("layer", m_fwd + m_bwd, p_fwd + p_bwd)]
-    title = (f"one {spec.name} layer, {args.micro_batch} x {spec.seq_len} tokens, SDPA {kernel}, "
-             f"recompute {args.recompute}")
-    return title, rows, {k: predicted[k] for k in ("gemm", "attention", "elementwise", "recompute")}
-
-
-def _head(args, spec, stack, compute, hardware, probes, precision, kernel, out):
-    measured = probes.layers.time_head(spec, probes.device, precision, args.micro_batch, args.steps)
-    predicted = head(spec, 1, stack, Timer(compute, precision), args.micro_batch * spec.seq_len)
-    out.update(measured=measured, predicted=predicted)
-    total = measured["forward_s"] + measured["backward_s"]
-    return (f"{spec.name}'s final norm, output layer and loss, {args.micro_batch} x {spec.seq_len} tokens",
-            [("head", total, sum(predicted.values()))], predicted)
-
-
-def _optimizer(args, spec, stack, compute, hardware, probes, precision, kernel, out):
-    measured = probes.layers.time_optimizer(spec, probes.device, args.shards, args.steps)
-    predicted = Timer(compute).optimizer(spec.param_count() / args.shards, stack)
-    out.update(measured=measured, predicted={"optimizer": predicted}, shards=args.shards)
-    return (f"{spec.name}'s clipping and AdamW over 1/{args.shards} of its parameters "
-            f"({measured['elements'] / 1e6:,.0f} M elements)",
-            [("optimizer", measured["step_s"], predicted)], {"optimizer": predicted})
 
 
 if __name__ == "__main__":

@@ -12,10 +12,8 @@ MIN_SPEARMAN = 0.8
 
 
 def fit_limits(plan: dict) -> list[float]:
-    """Memory limits in GiB, from the plan's predictions and its memory error e alone: the smallest predicted
-    peak (the leanest layout just fits), and for each layout the largest whole MiB below P / (1 + e), the
-    tightest limit at which the planner calls it "does not fit" (common.plan.fit.verdict). Between two of these
-    limits the calls do not change, so holding the calls at each one holds them at every limit."""
+    """Memory limits in GiB at which the planner's fit calls change, from the plan's predicted peaks P and its
+    memory error e alone (docs/plan.md, "Proven by exhaustion")."""
     e = error_allowed(plan.get("memory_error"))
     peaks = [r["memory_per_rank_max"] for r in plan["rows"] if r.get("memory_per_rank_max")]
     mib = {math.floor(min(peaks) / 2**20)} if peaks else set()

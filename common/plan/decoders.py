@@ -1,11 +1,8 @@
 """bench.plan --model: which layout to train a decoder LLM with on a GPU cluster, from the step model and a device's
-compute table, without a run: every layout of common.layout's grammar within a cluster's practice (tp and cp
-within a node, each bound below a constant), validated, refused by the stack where it does not run it,
-predicted, held against memory and ranked (common.plan.rank). docs/plan.md, "Decoder LLMs on GPU clusters"."""
+compute table, without a run (docs/plan.md, "Decoder LLMs on GPU clusters")."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from itertools import product
 
 from common.errors import BadInput
@@ -27,13 +24,10 @@ MAX_MBS = 16
 MAX_VIRTUAL = 8
 
 
-def _powers_of_two(limit: int, divides: int) -> list[int]:
-    return [b for b in (1 << k for k in range(MAX_MBS.bit_length())) if b <= limit and divides % b == 0]
-
-
 def candidates(spec: DecoderSpec, devices: int, global_batch: int, stack: Stack, devices_per_node: int
                ) -> Iterator[Layout]:
-    """Every layout of the space (module doc), before validation."""
+    """Every layout of common.layout's grammar within a cluster's practice (tp and cp within a node, each bound
+    below a constant), before validation and the stack's refusals."""
     node = divisors(min(devices_per_node, devices))
     for tp, cp in product(node, node):
         if devices % (tp * cp):
@@ -47,9 +41,9 @@ def candidates(spec: DecoderSpec, devices: int, global_batch: int, stack: Stack,
                           if pp > 1 and spec.layers % (pp * v) == 0]
             on_off = (False, True) if tp > 1 else (False,)
             overlap = on_off if stack.tp_overlap_split else (False,)
+            sizes = [b for b in (1 << k for k in range(MAX_MBS.bit_length())) if global_batch // data % b == 0]
             for fsdp, mbs, (schedule, virtual), recompute, sp, vocab, tpo in product(
-                    divisors(data), _powers_of_two(MAX_MBS, global_batch // data), schedules,
-                    ("none", "selective", "full"), on_off, on_off, overlap):
+                    divisors(data), sizes, schedules, ("none", "selective", "full"), on_off, on_off, overlap):
                 for zero1 in ((False, True) if fsdp == 1 and data > 1 else (False,)):
                     yield Layout(dp=data // fsdp, fsdp=fsdp, tp=tp, pp=pp, cp=cp, micro_batch_size=mbs,
                                  schedule=schedule, virtual_stages=virtual, recompute=recompute, sp=sp, zero1=zero1,
@@ -77,8 +71,7 @@ def decoder_plan(model: str, devices: int, batch: int, hardware_name: str, stack
     """The plan document of a decoder on `devices` GPUs (common.plan.rank.document): its top rows, and where the
     `asked` layout stands among them."""
     hardware, stack = hardware_files.load(hardware_name), stacks.load(stack_name)
-    spec = decoder.load(model)
-    spec = replace(spec, seq_len=seq_len) if seq_len else spec
+    spec = decoder.load(model, seq_len)
     compute = device_compute(hardware, mfu)
     layout = None
     if asked:   # what no plan can change is refused before the search

@@ -1,7 +1,5 @@
-"""Will a run fit its devices? Memory per device predicted before anything starts (common.predict.memory), plus the
-framework's overhead where a 1-device run measured it, held against the device's limit, allowing for the
-model's measured memory error e: a rank predicted at P would measure between P / (1 + e) and P / (1 - e)
-(docs/plan.md, "The fit check")."""
+"""Will a run fit its devices? Its memory per device predicted before anything starts (common.predict.memory) held
+against the device's limit, allowing for the model's measured memory error (docs/plan.md, "The fit check")."""
 from __future__ import annotations
 
 from common.errors import BadInput
@@ -58,15 +56,13 @@ def measured_overhead(spec: BertSpec | CnnSpec, records: list[dict], backend: st
                       precision: str, device_kind: str, host: str | None) -> tuple[float, str] | None:
     """The framework's memory overhead (the process peak beyond what the model counts) and the run id of the latest
     matching ok 1-device run among `records`; None when there is none."""
-    size = getattr(spec, "name", None)
     found = [r for r in records if r.get("status") == "ok" and r.get("devices") == 1 and r.get("backend") == backend
              and r.get("workload") == workload and r.get("device_kind") == device_kind
              and (r.get("host") or {}).get("name") == host and (r.get("step_time_s") or {}).get("p50")
              and ((r.get("config") or {}).get("precision") or "fp32") == precision
-             and (workload != "mlm" or (r.get("config") or {}).get("model_size") == size)
+             and (workload != "mlm" or (r.get("config") or {}).get("model_size") == getattr(spec, "name", None))
              and not record_layout(r).recomputes]
-    found.sort(key=lambda r: r.get("started_at") or "")
-    for record in reversed(found):
+    for record in reversed(sorted(found, key=lambda r: r.get("started_at") or "")):
         overhead = from_records(spec, [record]).memory_overhead
         if overhead is not None:
             return overhead, record["run_id"]
@@ -78,20 +74,19 @@ def predicted_check(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
                     overhead: tuple[float, str] | None = None, error: float | None = None) -> FitCheck:
     """The fit check of one planned run: per rank the predicted peak (the model's count, plus the measured
     overhead where known), against `available` bytes per device (None: no limit known)."""
+    available_bytes = None if available is None else int(available)
     if backend not in MODELLED_BACKENDS:
-        return FitCheck(None, _bytes(available), limit, "not checked",
+        return FitCheck(None, available_bytes, limit, "not checked",
                         f"not predicted: the memory model describes {', '.join(MODELLED_BACKENDS)}, not {backend}")
     try:
         _, model, _ = memory_per_rank(spec, layout, global_batch, precision, backend, eval_batch)
     except ValueError as exc:
-        return FitCheck(None, _bytes(available), limit, "not checked", f"not predicted: {exc}")
+        return FitCheck(None, available_bytes, limit, "not checked", f"not predicted: {exc}")
     counts = "state + activations + buffers" + (" + the evaluation's live values" if eval_batch else "")
-    if overhead is not None:
-        counts += f" + the framework's overhead {overhead[0] / 2**20:,.0f} MiB measured by 1-device run {overhead[1]}"
-    else:
-        counts += " (no framework overhead: no 1-device run measured it; a lower bound)"
+    counts += (f" + the framework's overhead {overhead[0] / 2**20:,.0f} MiB measured by 1-device run {overhead[1]}"
+               if overhead is not None else " (no framework overhead: no 1-device run measured it; a lower bound)")
     per_rank = [int(m + (overhead[0] if overhead else 0.0)) for m in model]
-    return FitCheck(per_rank, _bytes(available), limit, verdict(max(per_rank), available, error), counts, error)
+    return FitCheck(per_rank, available_bytes, limit, verdict(max(per_rank), available, error), counts, error)
 
 
 def refusal(check: FitCheck, layout: Layout) -> str:
@@ -102,7 +97,3 @@ def refusal(check: FitCheck, layout: Layout) -> str:
     return (f"{layout.name} is predicted not to fit: rank {rank} needs {worst / GIB:.3f} GiB, {check.limit} allows "
             f"{check.available_bytes / GIB:.3f} GiB per device{allowance}; counted: {check.counts}; "
             "--no-fit-check runs it anyway")
-
-
-def _bytes(value: float | None) -> int | None:
-    return None if value is None else int(value)

@@ -1,7 +1,6 @@
 """Each layout predicted (common.predict.step), what does not fit dropped, the rest ranked by predicted step with
-what decides between them. Two layouts are separable only beyond the ranking error, the median |e_a - e_b| over
-pairs of validated runs: a bias shared by all layouts cancels in a ratio of two steps, their difference does not.
-docs/plan.md, "How each layout is predicted and ranked"."""
+what decides between them, separable only beyond the ranking error (docs/plan.md, "How each layout is predicted
+and ranked")."""
 from __future__ import annotations
 
 import statistics
@@ -43,18 +42,14 @@ class Ranked:
     @property
     def parts(self) -> dict[str, float]:
         p = self.prediction
-        return {"compute": p.compute_s - p.recompute_s, "recompute": p.recompute_s,
-                "comm_exposed": p.comm_exposed_s, "bubble": p.bubble_s, "optimizer": p.optimizer_s,
-                "sync_wait": p.sync_wait_s, "overhead": p.overhead_s}
+        return {part: getattr(p, f"{part}_s") for part in PARTS} | {"compute": p.compute_s - p.recompute_s}
 
 
 def ranking_error(validation: dict | None) -> float | None:
     """The median |e_a - e_b| over pairs of a validation's runs (None: fewer than two runs validated)."""
     errors = [r["step_s"]["error"] for r in (validation or {}).get("runs", [])
               if r.get("step_s", {}).get("error") is not None]
-    if len(errors) < 2:
-        return None
-    return statistics.median(abs(a - b) for a, b in combinations(errors, 2))
+    return statistics.median(abs(a - b) for a, b in combinations(errors, 2)) if len(errors) > 1 else None
 
 
 def memory_error(validation: dict | None) -> float | None:
@@ -85,14 +80,10 @@ def rank(rows: list[Ranked], error: float | None) -> list[Ranked]:
     fitting = sorted((r for r in rows if r.fit != "does not fit"),
                      key=lambda r: (FIT_ORDER[r.fit], r.step_s, r.memory, r.layout.name))
     dropped = sorted((r for r in rows if r.fit == "does not fit"), key=lambda r: (r.memory, r.layout.name))
-    if not fitting:
-        return dropped
-    pick = fitting[0]
-    for i, r in enumerate(fitting, 1):
+    for i, r in enumerate(fitting, 1):   # fitting[0]: the pick
         r.rank = i
-        gap = r.step_s / pick.step_s - 1
-        r.separable = None if error is None else abs(gap) > error
-        r.decides = decides(pick, r)
+        r.separable = None if error is None else abs(r.step_s / fitting[0].step_s - 1) > error
+        r.decides = decides(fitting[0], r)
     return fitting + dropped
 
 

@@ -1,7 +1,5 @@
-"""Every layout of N devices that a backend can execute: the space bench.plan searches for the executed workloads.
-Nothing here decides what is valid: candidates span what the executed step model costs, and are kept where a
-layout name says them, Layout.validate accepts them and the backend does not refuse (`refuse`). docs/plan.md,
-"What is enumerated"."""
+"""Every layout of N devices that a backend can execute: the space bench.plan searches for the executed workloads,
+each kept as the layout grammar, Layout.validate and the backend decide (docs/plan.md, "What is enumerated")."""
 from __future__ import annotations
 
 import math

@@ -10,10 +10,6 @@ ATTENTION_TOKENS, ATTENTION_HEADS, ATTENTION_HEAD_DIM = 16384, 16, 128
 COPY_BYTES = (64 << 20, 256 << 20, 1 << 30)
 
 
-def grid_shapes(axis: tuple[int, ...] = GRID) -> list[tuple[int, int, int]]:
-    return [(m, n, k) for m in axis for n in axis for k in axis]
-
-
 def _q(text: str) -> str:
     return json.dumps(text)  # a TOML basic string is a JSON string for the characters used here
 

@@ -2,7 +2,7 @@
 one set of formulas bench.predict uses for every size (docs/prediction-at-scale.md, "The models")."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from common.predict.hardware import tomllib
@@ -46,12 +46,10 @@ class DecoderSpec:
     def linears(self) -> list[Linear]:
         """A layer's linear layers in forward order (torchtitan's and Megatron's modules, unfused)."""
         h, f = self.hidden, self.ffn
-        out = [Linear("wq", h, self.q_width, "column"), Linear("wk", h, self.kv_width, "column"),
-               Linear("wv", h, self.kv_width, "column"), Linear("wo", self.q_width, h, "row"),
-               Linear("w1", h, f, "column")]
-        if self.ffn_kind == "swiglu":
-            out.append(Linear("w3", h, f, "column"))
-        return out + [Linear("w2", f, h, "row")]
+        w3 = [Linear("w3", h, f, "column")] if self.ffn_kind == "swiglu" else []
+        return [Linear("wq", h, self.q_width, "column"), Linear("wk", h, self.kv_width, "column"),
+                Linear("wv", h, self.kv_width, "column"), Linear("wo", self.q_width, h, "row"),
+                Linear("w1", h, f, "column"), *w3, Linear("w2", f, h, "row")]
 
     def norm_params(self) -> int:
         return (2 if self.norm == "layernorm" else 1) * self.hidden
@@ -101,12 +99,10 @@ class DecoderSpec:
         return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.q_width, causal)
 
     def stored_activation_bytes(self, tokens: int, tp: int = 1, sequence_parallel: bool = False,
-                                flash: bool = True, dropout: bool = False, seq_len: int | None = None,
-                                value_bytes: int = 2) -> float:
-        """Bytes one layer keeps for its backward on one rank, for `tokens` tokens (sequences of `seq_len`),
+                                flash: bool = True, dropout: bool = False) -> float:
+        """Bytes one layer keeps for its backward on one rank, for `tokens` tokens (sequences of seq_len),
         Korthikanti et al.'s accounting component by component (16-bit values, 1-byte dropout masks)."""
-        h, f, t, v = self.hidden, self.ffn, tp, value_bytes
-        s = seq_len or self.seq_len
+        h, f, t, v, s = self.hidden, self.ffn, tp, 2, self.seq_len
         shard = t if sequence_parallel else 1          # what sequence parallelism also splits
         per_token = 2 * v * h / shard                  # the two norms' inputs
         per_token += v * h / shard                     # the Q, K, V projections' input
@@ -127,8 +123,9 @@ def available() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.toml"))
 
 
-def load(name_or_file: str) -> DecoderSpec:
-    """A bundled model by name (models/<name>.toml) or a file of one's own; ValueError in one line."""
+def load(name_or_file: str, seq_len: int | None = None) -> DecoderSpec:
+    """A bundled model by name (models/<name>.toml) or a file of one's own, at `seq_len` tokens a sequence where
+    given instead of its own; ValueError in one line."""
     path = MODELS_DIR / f"{name_or_file}.toml" if name_or_file in available() else Path(name_or_file)
     if not path.is_file():
         raise ValueError(f"--model {name_or_file}: no such file or bundled model (bundled: {', '.join(available())})")
@@ -149,4 +146,4 @@ def load(name_or_file: str) -> DecoderSpec:
         problems.append(f"position {spec.position!r} (learned|rope) or norm {spec.norm!r} (layernorm|rmsnorm)")
     if problems:
         raise ValueError(f"--model {path}: {'; '.join(problems)}")
-    return spec
+    return replace(spec, seq_len=seq_len) if seq_len else spec

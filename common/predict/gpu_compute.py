@@ -30,23 +30,17 @@ class MatmulTable:
             return self.exact[(m, n, k)]
         if (m, n, k) not in self._known:
             corners = [_bracket(axis, value) for axis, value in zip(self.grid, (m, n, k))]
-            total = 0.0
-            for (mi, wm), (nj, wn), (kv, wk) in product(*corners):
-                total += wm * wn * wk * self.tflops[(mi, nj, kv)]
-            self._known[(m, n, k)] = total
+            self._known[(m, n, k)] = sum(wm * wn * wk * self.tflops[(mi, nj, kv)]
+                                         for (mi, wm), (nj, wn), (kv, wk) in product(*corners))
         return self._known[(m, n, k)]
 
 
 def _bracket(axis: tuple[int, ...], value: float) -> list[tuple[int, float]]:
     """The two grid points around `value` with their weights (log2 interpolation); one at or beyond an edge."""
-    if value <= axis[0]:
-        return [(axis[0], 1.0)]
-    if value >= axis[-1]:
-        return [(axis[-1], 1.0)]
+    if not axis[0] < value < axis[-1]:
+        return [(axis[0] if value <= axis[0] else axis[-1], 1.0)]
     hi = bisect.bisect_left(axis, value)
     lo = hi - 1
-    if axis[hi] == value:
-        return [(axis[hi], 1.0)]
     w = (math.log2(value) - math.log2(axis[lo])) / (math.log2(axis[hi]) - math.log2(axis[lo]))
     return [(axis[lo], 1.0 - w), (axis[hi], w)]
 

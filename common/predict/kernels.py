@@ -31,18 +31,15 @@ class Timer:
         return g.flops / self.assumed.flops_per_s if self.assumed else self.compute.gemm_s(g, self.precision)
 
     def attention(self, kernel: str, flops: float, seq: float, backward: bool) -> float:
-        if self.assumed:
-            return flops / self.assumed.flops_per_s
-        return self.compute.attention_s(kernel, flops, seq, backward)
+        return flops / self.assumed.flops_per_s if self.assumed else \
+            self.compute.attention_s(kernel, flops, seq, backward)
 
     def memory(self, nbytes: float, kernels: int = 1) -> float:
         return 0.0 if self.assumed else self.compute.memory_s(nbytes, kernels)
 
     def optimizer(self, elements: float, stack: Stack) -> float:
         """The optimizer's step (clipping included) over `elements` parameters a rank updates: memory-bound."""
-        if self.assumed:
-            return elements * self.assumed.s_per_param
-        return self.memory(elements * stack.optimizer_bytes, 8)
+        return elements * self.assumed.s_per_param if self.assumed else self.memory(elements * stack.optimizer_bytes, 8)
 
 
 def device_compute(hardware: Hardware, mfu: float | None = None) -> DeviceCompute | Basis:
@@ -91,20 +88,16 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardwa
     ew_fwd = timer.memory(ew_bytes, stack.elementwise_kernels)
     ew_bwd = timer.memory(stack.backward_factor * ew_bytes, stack.elementwise_kernels)
     fwd = sum(gemm_fwd) + attn_fwd + ew_fwd
-    recompute = 0.0
-    if layout.recompute == "full":
-        recompute = fwd
-    elif layout.recompute == "selective":
-        recompute = attn_fwd if stack.selective == "attention" else sum(gemm_fwd[1::2]) + ew_fwd
+    selective = attn_fwd if stack.selective == "attention" else sum(gemm_fwd[1::2]) + ew_fwd
+    recompute = {"full": fwd, "selective": selective}.get(layout.recompute, 0.0)
     bwd = gemm_bwd + attn_bwd + ew_bwd + recompute
     # Tensor parallel: 2 all-reduces a direction, or with sp 2 all-gathers + 2 reduce-scatters (the same bytes).
     act = BF16 * tokens * spec.hidden
     kinds = ("all_gather", "reduce_scatter") if sp else ("all_reduce",)
     tp_fwd = 2 * sum(_cost(hardware, layout, "tp", tp, kind, act) for kind in kinds)
     tp_bwd = tp_fwd + (tp_fwd if layout.recompute == "full" else 0.0)
-    tp_exposed = tp_fwd + tp_bwd
-    if layout.tp_overlap:
-        tp_exposed = max(0.0, tp_fwd - sum(gemm_fwd)) + max(0.0, tp_bwd - gemm_bwd)
+    overlapped = max(0.0, tp_fwd - sum(gemm_fwd)) + max(0.0, tp_bwd - gemm_bwd)
+    tp_exposed = overlapped if layout.tp_overlap else tp_fwd + tp_bwd
     cp_exposed = 0.0
     if layout.cp > 1:
         kv = BF16 * tokens * 2 * spec.kv_width / min(tp, spec.kv_heads)

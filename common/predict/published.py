@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from itertools import combinations
 from pathlib import Path
 
 from common.layout import Layout
@@ -85,9 +86,7 @@ def predict_point(point: Point, compute_of=compute_for) -> dict:
     row = {"name": point.name, "source": point.source, "metric": point.metric, "published": point.published,
            "model": point.model, "devices": point.devices, "layout": point.layout, "hardware": point.hardware,
            "stack": point.stack, "global_batch": point.global_batch, "quote": point.quote, "assumed": point.assumed}
-    spec = decoder.load(point.model)
-    if point.seq_len:
-        spec = replace(spec, seq_len=point.seq_len)
+    spec = decoder.load(point.model, point.seq_len)
     try:
         layout = Layout.parse(point.layout, point.devices)
     except ValueError as exc:
@@ -125,16 +124,12 @@ def rankings(rows: list[dict]) -> list[dict]:
     for (model, hw, devices, _metric), members in groups.items():
         if len(members) < 2:
             continue
-        pairs = []
-        for i, a in enumerate(members):
-            for b in members[i + 1:]:
-                apart = abs(a["published"] / b["published"] - 1) > ORDER_MARGIN
-                alike = (a["published"] - b["published"]) * (a["predicted"] - b["predicted"]) > 0
-                pairs.append({"a": a["name"], "b": b["name"], "apart": apart, "agrees": alike})
+        pairs = [{"a": a["name"], "b": b["name"], "apart": abs(a["published"] / b["published"] - 1) > ORDER_MARGIN,
+                  "agrees": (a["published"] - b["published"]) * (a["predicted"] - b["predicted"]) > 0}
+                 for a, b in combinations(members, 2)]
         out.append({"model": model, "hardware": hw, "devices": devices, "points": [m["name"] for m in members],
                     "spearman": spearman([m["predicted"] for m in members], [m["published"] for m in members]),
-                    "pairs": pairs,
-                    "order_holds": all(p["agrees"] for p in pairs if p["apart"])})
+                    "pairs": pairs, "order_holds": all(p["agrees"] for p in pairs if p["apart"])})
     return out
 
 
@@ -161,17 +156,15 @@ def check(points: list[Point] | None = None, reference: Path = REFERENCE_DIR) ->
     the same part (`worst_error`: the largest |error| of them): the JSON bench.predict --published writes."""
     points = all_points() if points is None else points
     rows = [predict_point(p) for p in points]
-    tables: dict[str, dict[str, DeviceCompute]] = {}
-    for point, row in zip(points, rows):
-        if row["error"] is None:
-            continue
-        if point.hardware not in tables:
-            tables[point.hardware] = measured_tables(hardware_files.load(point.hardware), reference)
+    predicted = [(point, row) for point, row in zip(points, rows) if row["error"] is not None]
+    tables = {hw: measured_tables(hardware_files.load(hw), reference)
+              for hw in dict.fromkeys(point.hardware for point, _ in predicted)}
+    for point, row in predicted:
         row["error_by_table"] = {label: predict_point(point, lambda _hw, t=table: t)["error"]
                                  for label, table in tables[point.hardware].items()}
         row["worst_error"] = max([row["error"], *row["error_by_table"].values()], key=abs)
-    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
-    worst = [abs(r["worst_error"]) for r in rows if r["error"] is not None]
+    errors = [abs(row["error"]) for _, row in predicted]
+    worst = [abs(row["worst_error"]) for _, row in predicted]
     return {"points": rows,
             "median_abs_error": statistics.median(errors) if errors else None,
             "max_abs_error": max(errors) if errors else None,

@@ -52,31 +52,24 @@ def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
     return 2 * 4 * spec.hidden + 2 * 6 * spec.hidden, ffn
 
 
-def _torch_eager(spec: DecoderSpec) -> tuple[float, float]:
-    # torchtitan's eager RMSNorm: x.float() (2+4), pow (4+4), mean (4), x * rsqrt (4+4), type_as (4+2), * weight
+def _torchtitan(spec: DecoderSpec, compiled: bool = False) -> tuple[float, float]:
+    # Eager: torchtitan's RMSNorm x.float() (2+4), pow (4+4), mean (4), x * rsqrt (4+4), type_as (4+2), * weight
     # (2+2): 36 bytes per element, twice; the residual adds 6h twice. RoPE on Q and K: float (2+4), complex
     # multiply (4+4), type_as (4+2): 20 per element; repeat_kv copies K and V to all heads (2 x (2kv + 2q));
     # the attention output's transpose().contiguous() copies it (4q); silu (4f) and the product with the up
     # projection (6f).
     # A LayerNorm model (GPT) takes torch's fused nn.LayerNorm instead: one kernel reading and writing (4h).
-    h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
-    norm = 36 * h if spec.norm == "rmsnorm" else 4 * h
-    rope = 20 * (q + kv) if spec.position == "rope" else 0
-    repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
-    ffn = 10 * f if spec.ffn_kind == "swiglu" else 4 * f
-    return 2 * norm + 2 * 6 * h, rope + repeat + 4 * q + ffn
-
-
-def _torch_compile(spec: DecoderSpec) -> tuple[float, float]:
-    # torch.compile per block (Inductor fuses elementwise chains): residual add + RMSNorm one kernel each
+    # Compiled: torch.compile per block (Inductor fuses elementwise chains), residual add + RMSNorm one kernel each
     # (reads x and the branch, writes the sum and the normalised: 8h), RoPE one pass (4 per element), repeat_kv
     # and the transpose still materialised for the attention and output projection (extern kernels), SwiGLU's
     # silu x up one kernel (6f).
     h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
-    rope = 4 * (q + kv) if spec.position == "rope" else 0
+    norm = 36 * h if spec.norm == "rmsnorm" else 4 * h
+    wide = 2 * 8 * h if compiled else 2 * norm + 2 * 6 * h
+    rope = (4 if compiled else 20) * (q + kv) if spec.position == "rope" else 0
     repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
-    ffn = 6 * f if spec.ffn_kind == "swiglu" else 4 * f
-    return 2 * 8 * h, rope + repeat + 4 * q + ffn
+    ffn = (6 if compiled else 10) * f if spec.ffn_kind == "swiglu" else 4 * f
+    return wide, rope + repeat + 4 * q + ffn
 
 
 # torchtitan 9dec370 (torchtitan/parallelisms/parallelize_llama.py, parallel_dims.py): what it runs.
@@ -111,7 +104,7 @@ MEGATRON_TE = Stack(
               "no FSDP; the distributed optimizer shards the optimizer state: zero1)"),))
 TORCH_EAGER = Stack(
     "torch-eager", "PyTorch eager (torchtitan without torch.compile): FSDP2, SDPA flash attention",
-    attention_kernel="torch_flash", fused_projections=False, elementwise=_torch_eager, elementwise_kernels=22,
+    attention_kernel="torch_flash", fused_projections=False, elementwise=_torchtitan, elementwise_kernels=22,
     backward_factor=2.0, logit_bytes=36.0, selective="odd-mm", optimizer_bytes=92.0,
     fsdp_gather_copy_bytes=4.0, fsdp_scatter_copy_bytes=6.0,
     elementwise_formula="84h (RMSNorm; 20h LayerNorm) + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f "
@@ -129,7 +122,7 @@ TORCH_EAGER = Stack(
 TORCH_COMPILE = replace(
     TORCH_EAGER, name="torch-compile",
     description="PyTorch with torch.compile per transformer block (torchtitan --training.compile)",
-    elementwise=_torch_compile, elementwise_kernels=7,
+    elementwise=lambda spec: _torchtitan(spec, compiled=True), elementwise_kernels=7,
     elementwise_formula="16h + 4(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 6f (SwiGLU) or 4f",
     tp_overlap_split=tuple((g, "tp") for g in ("wq", "wk", "wv", "wo", "w1", "w3", "w2", "wq.dgrad", "wk.dgrad",
                                                  "wv.dgrad", "wo.dgrad", "w1.dgrad", "w3.dgrad", "w2.dgrad")),
