@@ -17,9 +17,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int, workload_names
+from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int
 from bench.plan_space import backend_refusal
-from bench.predict import DEFAULT_HARDWARE, chosen_basis
+from bench.predict import DEFAULT_HARDWARE, add_compute_options, chosen_basis
 from bench.reporting import validation as validation_report
 from bench.reporting.document import markdown_table
 from common.config import PRECISIONS
@@ -29,26 +29,18 @@ from common.plan import decoders
 from common.plan.fit import GIB, memory_limit, stage_split_of
 from common.plan.rank import document, memory_error, predicted, rank, ranking_error
 from common.plan.space import enumerate_layouts
-from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
 from common.predict.validation import hardware_for, probed_links, validate
 from common.results import load_records, write_json_atomic
-from common.spec import BERT_SIZES, DEFAULTS, model_spec
+from common.spec import DEFAULTS, model_spec
 
 
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog="bench.plan", description=__doc__.split("\n\n")[0])
     p.add_argument("--devices", type=positive_int, help="devices to lay the model out on (>= 2)")
-    p.add_argument("--hardware", default=DEFAULT_HARDWARE, metavar="NAME|FILE",
-                   help=f"a bundled description ({', '.join(hardware_files.available())}) or a TOML file "
-                        f"(default {DEFAULT_HARDWARE}, this development VM)")
-    p.add_argument("--from", dest="source", metavar="RESULTS",
-                   help="results folder whose 1-device run on the hardware's kind of device gives the compute")
-    p.add_argument("--assume-mfu", type=positive_float, metavar="MFU",
-                   help="compute at this fraction of the datasheet peak instead (labelled as an assumption)")
-    p.add_argument("--workload", choices=workload_names(), default="mlm")
-    p.add_argument("--model-size", choices=sorted(BERT_SIZES), default="tiny")
+    d = p.add_argument_group("--model: a decoder LLM on a GPU cluster (the decoders' model, a device compute table)")
+    add_compute_options(p, d, DEFAULT_HARDWARE, "tiny")
     p.add_argument("--global-batch", type=positive_int,
                    help="the global batch every layout trains (default: the workload's batch, 32 for the MLM)")
     p.add_argument("--micro-batches", type=int_list, metavar="K,K",
@@ -61,12 +53,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("--skip-eval", action="store_true",
                    help="the runs do not evaluate: memory without the evaluation's logits (passed on with --run)")
     p.add_argument("--json", metavar="FILE", help="write the ranked list, with the measured points after --run")
-    d = p.add_argument_group("--model: a decoder LLM on a GPU cluster (the decoders' model, a device compute table)")
-    d.add_argument("--model", metavar="NAME|FILE",
-                   help=f"a bundled decoder ({', '.join(decoder.available())}) or a TOML file of yours")
     d.add_argument("--seq-len", type=positive_int, help="the sequence length (default: the model file's)")
-    d.add_argument("--stack", choices=sorted(stacks.STACKS), default="megatron-te",
-                   help="the software running the step (kernels, fusions, tensor-parallel overlap)")
     d.add_argument("--layout", metavar="NAME", help="say where this layout stands (docs/layouts.md's grammar)")
     d.add_argument("--published", action="store_true",
                    help="every published run's layout ranked in the plan for its model, devices, batch, hardware and "
@@ -150,8 +137,6 @@ def make_plan(args, validation: dict | None = None) -> dict:
     step_error, mem_error = ranking_error(validation), memory_error(validation)
     rows = rank(predicted(spec, space.valid, batch, hardware, basis, available, mem_error, basis_for,
                           backend=args.backend, eval_batch=None if args.skip_eval else EVAL_BATCH), step_error)
-    for r in rows:
-        r.auto_split = r.layout in space.auto
     head = {"workload": args.workload, "model_size": args.model_size, "devices": args.devices,
             "backend": args.backend, "global_batch": batch, "hardware": hardware.name, "precision": args.precision,
             "skip_eval": bool(args.skip_eval)}
@@ -171,11 +156,9 @@ def _decoders(args) -> dict:
     result["model_error"] = {k: e[k] for k in ("predicted", "median_abs_error", "max_abs_error",
                                                "worst_median_abs_error", "worst_max_abs_error")}
     result["summary"].append(
-        f"the step model against {e['predicted']} published GPU-cluster runs: median |error| "
-        f"{e['median_abs_error']:.1%}, largest {e['max_abs_error']:.1%}, on the worst of every table measured "
-        f"of the part {e['worst_median_abs_error']:.1%} and {e['worst_max_abs_error']:.1%} (python -m "
-        "bench.predict --published); the order it gives two layouts of one cluster is checked against no "
-        "measurement")
+        f"the step model against {e['predicted']} published GPU-cluster runs: {published_points.error_line(e)} "
+        "(python -m bench.predict --published); the order it gives two layouts of one cluster is checked against "
+        "no measurement")
     return result
 
 

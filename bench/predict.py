@@ -45,40 +45,47 @@ from common.spec import BERT_SIZES, DEFAULTS, model_spec
 DEFAULT_HARDWARE = "cpu-loopback-2core"   # this development VM: --validate's default, and bench.plan's
 
 
+def add_compute_options(p: OneLineParser, decoders, hardware: str | None, model_size: str) -> None:
+    """What bench.predict and bench.plan predict and from what compute: the model (a workload and size, or on
+    `decoders`' group a decoder and its stack), the hardware, and the compute's source."""
+    p.add_argument("--hardware", default=hardware, metavar="NAME|FILE",
+                   help=f"a bundled description ({', '.join(hardware_files.available())}) or a TOML file of yours "
+                        "(common/predict/hardware/README.md); default "
+                        f"{hardware or DEFAULT_HARDWARE + ' with --validate, else none'}")
+    p.add_argument("--from", dest="source", metavar="RESULTS",
+                   help="results folder whose 1-device run on the --hardware's kind of device gives the compute")
+    p.add_argument("--assume-mfu", type=positive_float, metavar="MFU",
+                   help="compute at this fraction of the device's datasheet peak instead of a measured run "
+                        "(labelled as an assumption in every table and figure)")
+    p.add_argument("--workload", choices=workload_names(), default="mlm")
+    p.add_argument("--model-size", choices=sorted(BERT_SIZES), default=model_size)
+    decoders.add_argument("--model", metavar="NAME|FILE", help=f"a decoder LLM ({', '.join(decoder.available())}) "
+                          "or a TOML file of yours (common/predict/models/README.md)")
+    decoders.add_argument("--stack", choices=sorted(stacks.STACKS), default="megatron-te",
+                          help="with --model: the software running the step (kernels, fusions, tensor-parallel "
+                               "overlap, optimizer)")
+
+
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog="bench.predict", description=__doc__.split("\n\n")[0])
     p.add_argument("--validate", metavar="RESULTS", help="predict every multi-device run of RESULTS from its "
                    "1-device runs and link probes; print and write RESULTS/validation.json")
-    p.add_argument("--from", dest="source", metavar="RESULTS",
-                   help="results folder whose 1-device run on the --hardware's kind of device gives the compute")
-    p.add_argument("--hardware", metavar="NAME|FILE",
-                   help=f"a bundled description ({', '.join(hardware_files.available())}) or a TOML file of "
-                        f"yours (common/predict/hardware/README.md); --validate defaults to {DEFAULT_HARDWARE}")
+    d = p.add_argument_group("decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md)")
+    add_compute_options(p, d, None, "base")
     p.add_argument("--devices", type=int_list, default=[8, 64, 512], help="device counts (default 8,64,512)")
     p.add_argument("--layouts", default="dp,fsdp,tp2xdp,tp8xdp,pp4-1f1b",
                    help="layout names (docs/layouts.md); a bare dp or fsdp takes the devices the rest leave")
-    p.add_argument("--workload", choices=workload_names(), default="mlm")
-    p.add_argument("--model-size", choices=sorted(BERT_SIZES), default="base")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--batch-size", type=positive_int, metavar="B",
                        help="per-device batch at every device count (weak scaling; default: the workload's, 32 "
                             "for the MLM); the compute comes from the measured 1-device run of the batch nearest it")
     batch.add_argument("--global-batch", type=positive_int,
                        help="one global batch at every device count (strong scaling)")
-    p.add_argument("--assume-mfu", type=positive_float, metavar="MFU",
-                   help="compute at this fraction of the device's datasheet peak instead of a measured run "
-                        "(labelled as an assumption in every table and figure)")
     p.add_argument("--precision", choices=PRECISIONS, default="amp",
                    help="the precision predicted: the measured run's (default amp: bf16 autocast), with "
                         "--assume-mfu the math mode whose peak the MFU is of")
     p.add_argument("--out", help="folder for the figure and predictions.json (default: --from's folder, "
                                  "else ./predictions)")
-    d = p.add_argument_group("decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md)")
-    d.add_argument("--model", metavar="NAME|FILE",
-                   help=f"a decoder LLM ({', '.join(decoder.available())}) or a TOML file of yours "
-                        "(common/predict/models/README.md): predict its step under --layouts on --hardware's GPUs")
-    d.add_argument("--stack", choices=sorted(stacks.STACKS), default="megatron-te",
-                   help="with --model: the software running the step (kernels, fusions, optimizer)")
     d.add_argument("--constants", action="store_true", help="print every constant the GPU-cluster model uses, "
                    "with its source, and exit")
     d.add_argument("--published", action="store_true",
@@ -321,10 +328,8 @@ def run_published(console: Console, args) -> int:
     console.print(console_table("predicted against published GPU-cluster results", published_table.COLUMNS,
                                 published_table.rows(result)))
     tables = max((len(t) for t in result["tables"].values()), default=0)
-    console.print(f"{result['predicted']} points predicted, {result['refused']} refused: median |error| "
-                  f"{result['median_abs_error']:.1%}, largest {result['max_abs_error']:.1%} on the bundled tables; "
-                  f"each point's worst over every table measured of its part ({tables} of the H100): median "
-                  f"{result['worst_median_abs_error']:.1%}, largest {result['worst_max_abs_error']:.1%}")
+    console.print(f"{result['predicted']} points predicted, {result['refused']} refused: "
+                  f"{published_points.error_line(result)} ({tables} tables of the H100)")
     for g in result["rankings"]:
         rho = "n/a" if g["spearman"] is None else f"{g['spearman']:+.2f}"
         console.print(f"ranking {g['model']} on {g['devices']} x {g['hardware']}: Spearman {rho}; order of "

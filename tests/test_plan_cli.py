@@ -85,7 +85,8 @@ def _flat(text: str) -> str:
 
 # ----------------------------------------------------------------------------- bench.plan's options
 
-def test_help_names_every_option_with_what_it_does(capsys):
+def test_help_names_every_option_with_what_it_does(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens too: one line per option
     with pytest.raises(SystemExit) as exit_:
         plan_cli.main(["--help"])
     text = _flat(capsys.readouterr().out)
@@ -100,19 +101,22 @@ def test_help_names_every_option_with_what_it_does(capsys):
         "python -m bench.plan --published [--json FILE] options:" in text.replace("- mfu", "-mfu")  # wrapped there
     model_group, _, rest = text.partition(" --run: measure the top K")
     assert "--model: a decoder LLM on a GPU cluster (the decoders' model, a device compute table): --model NAME|FILE " \
-        "a bundled decoder (" in model_group and all(m in model_group.replace("- ", "-") for m in decoder.available())
+        "a decoder LLM (" in model_group and all(m in model_group for m in decoder.available())
     for says in ("--seq-len SEQ_LEN the sequence length (default: the model file's)",
-                 "--stack {megatron-te,torch-compile,torch-eager} the software running the step",
+                 "or a TOML file of yours (common/predict/models/README.md) --stack {megatron-te,torch-compile,"
+                 "torch-eager} with --model: the software running the step (kernels, fusions, tensor-parallel "
+                 "overlap, optimizer)",
                  "--layout NAME say where this layout stands (docs/layouts.md's grammar)",
                  "--published every published run's layout ranked in the plan for its model"):
         assert says in model_group, says
     text = model_group.split(" --model: a decoder LLM")[0] + " --run: measure the top K" + rest
     assert text.endswith(
         "--devices DEVICES devices to lay the model out on (>= 2) --hardware NAME|FILE a bundled description "
-        "(a100-sxm-8, cpu-loopback-2core, h100-96gb-500w-8, h100-sxm-8) or a TOML file (default "
-        "cpu-loopback-2core, this development VM) --from RESULTS results folder whose 1-device run on the "
-        "hardware's kind of device gives the compute --assume-mfu MFU compute at this fraction of the datasheet "
-        "peak instead (labelled as an assumption) --workload {cnn,mlm} --model-size {base,mini,small,tiny} "
+        "(a100-sxm-8, cpu-loopback-2core, h100-96gb-500w-8, h100-sxm-8) or a TOML file of yours "
+        "(common/predict/hardware/README.md); default cpu-loopback-2core --from RESULTS results folder whose "
+        "1-device run on the --hardware's kind of device gives the compute --assume-mfu MFU compute at this "
+        "fraction of the device's datasheet peak instead of a measured run (labelled as an assumption in every "
+        "table and figure) --workload {cnn,mlm} --model-size {base,mini,small,tiny} "
         "--global-batch GLOBAL_BATCH the global batch every layout trains (default: the workload's batch, 32 for "
         "the MLM) --micro-batches K,K pipeline micro-batch counts to consider (default: every count the batch "
         "divides into) --memory-per-device GIB memory one device may use (default: the hardware description's) "

@@ -395,3 +395,12 @@ def test_a_predicted_pipeline_places_its_layers_as_torch_3d_would():
     assert [rows[n]["layers_per_stage"] for n in rows] == [[2, 2], [3, 1], [1, 3]]
     assert rows["pp2-nmb4-1f1b-splitauto"]["step_s"] < rows["pp2-nmb4-1f1b"]["step_s"] < \
         rows["pp2-nmb4-1f1b-split1+3"]["step_s"]
+
+
+def test_bench_predict_s_defaults_are_the_documented_ones():
+    # As --help says: BERT base at amp on 8, 64 and 512 devices; no hardware but --validate's; Megatron's stack.
+    args = predict_cli.build_parser().parse_args([])
+    assert (args.hardware, args.source, args.assume_mfu, args.workload, args.model_size, args.precision) == \
+        (None, None, None, "mlm", "base", "amp")
+    assert (args.devices, args.model, args.stack, args.layouts) == \
+        ([8, 64, 512], None, "megatron-te", "dp,fsdp,tp2xdp,tp8xdp,pp4-1f1b")

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 
 from bench.reporting.document import PLOTS_DIR, Block, Heading, Image, Table, Text
 from bench.reporting.plots import Plot
+from common.predict.published import error_line
 
 FILE = "published.json"
 MARKERS = {"tokens_per_s_per_gpu": "o", "tflops_per_gpu": "s", "mfu": "^"}
@@ -18,8 +19,7 @@ MARKERS = {"tokens_per_s_per_gpu": "o", "tflops_per_gpu": "s", "mfu": "^"}
 def published_plot(result: dict, slug: str = "predicted-vs-published") -> Plot:
     rows = [r for r in result["points"] if r.get("predicted") is not None]
     refused = [r["name"] for r in result["points"] if r.get("refused")]
-    title = (f"bench.predict against published GPU-cluster results: {len(rows)} points, median |error| "
-             f"{result['median_abs_error']:.1%}, largest {result['max_abs_error']:.1%}")
+    title = f"bench.predict against published GPU-cluster results: {len(rows)} points, {error_line(result)}"
     caption = ("Each point: a published figure (x) and the model's prediction of it (y), in the publisher's own "
                "metric; the diagonal is exact, the bands +-15% and +-35%."
                + (f" Refused (not modelled): {len(refused)} points ({', '.join(refused[:4])}...)." if refused else ""))

@@ -33,7 +33,6 @@ class Ranked:
     rank: int = 0               # 1 = the pick; 0: dropped (does not fit)
     separable: bool | None = None   # from the pick, beyond the ranking error (None: the error is unknown)
     decides: list[tuple[str, float]] = field(default_factory=list)  # parts that make it slower than the pick (s)
-    auto_split: bool = False    # its stage split is the one --stage-split auto picks
 
     @property
     def step_s(self) -> float:
@@ -132,13 +131,14 @@ def _ms(seconds: float) -> str:
     return f"{ms:,.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
-def row(r: Ranked, explanation: str, layers_per_stage: list[int] | None = None) -> dict:
+def row(r: Ranked, explanation: str, layers_per_stage: list[int] | None = None, auto_split: bool = False) -> dict:
+    """`auto_split`: its stage split is the one --stage-split auto picks."""
     p = r.prediction
     return {"rank": r.rank, "layout": r.layout.name, "step_s": r.step_s, "samples_per_s": p.samples_per_s,
             **({"tokens_per_s_per_device": p.tokens_per_s / p.devices} if p.seq_len else {}),
             "memory_per_rank_max": r.memory, "memory_per_rank": p.memory_per_rank or p.model_per_rank,
             "fit": r.fit, "parts_s": r.parts, "separable": r.separable,
-            "decides": [[part, s] for part, s in r.decides], "explanation": explanation, "auto_split": r.auto_split,
+            "decides": [[part, s] for part, s in r.decides], "explanation": explanation, "auto_split": auto_split,
             **({"layers_per_stage": layers_per_stage} if layers_per_stage else {})}
 
 
@@ -183,4 +183,4 @@ def document(title: str, head: dict, rows: list[Ranked], space: Space, basis: st
                            "reasons": space.refused},
             "pick": pick.layout.name if pick else None, "not_separable": tied, "summary": summary,
             "rows": [row(r, explain(r, pick, step_error, rows[i - 1] if i else None) if pick and r.rank else "",
-                         split_of(r.layout)) for i, r in enumerate(shown)]}
+                         split_of(r.layout), r.layout in space.auto) for i, r in enumerate(shown)]}

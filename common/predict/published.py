@@ -151,6 +151,13 @@ def measured_tables(hardware: Hardware, reference: Path = REFERENCE_DIR) -> dict
     return tables
 
 
+def error_line(result: dict) -> str:
+    """check()'s errors in one line, on the bundled tables and on the worst table measured of each point's part."""
+    return (f"median |error| {result['median_abs_error']:.1%}, largest {result['max_abs_error']:.1%} on the bundled "
+            f"tables; each point's worst over every table measured of its part: median "
+            f"{result['worst_median_abs_error']:.1%}, largest {result['worst_max_abs_error']:.1%}")
+
+
 def check(points: list[Point] | None = None, reference: Path = REFERENCE_DIR) -> dict:
     """Every published point predicted, from its hardware's bundled table and again from every table measured of
     the same part (`worst_error`: the largest |error| of them): the JSON bench.predict --published writes."""
