@@ -4,6 +4,7 @@ and refusals in one line. Unit tests only: no process is started."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -308,6 +309,60 @@ def test_each_stack_s_memory_bound_bytes_are_its_code_s_counted_by_hand():
         stacks.load("megatron-te").check(Layout.parse("fsdp8", 8))
 
 
+def test_each_stack_s_overlap_splits_the_gemms_its_layer_runs_as_its_source_says():
+    """A GEMM named in tp_overlap_split that the stack's layer does not run would be chunked nowhere, silently.
+    Transformer Engine's defaults (initialize_ub): ring exchange, one chunk per rank, for the fused QKV and FC1
+    forward and the output and FC2 projections' input gradients; 4 splits for those two projections' forward.
+    torch's async TP decomposes every all-gather + matmul and matmul + reduce-scatter: each GEMM and its dgrad."""
+    for stack in stacks.STACKS.values():
+        names = {g.name for g in LLAMA.layer_gemms(8192, 2, stack.fused_projections)}
+        for gemm, chunks in stack.tp_overlap_split:
+            assert gemm.removesuffix(".dgrad") in names and (chunks == "tp" or int(chunks) > 1), (stack.name, gemm)
+    assert dict(stacks.load("megatron-te").tp_overlap_split) == {
+        "qkv": "tp", "fc1": "tp", "wo.dgrad": "tp", "w2.dgrad": "tp", "wo": "4", "w2": "4"}
+    unfused = [g.name for g in LLAMA.layer_gemms(8192, 2)]
+    assert dict(stacks.load("torch-compile").tp_overlap_split) == {
+        **{g: "tp" for g in unfused}, **{f"{g}.dgrad": "tp" for g in unfused}}
+    assert stacks.load("torch-eager").tp_overlap_split == ()
+
+
+@pytest.mark.parametrize("stack, layout, why", [
+    ("torch-eager", "dp8-zero1", "torchtitan 9dec370 has no ZeRO-1: it shards with FSDP2 (fsdp)"),
+    ("torch-compile", "dp2xtp4-sp", "torchtitan 9dec370 replicates with DDP only alone"),
+    ("torch-compile", "dp2xpp4-1f1b", "torchtitan 9dec370 replicates with DDP only alone"),
+    ("torch-eager", "tp2xfsdp4", "torchtitan's tensor-parallel plan always splits the norms over the sequence"),
+    ("torch-compile", "cp2xfsdp4", "torchtitan shards the parameters over the data and context-parallel ranks"),
+    ("megatron-te", "dp2xfsdp4", "Megatron-LM core_r0.8.0 shards no parameters"),
+    ("torch-eager", "dp8", None), ("torch-compile", "dp2xfsdp4", None), ("torch-eager", "tp2xfsdp4-sp", None),
+    ("torch-compile", "fsdp2xpp4-1f1b", None), ("megatron-te", "dp8-zero1", None),
+    ("megatron-te", "cp2xtp2xdp2-sp", None),
+])
+def test_a_stack_refuses_what_its_code_does_not_run_and_runs_the_rest(stack, layout, why):
+    parsed = Layout.parse(layout, 8)
+    if why is None:
+        stacks.load(stack).check(parsed)
+        return
+    with pytest.raises(ValueError, match=f"^{re.escape(f'{parsed.name}: {stack} does not run it: {why}')}"):
+        stacks.load(stack).check(parsed)
+
+
+def test_each_stack_s_bytes_are_its_source_s_sums():
+    """The per-element figures each source adds up (Stack.source): Megatron's fused Adam 30 B + multi-tensor clipping
+    12 B; torchtitan's foreach AdamW 80 B + clipping 12 B, its float32 cross entropy 6 + 8 forward and 22 backward
+    per logit, FSDP2's copy-out 2 + 2 per gathered element and copy-in to float32 2 + 4; torch.compile changes
+    the elementwise work only."""
+    megatron, eager, compiled = (stacks.load(n) for n in ("megatron-te", "torch-eager", "torch-compile"))
+    assert (megatron.optimizer_bytes, eager.optimizer_bytes) == (30 + 12, 80 + 12)
+    assert eager.logit_bytes == 6 + 8 + 22
+    assert (eager.fsdp_gather_copy_bytes, eager.fsdp_scatter_copy_bytes) == (2 + 2, 2 + 4)
+    assert (megatron.fsdp_gather_copy_bytes, megatron.fsdp_scatter_copy_bytes) == (0, 0)   # it runs no FSDP
+    same = ("attention_kernel", "fused_projections", "backward_factor", "logit_bytes", "selective",
+            "optimizer_bytes", "fsdp_gather_copy_bytes", "fsdp_scatter_copy_bytes", "fsdp_reshard_under_pp",
+            "refuses")
+    assert all(getattr(compiled, f) == getattr(eager, f) for f in same)
+    assert (eager.fsdp_reshard_under_pp, megatron.fsdp_reshard_under_pp) == (False, True)
+
+
 def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
     spec, hw = decoder.load("megatron-gpt-177b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")
@@ -352,3 +407,86 @@ def test_every_point_is_predicted_again_on_every_table_measured_of_its_part(tmp_
     assert result["worst_max_abs_error"] == abs(row["worst_error"]) > result["max_abs_error"]
     bare = published.check([point], reference=tmp_path)
     assert bare["points"][0]["error_by_table"] == {} and bare["worst_max_abs_error"] == bare["max_abs_error"]
+
+
+def _measurement(graph_us: float | None, sustained: bool) -> dict:
+    """A bench.compute_table measurement as its JSON holds one (figures made up, shapes as a GPU run writes them)."""
+    run = {"precision": "bf16", "shape": [8192, 8192, 8192], "seconds": 60.0, "first_tflops": 700.0,
+           "steady_tflops": 630.0, "steady_over_first": 0.9, "series": [[0.5, 700.0], [60.0, 630.0]]}
+    return {"device": "NVIDIA H100 80GB HBM3", "software": "torch 2.13.0, CUDA 13.0", "date": "2026-11-28",
+            "launch_us": {"eager": 5.25, "graph": graph_us},
+            "copy_GBps": {str(64 << 20): 2500.0, str(1 << 30): 3012.0, str(256 << 20): 2900.0},
+            "matmul": {"bf16": {"grid": GRID,
+                                "shapes": [[8192, 1024, 4096, 600.5]]},
+                       "fp8": {"grid": [[256, 256, 256, 12.0]], "shapes": []}},
+            "attention": {"torch_flash": {"forward_causal": [[512, 100.5], [1024, 200.0]],
+                                          "backward": [[512, 80.0], [1024, 150.0]]}},
+            **({"sustained": run} if sustained else {})}
+
+
+def test_a_measurement_becomes_the_compute_table_the_model_reads(tmp_path):
+    from common.predict.compute_table import toml_text
+    from common.predict.hardware import tomllib
+
+    text = toml_text(_measurement(2.125, True), "h100-here", "h100.json")
+    raw = tomllib.loads(text)
+    where = ("parbench's probe (python -m bench.compute_table), NVIDIA H100 80GB HBM3, torch 2.13.0, CUDA 13.0, "
+             "2026-11-28: h100.json")
+    # The launch floor is a CUDA graph's where one was timed; the largest copy (1 GiB, not the last listed) is the
+    # memory bandwidth; a precision without exact shapes has none; each section names the record it came from.
+    assert (raw["name"], raw["device"], raw["launch_floor_us"], raw["eager_launch_us"]) == \
+        ("h100-here", "NVIDIA H100 80GB HBM3", 2.12, 5.25)
+    assert raw["launch_floor_source"] == f"{where}: back-to-back one-element adds from a CUDA graph"
+    assert raw["memory"] == {"GBps": 3012, "source": f"{where}: a 1024 MiB device-to-device copy, bytes read "
+                                                       "and written"}
+    assert raw["matmul"]["bf16"] == {
+        "source": f"{where}: C[m, n] = A[m, k] B[k, n], row-major operands, median of 5 batches",
+        "points": GRID, "shapes": [[8192, 1024, 4096, 600.5]]}
+    assert raw["matmul"]["fp8"]["points"] == [[256, 256, 256, 12.0]] and "shapes" not in raw["matmul"]["fp8"]
+    assert raw["attention"]["torch_flash"] == {"source": f"{where}: SDPA causal, 16384 tokens, 16 heads of 128",
+                                               "forward_causal": [[512, 100.5], [1024, 200.0]],
+                                               "backward": [[512, 80.0], [1024, 150.0]]}
+    assert "# Measured straight after 60 s of one bf16 8192x8192x8192 GEMM back to back, at the clocks a long " \
+           "run holds: that GEMM\n# ran at 700 TFLOP/s in its first half second, 630 in its last third (x0.900)." \
+        in text
+    # Read back by the model, on hardware of that device (another part would keep its datasheet bandwidth).
+    (tmp_path / "t.toml").write_text(text)
+    (tmp_path / "hw.toml").write_text(
+        'name = "here"\ndescription = "one H100"\ndevice_kind = "cuda"\ndevice_name = "NVIDIA H100 80GB HBM3"\n'
+        f'devices_per_node = 1\nmemory_GiB = 80\nmemory_GBps = 1234\ncompute = "{tmp_path / "t.toml"}"\n'
+        '[[link]]\nlevel = "node"\nbusbw_GBps = 1\nlatency_us = 1\nsource = "one device"\n')
+    compute = compute_for(hardware_files.load(str(tmp_path / "hw.toml")))
+    assert compute.launch_floor_s == pytest.approx(2.12e-6) and compute.memory_Bps == 3012e9
+    assert compute.matmul["bf16"].rate(8192, 1024, 4096) == 600.5 and compute.matmul["bf16"].rate(512, 256, 512) == 60
+    assert compute.attention["torch_flash"].rate(1024, backward=True) == 150.0
+    # No graph timed: Python's launch; no sustained run first: said; no copy measured: no memory section.
+    bare = {**_measurement(None, False), "copy_GBps": {}}
+    raw, text = tomllib.loads(toml_text(bare, "x", "x.json")), toml_text(bare, "x", "x.json")
+    assert raw["launch_floor_us"] == 5.25 and raw["launch_floor_source"].endswith("adds from Python")
+    assert "memory" not in raw and "# Measured without a sustained load first (no --sustain-s): a long run's " \
+                                   "clocks may be lower." in text
+
+
+def test_a_measurement_s_summary_shows_what_the_table_rests_on():
+    from rich.console import Console
+
+    from bench.compute_table import summary
+
+    console = Console(record=True, width=300)
+    console.print(summary({**_measurement(2.125, True), "failed": {"matmul.fp8": "RuntimeError: no fp8 units"}}))
+    lines = [" ".join(line.replace("│", " ").split()) for line in console.export_text().splitlines()]
+    for row in ("shortest kernel from Python (us) 5.25", "shortest kernel from a CUDA graph (us) 2.12",
+                "copy 64 MiB (GB/s, read + written) 2,500", "copy 1024 MiB (GB/s, read + written) 3,012",
+                "matmul bf16 8192x8192x8192 run 60 s: first half second / last third (TFLOP/s) 700.0 / 630.0 "
+                "(x0.900)",
+                "matmul bf16: best of the grid (TFLOP/s) 80.0 at 512x512x512",
+                "matmul bf16: published points' 1 shapes (TFLOP/s, min / median / max) 600 / 600 / 600",
+                "matmul fp8: best of the grid (TFLOP/s) 12.0 at 256x256x256",
+                "attention torch_flash forward (TFLOP/s by sequence) 512: 100, 1024: 200",
+                "failed: matmul.fp8 RuntimeError: no fp8 units"):
+        assert row in lines, row
+    assert not any("published points'" in line for line in lines if "fp8" in line)
+    console = Console(record=True, width=300)
+    console.print(summary({**_measurement(None, False), "failed": {}}))
+    text = console.export_text()
+    assert "CUDA graph" not in text and "run 60 s" not in text and "failed" not in text
