@@ -449,6 +449,9 @@ def test_a_measurement_becomes_the_compute_table_the_model_reads(tmp_path):
     assert "# Measured straight after 60 s of one bf16 8192x8192x8192 GEMM back to back, at the clocks a long " \
            "run holds: that GEMM\n# ran at 700 TFLOP/s in its first half second, 630 in its last third (x0.900)." \
         in text
+    assert text.startswith("# How fast NVIDIA H100 80GB HBM3 computes, measured by parbench (python -m "
+                           "bench.compute_table);\n# bench.predict's first-principles compute "
+                           "(common/predict/gpu_compute.py) reads it.\n")
     # Read back by the model, on hardware of that device (another part would keep its datasheet bandwidth).
     (tmp_path / "t.toml").write_text(text)
     (tmp_path / "hw.toml").write_text(
@@ -459,9 +462,13 @@ def test_a_measurement_becomes_the_compute_table_the_model_reads(tmp_path):
     assert compute.launch_floor_s == pytest.approx(2.12e-6) and compute.memory_Bps == 3012e9
     assert compute.matmul["bf16"].rate(8192, 1024, 4096) == 600.5 and compute.matmul["bf16"].rate(512, 256, 512) == 60
     assert compute.attention["torch_flash"].rate(1024, backward=True) == 150.0
-    # No graph timed: Python's launch; no sustained run first: said; no copy measured: no memory section.
+    # No graph timed: Python's launch; no sustained run first: said; no copy measured: no memory section. A
+    # dimension of a million rows stays an integer (as %g it would be 1.04858e+06), a whole rate is written whole;
+    # an empty list is one.
     bare = {**_measurement(None, False), "copy_GBps": {}}
+    bare["matmul"] = {"bf16": {"grid": [[1 << 20, 256, 256, 100.0]], "shapes": []}, "fp8": {"grid": [], "shapes": []}}
     raw, text = tomllib.loads(toml_text(bare, "x", "x.json")), toml_text(bare, "x", "x.json")
+    assert "points = [\n  [1048576, 256, 256, 100],\n]" in text and raw["matmul"]["fp8"]["points"] == []
     assert raw["launch_floor_us"] == 5.25 and raw["launch_floor_source"].endswith("adds from Python")
     assert "memory" not in raw and "# Measured without a sustained load first (no --sustain-s): a long run's " \
                                    "clocks may be lower." in text
@@ -473,14 +480,19 @@ def test_a_measurement_s_summary_shows_what_the_table_rests_on():
     from bench.compute_table import summary
 
     console = Console(record=True, width=300)
-    console.print(summary({**_measurement(2.125, True), "failed": {"matmul.fp8": "RuntimeError: no fp8 units"}}))
-    lines = [" ".join(line.replace("│", " ").split()) for line in console.export_text().splitlines()]
+    measured = _measurement(2.125, True)
+    # The best rate at a shape neither first nor last in the grid's order; four exact shapes (the upper median).
+    measured["matmul"]["bf16"] = {"grid": [[256, 512, 1024, 90.0], [512, 512, 512, 80.0]],
+                                  "shapes": [[1, 2, 3, 400.0], [1, 2, 3, 100.0], [1, 2, 3, 300.0], [1, 2, 3, 200.0]]}
+    console.print(summary({**measured, "failed": {"matmul.fp8": "RuntimeError: no fp8 units"}}))
+    lines = [" ".join(line.replace("│", " ").replace("┃", " ").split()) for line in console.export_text().splitlines()]
+    assert "what measured" in lines
     for row in ("shortest kernel from Python (us) 5.25", "shortest kernel from a CUDA graph (us) 2.12",
                 "copy 64 MiB (GB/s, read + written) 2,500", "copy 1024 MiB (GB/s, read + written) 3,012",
                 "matmul bf16 8192x8192x8192 run 60 s: first half second / last third (TFLOP/s) 700.0 / 630.0 "
                 "(x0.900)",
-                "matmul bf16: best of the grid (TFLOP/s) 80.0 at 512x512x512",
-                "matmul bf16: published points' 1 shapes (TFLOP/s, min / median / max) 600 / 600 / 600",
+                "matmul bf16: best of the grid (TFLOP/s) 90.0 at 256x512x1024",
+                "matmul bf16: published points' 4 shapes (TFLOP/s, min / median / max) 100 / 300 / 400",
                 "matmul fp8: best of the grid (TFLOP/s) 12.0 at 256x256x256",
                 "attention torch_flash forward (TFLOP/s by sequence) 512: 100, 1024: 200",
                 "failed: matmul.fp8 RuntimeError: no fp8 units"):

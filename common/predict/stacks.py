@@ -37,7 +37,7 @@ class Stack:
 
     def check(self, layout: Layout) -> None:
         """ValueError in one line for a layout this stack does not run."""
-        if layout.tp_overlap and layout.tp > 1 and not self.tp_overlap_split:
+        if layout.tp_overlap and not self.tp_overlap_split:   # the grammar takes tpo with tp only
             raise ValueError(f"{layout.name}: {self.name} cannot overlap tensor-parallel communication (tpo): "
                              "torch's async TP needs torch.compile (--stack torch-compile)")
         for refused, why in self.refuses:
