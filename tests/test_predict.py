@@ -404,3 +404,66 @@ def test_bench_predict_s_defaults_are_the_documented_ones():
         (None, None, None, "mlm", "base", "amp")
     assert (args.devices, args.model, args.stack, args.layouts) == \
         ([8, 64, 512], None, "megatron-te", "dp,fsdp,tp2xdp,tp8xdp,pp4-1f1b")
+
+
+def test_the_prediction_figure_draws_each_layout_and_marks_what_does_not_fit():
+    """bench.predict's figure, read back from matplotlib: throughput (log) and memory per rank (GiB) side by side,
+    one line per layout in one colour on both, a hollow point where a prediction does not fit, the device's memory
+    as a black line with the red band above it to 1.5x that memory (or 1.1x the largest prediction)."""
+    from matplotlib.colors import to_rgba
+
+    from bench.reporting.prediction_plot import GIB, prediction_plot
+
+    rows = [{"layout": "dp", "devices": 8, "samples_per_s": 800.0, "memory_per_rank_max": 10 * GIB, "fits": True},
+            {"layout": "dp", "devices": 64, "samples_per_s": 6000.0, "memory_per_rank_max": 90 * GIB, "fits": False},
+            {"layout": "tp8", "devices": 8, "samples_per_s": 500.0, "memory_per_rank_max": 4 * GIB, "fits": True},
+            {"layout": "tp8", "devices": 64, "invalid": "does not divide"},
+            {"layout": "pp128", "devices": 8, "invalid": "more stages than layers"}]
+    caption = " ".join(["abcdefgh"] * 30)     # 18 of these words are 161 characters: one more than a line holds
+    plot = prediction_plot(rows, 80 * GIB, "T", caption, "predict-x")
+    assert (plot.slug, plot.title, plot.caption) == ("predict-x", "T", caption)
+    assert plot.data == {"dp": [(8, 800.0, 10 * GIB, True), (64, 6000.0, 90 * GIB, False)],
+                         "tp8": [(8, 500.0, 4 * GIB, True)]}
+    fig = plot.figure
+    assert tuple(fig.get_size_inches()) == (12, 6) and fig.get_layout_engine() is not None
+    assert fig._suptitle.get_text() == "T\n" + " ".join(["abcdefgh"] * 17) + "\n" + " ".join(["abcdefgh"] * 13)
+    assert fig._suptitle.get_fontsize() == pytest.approx(matplotlib_small())
+    speed, memory = fig.axes
+    assert [ax.get_subplotspec().get_geometry()[:2] for ax in (speed, memory)] == [(1, 2), (1, 2)]
+    assert [ax.get_subplotspec().colspan.start for ax in (speed, memory)] == [0, 1]
+    assert speed.get_yscale() == "log" and speed.get_ylabel() == "predicted samples/s, all devices"
+    assert memory.get_ylabel() == "predicted memory per rank, most loaded (GiB)"
+    for ax in (speed, memory):
+        assert all(line.get_visible() and line.get_alpha() == 0.3 for line in ax.get_ygridlines())
+    lines = {line.get_label(): line for line in speed.get_lines()}
+    assert set(lines) == {"dp", "tp8"}
+    assert list(lines["dp"].get_xdata()) == [8, 64] and list(lines["dp"].get_ydata()) == [800.0, 6000.0]
+    mem_dp, mem_tp, limit = memory.get_lines()
+    assert list(mem_dp.get_ydata()) == [10, 90] and list(mem_tp.get_ydata()) == [4]
+    assert list(mem_dp.get_xdata()) == [8, 64]
+    for name, on_memory in (("dp", mem_dp), ("tp8", mem_tp)):
+        assert lines[name].get_marker() == on_memory.get_marker() == "o"
+        assert on_memory.get_color() == lines[name].get_color()
+    assert list(limit.get_ydata()) == [80, 80] and limit.get_color() == "black" and limit.get_linewidth() == 1
+    # one hollow point on each panel, dp at 64 devices, ringed in dp's colour above the rest
+    for ax, y in ((speed, 6000.0), (memory, 90.0)):
+        [hollow] = [c for c in ax.collections if len(c.get_offsets())]
+        assert [list(p) for p in hollow.get_offsets()] == [[64, y]] and list(hollow.get_sizes()) == [90]
+        assert tuple(hollow.get_facecolors()[0]) == to_rgba("white")
+        assert tuple(hollow.get_edgecolors()[0]) == to_rgba(lines["dp"].get_color()) and hollow.get_zorder() == 3
+    [band] = [p for p in memory.patches]
+    assert (band.get_y(), band.get_y() + band.get_height()) == (80, 120)      # matplotlib's axhspan: a Rectangle
+    assert band.get_facecolor() == to_rgba("red", 0.08)
+    assert band.get_label() == "does not fit (hollow points)" and memory.get_ylim() == (0, 120)
+    assert speed.get_legend().get_title().get_text() == "layout"
+    assert [t.get_text() for t in memory.get_legend().get_texts()] == ["does not fit (hollow points)"]
+    assert memory.get_legend()._loc == 2    # upper left
+    # a prediction past 1.5x the memory raises the band's top to 1.1x it
+    rows[1]["memory_per_rank_max"] = 200 * GIB
+    assert prediction_plot(rows, 80 * GIB, "T", "c", "s").figure.axes[1].get_ylim() == (0, pytest.approx(220))
+
+
+def matplotlib_small() -> float:
+    from matplotlib.font_manager import FontProperties
+
+    return FontProperties(size="small").get_size_in_points()

@@ -146,6 +146,8 @@ def test_the_co_run_slowdown_comes_from_whichever_reference_carries_the_probe():
     assert co_run_slowdown([_one("k1")]) == (1.0, None) and from_records(TINY, [_one("k1")]).co_run == 1.0
     assert processes(2, 1, 4) == 2 and processes(8, 2, 2) == 2 and processes(16, 4, 8) == 4
     assert processes(2, 2, 2) == 0 and processes(8, 1, 1) == 0     # fewer than two fit, or no run of two
+    # cores the record did not give count as one, threads per device as one; five cores of two threads hold two
+    assert processes(None, 1, 4) == 0 and processes(4, None, 8) == 4 and processes(5, 2, 4) == 2
 
 
 def _profiled(seconds: dict[str, float]) -> dict:
