@@ -86,13 +86,17 @@ def test_a_run_that_does_not_fit_is_refused_unless_asked_and_a_new_record_is_rea
 
 
 def test_the_check_is_of_the_run_s_own_model_and_its_gpu_s_share(monkeypatch, tmp_path):
-    """The CNN is checked as the CNN, not as an MLM; on GPUs the limit is the memory each device's share of one."""
+    """The CNN is checked as the CNN, the mini MLM as the mini; on GPUs the limit is each device's share of one GPU's
+    memory."""
     from common.spec import CNN
 
     out = _folder(tmp_path / "out")
     cnn = fit.fit_before_launch(_args(out, workload="cnn", memory_per_device=8.0), Layout(dp=2), 64, 2)
     _, model, _ = memory_per_rank(CNN, Layout(dp=2), 64, "fp32", "torch_3d", EVAL_BATCH)
     assert cnn.predicted_per_rank == [int(m) for m in model]
+    mini = fit.fit_before_launch(_args(out, model_size="mini", memory_per_device=8.0), Layout(dp=2), 32, 2)
+    _, model, _ = memory_per_rank(BERT_SIZES["mini"], Layout(dp=2), 32, "fp32", "torch_3d", EVAL_BATCH)
+    assert mini.predicted_per_rank == [int(m) for m in model]
     monkeypatch.setattr(fit, "gpu_memory_bytes", lambda: (16 * GIB,))
     shared = fit.fit_before_launch(_args(out, device_kind="cuda"), Layout(dp=4), 32, 4)   # 4 devices on one GPU
     assert (shared.available_bytes, shared.limit) == (4 * GIB, "the GPU's memory (nvidia-smi: 16.0 GiB, shared by 4 "
