@@ -414,11 +414,11 @@ def test_the_prediction_figure_draws_each_layout_and_marks_what_does_not_fit():
 
     from bench.reporting.prediction_plot import GIB, prediction_plot
 
-    rows = [{"layout": "dp", "devices": 8, "samples_per_s": 800.0, "memory_per_rank_max": 10 * GIB, "fits": True},
+    rows = [{"layout": "pp128", "devices": 8, "invalid": "more stages than layers"},     # nothing to draw: skipped
+            {"layout": "dp", "devices": 8, "samples_per_s": 800.0, "memory_per_rank_max": 10 * GIB, "fits": True},
             {"layout": "dp", "devices": 64, "samples_per_s": 6000.0, "memory_per_rank_max": 90 * GIB, "fits": False},
             {"layout": "tp8", "devices": 8, "samples_per_s": 500.0, "memory_per_rank_max": 4 * GIB, "fits": True},
-            {"layout": "tp8", "devices": 64, "invalid": "does not divide"},
-            {"layout": "pp128", "devices": 8, "invalid": "more stages than layers"}]
+            {"layout": "tp8", "devices": 64, "invalid": "does not divide"}]
     caption = " ".join(["abcdefgh"] * 30)     # 18 of these words are 161 characters: one more than a line holds
     plot = prediction_plot(rows, 80 * GIB, "T", caption, "predict-x")
     assert (plot.slug, plot.title, plot.caption) == ("predict-x", "T", caption)
@@ -458,8 +458,10 @@ def test_the_prediction_figure_draws_each_layout_and_marks_what_does_not_fit():
     assert speed.get_legend().get_title().get_text() == "layout"
     assert [t.get_text() for t in memory.get_legend().get_texts()] == ["does not fit (hollow points)"]
     assert memory.get_legend()._loc == 2    # upper left
+    for legend in (speed.get_legend(), memory.get_legend()):
+        assert all(t.get_fontsize() == pytest.approx(matplotlib_small()) for t in legend.get_texts())
     # a prediction past 1.5x the memory raises the band's top to 1.1x it
-    rows[1]["memory_per_rank_max"] = 200 * GIB
+    rows[2]["memory_per_rank_max"] = 200 * GIB
     assert prediction_plot(rows, 80 * GIB, "T", "c", "s").figure.axes[1].get_ylim() == (0, pytest.approx(220))
 
 
