@@ -502,3 +502,55 @@ def test_a_measurement_s_summary_shows_what_the_table_rests_on():
     console.print(summary({**_measurement(None, False), "failed": {}}))
     text = console.export_text()
     assert "CUDA graph" not in text and "run 60 s" not in text and "failed" not in text
+
+
+def test_a_compute_table_times_each_kernel_at_its_interpolated_rate_and_says_what_it_lacks():
+    """common.predict.gpu_compute on a table worked by hand: rates interpolated in log2 between grid points (512 is
+    halfway from 256 to 1024), held at the edges; the hardware's compute scale on every rate; the launch floor
+    under every kernel, none for no work; the table's copy bandwidth on its own part only."""
+    from common.predict.gpu_compute import COMPUTE_DIR, table_from
+
+    hw = replace(hardware_files.load("h100-sxm-8"), device_name="dev", memory_GBps=1000.0, compute_scale=0.5)
+    points = [[m, n, k, 100.0 if m == 256 else 400.0] for m in (256, 1024) for n in (256, 1024) for k in (256, 1024)]
+    raw = {"name": "t", "device": "dev", "launch_floor_us": 2.0, "memory": {"GBps": 3000.0, "source": "a copy"},
+           "matmul": {"bf16": {"points": points}},
+           "attention": {"flash": {"forward_causal": [[512, 100.0], [2048, 300.0], [8192, 500.0]],
+                                   "backward": [[512, 50.0], [2048, 150.0], [8192, 250.0]]}}}
+    c = table_from(raw, hw, "t.toml")
+    table, flash = c.matmul["bf16"], c.attention["flash"]
+    assert (table.source, flash.source, c.memory_source, c.launch_floor_s) == ("", "", "a copy", 2e-6)
+    assert table.rate(512, 256, 256) == pytest.approx(250.0)
+    assert (table.rate(128, 300, 2000), table.rate(4096, 300, 2000)) == (100.0, 400.0)
+    assert flash.rate(1024, False) == pytest.approx(200.0) and flash.rate(4096, False) == pytest.approx(400.0)
+    assert flash.rate(1024, True) == pytest.approx(100.0) and flash.rate(100, True) == 50.0
+    big = Gemm("big", 4096, 4096, 4096)                   # past the grid: 400 TFLOP/s, at half scale
+    assert c.gemm_s(big) == pytest.approx(big.flops / 200e12)
+    assert c.gemm_s(Gemm("tiny", 256, 256, 256)) == 2e-6   # under the launch floor
+    assert [c.gemm_s(Gemm("none", *dims)) for dims in ((0, 256, 256), (256, 0, 256), (256, 256, 0))] == [0.0] * 3
+    assert c.attention_s("flash", 1e12, 1024, False) == pytest.approx(1e12 / 100e12)
+    assert c.attention_s("flash", 1e12, 1024, True) == pytest.approx(1e12 / 50e12)
+    assert (c.attention_s("flash", 0.0, 1024, True), c.attention_s("flash", 0.5, 1024, True)) == (0.0, 2e-6)
+    assert c.memory_s(3e9) == pytest.approx(1e-3) and (c.memory_s(1), c.memory_s(1, 8)) == (2e-6, 16e-6)
+    assert (c.memory_s(0.0), c.memory_s(0.5)) == (0.0, 2e-6)
+    # Another part keeps its own bandwidth; so does this part where the table measured none.
+    other = table_from(raw, replace(hw, device_name="other"), "t.toml")
+    assert (other.memory_Bps, other.memory_source) == (1000e9, "h100-sxm-8: memory_GBps")
+    assert table_from({**raw, "memory": {}}, hw, "t.toml").memory_Bps == 1000e9
+    for call, says in ((lambda: c.gemm_s(big, "fp8"), "t: no fp8 matmul table (has bf16)"),
+                       (lambda: c.attention_s("cudnn", 1.0, 512, False), "t: no attention kernel 'cudnn' (has flash)"),
+                       (lambda: table_from({**raw, "memory": {}}, replace(hw, memory_GBps=None), "t.toml"),
+                        "--hardware h100-sxm-8: memory_GBps is needed for memory-bound work"),
+                       (lambda: compute_for(replace(hw, compute="")),
+                        "--hardware h100-sxm-8: no compute table (a `compute = NAME` key naming "
+                        f"{COMPUTE_DIR}/NAME.toml); use --assume-mfu"),
+                       (lambda: compute_for(replace(hw, compute="/nowhere/t.toml")),
+                        "--hardware h100-sxm-8: compute table /nowhere/t.toml does not exist")):
+        with pytest.raises(ValueError) as refused:
+            call()
+        assert str(refused.value) == says
+    holes = [p for p in points if tuple(p[:3]) not in {(256, 256, 1024), (256, 1024, 256), (1024, 256, 256),
+                                                      (1024, 1024, 1024)}]
+    with pytest.raises(ValueError) as refused:
+        table_from({**raw, "matmul": {"bf16": {"points": holes}}}, hw, "t.toml")
+    assert str(refused.value) == ("t.toml: matmul.bf16 is not a full grid (missing [(256, 256, 1024), (256, 1024, "
+                                  "256), (1024, 256, 256)] ...)")
