@@ -548,6 +548,22 @@ def test_a_compute_table_times_each_kernel_at_its_interpolated_rate_and_says_wha
         with pytest.raises(ValueError) as refused:
             call()
         assert str(refused.value) == says
+    # What a table leaves out: no name (the hardware's compute key), no sources, no copy source, no kernels.
+    bare = table_from({"device": "dev", "launch_floor_us": 1.0, "memory": {"GBps": 3000.0}},
+                      replace(hw, compute="t-key"), "t.toml")
+    assert (bare.name, bare.launch_floor_source, bare.memory_source, bare.matmul, bare.attention) == \
+        ("t-key", "", "", {}, {})
+    assert table_from({"device": "dev", "launch_floor_us": 1.0}, hw, "t.toml").memory_Bps == 1000e9
+    many = table_from({**raw, "matmul": {"bf16": {"points": points}, "fp16": {"points": points}},
+                       "attention": {"flash": raw["attention"]["flash"], "cudnn": raw["attention"]["flash"]}}, hw, "t")
+    with pytest.raises(ValueError, match=r"^t: no fp8 matmul table \(has bf16, fp16\)$"):
+        many.gemm_s(big, "fp8")
+    with pytest.raises(ValueError, match=r"^t: no attention kernel 'math' \(has flash, cudnn\)$"):
+        many.attention_s("math", 1.0, 512, False)
+    # A full grid whose three axes differ loads (each axis is checked against its own values).
+    lopsided = [[m, 512, 128, 10.0] for m in (256, 1024)]
+    assert table_from({**raw, "matmul": {"bf16": {"points": lopsided}}}, hw, "t").matmul["bf16"].grid == \
+        ((256, 1024), (512,), (128,))
     holes = [p for p in points if tuple(p[:3]) not in {(256, 256, 1024), (256, 1024, 256), (1024, 256, 256),
                                                       (1024, 1024, 1024)}]
     with pytest.raises(ValueError) as refused:
