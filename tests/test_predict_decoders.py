@@ -570,3 +570,68 @@ def test_a_compute_table_times_each_kernel_at_its_interpolated_rate_and_says_wha
         table_from({**raw, "matmul": {"bf16": {"points": holes}}}, hw, "t.toml")
     assert str(refused.value) == ("t.toml: matmul.bf16 is not a full grid (missing [(256, 256, 1024), (256, 1024, "
                                   "256), (1024, 256, 256)] ...)")
+
+
+def test_a_decoder_describes_its_parameters_gemms_and_activations_as_counted_by_hand(tmp_path):
+    """Two small decoders worked by hand: GPT-style (learned positions, LayerNorm, biases, GELU, tied output) and
+    Llama-style (RoPE, RMSNorm, GQA, SwiGLU, untied output); h 64, 4 heads of 16, FFN 256, vocabulary 100,
+    sequence 32."""
+    gpt = decoder.DecoderSpec("g", layers=2, hidden=64, heads=4, kv_heads=4, ffn=256, ffn_kind="gelu", vocab=100,
+                              seq_len=32, tied_embeddings=True, position="learned", norm="layernorm", biases=True)
+    llama = replace(gpt, name="l", kv_heads=2, ffn_kind="swiglu", tied_embeddings=False, position="rope",
+                    norm="rmsnorm", biases=False)
+    assert (gpt.embedding_params(), llama.embedding_params()) == (100 * 64 + 32 * 64, 100 * 64)
+    assert (gpt.head_params(), llama.head_params()) == (2 * 64, 64 + 100 * 64)
+    assert [(g.name, g.n) for g in llama.layer_gemms(10, fused=True)] == \
+        [("qkv", 64 + 2 * 32), ("wo", 64), ("fc1", 2 * 256), ("w2", 64)]
+    assert [(g.name, g.n) for g in gpt.layer_gemms(10, fused=True)] == \
+        [("qkv", 3 * 64), ("wo", 64), ("fc1", 256), ("w2", 64)]
+    assert decoder.DecoderSpec.backward_gemms(Gemm("w1", 10, 256, 64)) == [Gemm("w1.dgrad", 10, 64, 256),
+                                                                          Gemm("w1.wgrad", 64, 256, 10)]
+    assert replace(gpt, vocab=101).head_gemm(10, tp=2) == Gemm("output", 10, 50, 64)
+    # Per token, 2-byte values: norms' inputs 2 x 2h, QKV input 2h, Q K V 2(q + 2kv), context 2q, FFN input 2h;
+    # GELU 2 x 2f, SwiGLU 4 x 2f; flash keeps 4 bytes a head, softmax without it 2 x 2 x heads x s (+1 with dropout)
+    h, f, s, a = 64, 256, 32, 4
+    common_gpt = 2 * 2 * h + 2 * h + 2 * 3 * h + 2 * h + 2 * h
+    assert gpt.stored_activation_bytes(1) == common_gpt + 4 * a + 2 * 2 * f
+    assert gpt.stored_activation_bytes(1, flash=False) == common_gpt + 4 * a * s + 2 * 2 * f
+    assert gpt.stored_activation_bytes(1, flash=False, dropout=True) == \
+        common_gpt + 5 * a * s + 2 * 2 * f + 2 * h
+    assert llama.stored_activation_bytes(1) == 2 * 2 * h + 2 * h + 2 * (h + 2 * 32) + 2 * h + 2 * h + 4 * a + 4 * 2 * f
+
+
+def test_a_model_file_is_read_or_refused_in_one_line(tmp_path):
+    bundled = ", ".join(decoder.available())
+    with pytest.raises(ValueError) as refused:
+        decoder.load("nowhere")
+    assert str(refused.value) == f"--model nowhere: no such file or bundled model (bundled: {bundled})"
+    good = (tmp_path / "m.toml")
+    good.write_text('name = "m"\nlayers = 2\nhidden = 64\nheads = 4\nkv_heads = 2\nffn = 256\nffn_kind = "swiglu"\n'
+                    'vocab = 100\nseq_len = 32\ntied_embeddings = false\n')
+    assert decoder.load(str(good)).path == str(good) and decoder.load(str(good), 64).seq_len == 64
+    bad = tmp_path / "bad.toml"
+    for text, says in ((good.read_text() + 'path = "x"\n', "KeyError: \"unknown keys ['path']\""),
+                       (good.read_text() + 'colour = "red"\n', "KeyError: \"unknown keys ['colour']\""),
+                       (good.read_text().replace("layers = 2\n", ""), "TypeError: DecoderSpec.__init__() missing 1 "
+                                                                      "required positional argument: 'layers'"),
+                       (good.read_text() + "layers = = 2\n", "TOMLDecodeError: ")):
+        bad.write_text(text)
+        with pytest.raises(ValueError) as refused:
+            decoder.load(str(bad))
+        assert str(refused.value).startswith(f"--model {bad}: {says}")
+        assert str(refused.value).endswith(f" (format: {decoder.MODELS_DIR}/README.md)")
+    for change, says in (('ffn_kind = "swiglu"', "ffn_kind 'relu' is not one of gelu, swiglu"),
+                         ('kv_heads = 2', "hidden 64, heads 4, kv_heads 3 do not divide"),
+                         ('tied_embeddings = false', "position 'alibi' (learned|rope) or norm 'rmsnorm' "
+                                                     "(layernorm|rmsnorm)")):
+        new = {"ffn_kind": 'ffn_kind = "relu"', "kv_heads": "kv_heads = 3",
+               "tied_embeddings": 'tied_embeddings = false\nposition = "alibi"'}[change.split(" =")[0]]
+        bad = tmp_path / "bad.toml"
+        bad.write_text(good.read_text().replace(change, new))
+        with pytest.raises(ValueError) as refused:
+            decoder.load(str(bad))
+        assert str(refused.value) == f"--model {bad}: {says}"
+    bad.write_text(good.read_text().replace('ffn_kind = "swiglu"', 'ffn_kind = "relu"').replace("kv_heads = 2",
+                                                                                              "kv_heads = 3"))
+    with pytest.raises(ValueError, match="is not one of gelu, swiglu; hidden 64, heads 4, kv_heads 3 do not divide$"):
+        decoder.load(str(bad))
