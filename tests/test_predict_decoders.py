@@ -19,6 +19,7 @@ from common.predict.kernels import device_compute
 from common.predict.step import pipeline_s, predict
 from common.spec import Gemm
 from common.stats import spearman
+from tests.test_compute_table import _hardware
 
 GPT = decoder.load("megatron-gpt-177b")     # h 12288, 96 heads, s 4096, GELU 4h, biases, untied
 LLAMA = decoder.load("llama3-8b")           # h 4096, 32 heads, 8 KV heads, SwiGLU 14336, no biases
@@ -454,11 +455,8 @@ def test_a_measurement_becomes_the_compute_table_the_model_reads(tmp_path):
                            "(common/predict/gpu_compute.py) reads it.\n")
     # Read back by the model, on hardware of that device (another part would keep its datasheet bandwidth).
     (tmp_path / "t.toml").write_text(text)
-    (tmp_path / "hw.toml").write_text(
-        'name = "here"\ndescription = "one H100"\ndevice_kind = "cuda"\ndevice_name = "NVIDIA H100 80GB HBM3"\n'
-        f'devices_per_node = 1\nmemory_GiB = 80\nmemory_GBps = 1234\ncompute = "{tmp_path / "t.toml"}"\n'
-        '[[link]]\nlevel = "node"\nbusbw_GBps = 1\nlatency_us = 1\nsource = "one device"\n')
-    compute = compute_for(hardware_files.load(str(tmp_path / "hw.toml")))
+    compute = compute_for(hardware_files.load(_hardware(tmp_path / "hw.toml", tmp_path / "t.toml",
+                                                        "NVIDIA H100 80GB HBM3")))
     assert compute.launch_floor_s == pytest.approx(2.12e-6) and compute.memory_Bps == 3012e9
     assert compute.matmul["bf16"].rate(8192, 1024, 4096) == 600.5 and compute.matmul["bf16"].rate(512, 256, 512) == 60
     assert compute.attention["torch_flash"].rate(1024, backward=True) == 150.0
