@@ -6,6 +6,7 @@ import importlib.util
 from dataclasses import dataclass
 
 from common.errors import Unsupported
+from common.spec import WORKLOADS
 
 
 @dataclass(frozen=True)
@@ -27,11 +28,15 @@ class Entry:
     # Runs every layout common.layout defines, pipelines included, wherever it runs (CPU and CUDA): what
     # `--layouts` sweeps and checks when no --backends is given.
     every_layout: bool = False
+    # The workloads (common.spec.WORKLOADS) it trains; it refuses the others in one line.
+    workloads: frozenset[str] = frozenset({"cnn", "mlm"})
 
 
+ALL_WORKLOADS = frozenset(WORKLOADS)
 BACKENDS = {
-    "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
-    "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",)),
+    "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch", workloads=ALL_WORKLOADS),
+    "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",),
+                       workloads=ALL_WORKLOADS),
     "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", every_layout=True,
                       layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split",
                                          "stage_split"})),

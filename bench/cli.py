@@ -12,10 +12,13 @@ from backends import BACKEND_ONLY, BACKENDS, layout_backend
 from backends.keras_jax.modes import MODES as JAX_MODES
 from backends.tf_mirrored.modes import MODES as TF_MODES
 from common.config import COMPILE_MODES, PRECISIONS, SCALING_MODES
+from common.errors import BadInput
 from common.layout import OPTIONS as LAYOUT_OPTIONS
 from common.layout import LayoutOption
 from common.profile import DEFAULT_STEPS as PROFILE_STEPS
-from common.spec import BERT_SIZES, WORKLOADS
+from common.spec import SIZES, WORKLOADS
+
+MODEL_SIZES = tuple(dict.fromkeys(s for w in WORKLOADS if w != "cnn" for s in SIZES[w]))
 
 
 def console_table(title: str, columns, rows, caption: str | None = None) -> Table:
@@ -175,7 +178,8 @@ RUN_OPTIONS = (
     _option("--data-dir", help="data directory (default $PARBENCH_DATA_DIR or ~/.cache/parbench)"),
     _option("--seed", type=non_negative_int, default=0),
     _option("--out", default="results", help="results directory (default results/)"),
-    _option("--model-size", choices=tuple(BERT_SIZES), default="tiny", help="BERT size for mlm"),
+    _option("--model-size", choices=MODEL_SIZES, default="tiny",
+            help="mlm: " + ", ".join(SIZES["mlm"]) + "; lm: " + ", ".join(SIZES["lm"]) + " (the CNN has one)"),
     _option("--precision", choices=PRECISIONS, default="fp32",
             help="amp: bfloat16 autocast; fp16: float16 with dynamic loss scaling (GPUs without bf16)"),
     _option("--compile", nargs="?", const="default", choices=COMPILE_MODES, metavar="MODE",
@@ -264,6 +268,12 @@ def default_layout_backend(parser: argparse.ArgumentParser, what: str) -> str:
     if name is None:
         parser.error(f"--layouts {what} no backend by default: none registered runs every layout; give --backends")
     return name
+
+
+def check_model_size(workload: str, size: str) -> None:
+    """--model-size names one of the workload's sizes (the CNN has one and ignores it)."""
+    if workload != "cnn" and size not in SIZES[workload]:
+        raise BadInput(f"--model-size {size}: {workload} has sizes {', '.join(SIZES[workload])}")
 
 
 def workload_names() -> tuple[str, ...]:

@@ -69,6 +69,7 @@ from common.results import (
 )
 from common.scheduler import job_node_count, srun_command
 from common.sections import FitCheck
+from common.spec import DEFAULT_WORKLOADS
 
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of --timeout
 # The run options a --layouts entry sets (and bench.compare then refuses on its own command line).
@@ -85,7 +86,8 @@ def build_parser() -> OneLineParser:
                         "(docs/layouts.md); each at the devices it implies, one global batch for all")
     p.add_argument("--backends", type=name_list(backend_names()),
                    help=f"default: every backend; with --layouts, the one that runs every layout ({layout_backend()})")
-    p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
+    p.add_argument("--workloads", type=name_list(workload_names()), default=list(DEFAULT_WORKLOADS),
+                   help=f"default: {','.join(DEFAULT_WORKLOADS)} (lm, the decoder LM, when asked for)")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="run every row R times, the rows interleaved in each repeat (order reversed every other "
                         "repeat), and report each row's median and 95%% interval (docs/comparison.md)")

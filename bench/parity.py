@@ -48,7 +48,7 @@ from bench.layouts import layout_list, reference_accumulations
 from common.launch import RunFailed, child_env, run_supervised
 from common.layout import Layout
 from common.results import write_json_atomic
-from common.spec import model_spec, training_flops_per_sample
+from common.spec import DEFAULT_WORKLOADS, model_spec, training_flops_per_sample
 
 HARNESS_MARGIN_S = 120.0  # bench.run's own start-up and record writing, on top of its --timeout
 STOP = threading.Event()  # set when parity is stopped: every run in flight ends (run_one's health check)
@@ -58,7 +58,7 @@ def build_parser() -> OneLineParser:
     p = OneLineParser(prog="bench.parity", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", choices=("real", "synthetic"), default="synthetic")
     p.add_argument("--data-dir", help="data directory (default $PARBENCH_DATA_DIR or ~/.cache/parbench)")
-    p.add_argument("--workloads", type=name_list(workload_names()), default=list(workload_names()))
+    p.add_argument("--workloads", type=name_list(workload_names()), default=list(DEFAULT_WORKLOADS))
     p.add_argument("--backends", type=name_list(backend_names()),
                    help=f"default: every data-parallel backend (the data parallel of {layout_backend()}, which runs "
                         "every layout, is the dp2 of --layouts); with --layouts, that one")

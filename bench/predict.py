@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int, workload_names
+from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int
 from bench.reporting import published_plot as published_table
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
@@ -36,6 +36,7 @@ from common.predict import constants, decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict import published as published_points
 from common.predict.basis import MEASURE_THE_SPLIT, Basis, accumulation, from_mfu
+from common.predict.executed import WORKLOADS as EXECUTED_WORKLOADS
 from common.predict.kernels import compute_label, device_compute
 from common.predict.step import predict
 from common.predict.validation import basis_of, execution, references, validate
@@ -57,7 +58,7 @@ def add_compute_options(p: OneLineParser, decoders, hardware: str | None, model_
     p.add_argument("--assume-mfu", type=positive_float, metavar="MFU",
                    help="compute at this fraction of the device's datasheet peak instead of a measured run "
                         "(labelled as an assumption in every table and figure)")
-    p.add_argument("--workload", choices=workload_names(), default="mlm")
+    p.add_argument("--workload", choices=EXECUTED_WORKLOADS, default="mlm")
     p.add_argument("--model-size", choices=sorted(BERT_SIZES), default=model_size)
     decoders.add_argument("--model", metavar="NAME|FILE", help=f"a decoder LLM ({', '.join(decoder.available())}) "
                           "or a TOML file of yours (common/predict/models/README.md)")

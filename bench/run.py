@@ -28,6 +28,7 @@ from bench.cli import (
     OneLineParser,
     add_run_options,
     backend_names,
+    check_model_size,
     non_negative_int,
     port_number,
     positive_int,
@@ -132,6 +133,7 @@ def check_options(args) -> None:
     if args.resume and not (args.checkpoint_dir or args.checkpoint_every):
         raise BadInput("--resume needs --checkpoint-dir or --checkpoint-every")
     check_backend_options(args)
+    check_model_size(args.workload, args.model_size)
     if args.max_restarts and not args.checkpoint_every:
         raise BadInput("--max-restarts needs --checkpoint-every: a restart resumes from the newest checkpoint")
     out = Path(args.out)
@@ -153,9 +155,13 @@ def check_backend_options(args) -> None:
 
 
 def check_supported(name: str, backend, cfg: RunConfig, plan) -> None:
-    """Unsupported (or BadInput) for a run the backend will not do: what the layout asks that it does not execute
-    first (its registry entry, by flag), then the backend's own check."""
+    """Unsupported (or BadInput) for a run the backend will not do: a workload it does not train, then what the
+    layout asks that it does not execute (its registry entry, by flag), then the backend's own check."""
     entry = BACKENDS[name]
+    if cfg.workload not in entry.workloads:
+        trained_by = [n for n, e in BACKENDS.items() if cfg.workload in e.workloads]
+        raise Unsupported(f"{name} does not train the {cfg.workload} workload yet (it trains "
+                          f"{', '.join(sorted(entry.workloads))}); {', '.join(trained_by)} do")
     refuse_layout(cfg.layout, name, entry.layouts, EXECUTED_BY, dict(entry.refusals))
     backend.check(cfg, plan)
 

@@ -1,4 +1,4 @@
-"""The initial weights of both workloads, drawn once in NumPy from the seed, in one framework-neutral layout.
+"""The initial weights of every workload, drawn once in NumPy from the seed, in one framework-neutral layout.
 
 Every backend loads these (backends/<framework>/weights.py maps names and layouts), so every run
 of a seed starts from the same numbers whatever the framework: a difference in a comparison
@@ -13,7 +13,8 @@ Canonical layout (torch's, which is also MindSpore's):
 
 Distributions: the CNN follows torch's default Conv/Linear init, U(+-1/sqrt(fan_in)) for kernel
 and bias; BERT follows keras-hub/BERT, truncated normal (std 0.02, cut at 2 std) for kernels and
-embeddings, zero biases. Each tensor has its own generator, seeded by (seed, crc32(name)), so a
+embeddings, zero biases; the decoder LM the same truncated normal (its model file's init_stddev) for every
+weight, its RMSNorm weights ones. Each tensor has its own generator, seeded by (seed, crc32(name)), so a
 tensor's values do not depend on which other tensors exist or in which order they are drawn.
 
 A run may ask for its trainable tensors to be perturbed, each value scaled by (1 + rel x N(0, 1))
@@ -93,9 +94,31 @@ def _bert_layout(spec: BertSpec) -> list[Tensor]:
     return tensors
 
 
-def layout(spec: CnnSpec | BertSpec) -> list[Tensor]:
+def _decoder_layout(spec) -> list[Tensor]:
+    """The decoder LM (a common.predict.decoder.DecoderSpec): its linear layers by the description's own names
+    (wq, wk, wv, wo; w1 the gate, w3 the up, w2 the down projection), RMSNorm weights as `gamma`."""
+    h, std = spec.hidden, spec.init_stddev
+    if spec.biases or spec.norm != "rmsnorm" or spec.position != "rope" or spec.tied_embeddings:
+        raise ValueError(f"{spec.name}: the lm workload trains Llama-style decoders (rmsnorm, rope, no biases, "
+                         "untied output)")
+    tensors = [Tensor("embeddings.token", (spec.vocab, h), "truncated_normal", std)]
+    for layer in range(spec.layers):
+        p = f"layers.{layer}"
+        tensors.append(Tensor(f"{p}.attention_norm.gamma", (h,), "ones"))
+        tensors += [Tensor(f"{p}.attention.{lin.name}.weight", (lin.outputs, lin.inputs), "truncated_normal", std)
+                    for lin in spec.linears() if lin.name in ("wq", "wk", "wv", "wo")]
+        tensors.append(Tensor(f"{p}.ffn_norm.gamma", (h,), "ones"))
+        tensors += [Tensor(f"{p}.ffn.{lin.name}.weight", (lin.outputs, lin.inputs), "truncated_normal", std)
+                    for lin in spec.linears() if lin.name in ("w1", "w2", "w3")]
+    return [*tensors, Tensor("head.norm.gamma", (h,), "ones"),
+            Tensor("head.output.weight", (spec.vocab, h), "truncated_normal", std)]
+
+
+def layout(spec) -> list[Tensor]:
     """Every tensor of the model's starting state, in a fixed order."""
-    return _cnn_layout(spec) if isinstance(spec, CnnSpec) else _bert_layout(spec)
+    if isinstance(spec, CnnSpec):
+        return _cnn_layout(spec)
+    return _bert_layout(spec) if isinstance(spec, BertSpec) else _decoder_layout(spec)
 
 
 def _draw(t: Tensor, seed: int) -> np.ndarray:

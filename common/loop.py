@@ -94,10 +94,12 @@ def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
     shard = getattr(trainer, "data_rank", trainer.rank), getattr(trainer, "data_world", trainer.world)
     batches = eval_batches(data, cfg.spec, cfg.seed, *shard, EVAL_BATCH, cfg.eval_samples)
     loss_sum, correct, count = trainer.all_reduce_sum(list(trainer.evaluate(batches)))
-    # count: what the metric is over (the MLM: masked tokens); split_size: the split's samples, samples_evaluated
-    # those --eval-samples took (all by default).
-    return {"metric": DEFAULTS[cfg.workload].metric, "split": data.split, "value": correct / count,
-            "loss": loss_sum / count, "count": int(round(count)), "split_size": len(data),
+    # count: what the metric is over (the MLM: masked tokens, the LM: every label); split_size: the split's
+    # samples, samples_evaluated those --eval-samples took (all by default).
+    metric = DEFAULTS[cfg.workload].metric
+    value = math.exp(loss_sum / count) if metric == "perplexity" else correct / count
+    return {"metric": metric, "split": data.split, "value": value, "loss": loss_sum / count,
+            "count": int(round(count)), "split_size": len(data),
             "samples_evaluated": eval_samples(data, cfg.eval_samples)}
 
 
@@ -186,6 +188,8 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
     compiled_steps: list[int] = []  # positions in step_times of measured steps that compiled
     compiled_last_step = getattr(trainer, "compiled_last_step", None)
     digests = SampleDigests()
+    # Early stopping compares scores that rise as the metric improves (perplexity falls).
+    sign = 1.0 if DEFAULTS[cfg.workload].higher_is_better else -1.0
     best, evals_since_best, stopped_early = -math.inf, 0, False
     # From here to the last step: the training's own memory (common.memory), evaluations left out.
     memory = MemoryWindow(getattr(trainer, "allocator_memory", None), trainer.peak_memory_bytes)
@@ -222,8 +226,8 @@ def run_loop(trainer: Trainer, cfg: RunConfig, train: TrainBatches, eval_data: S
             history.append({"step": done, "elapsed_s": clock() - began, "value": result["value"],
                             "loss": result["loss"]})
             # Every rank sees the same all-reduced value, so every rank stops at the same step.
-            if result["value"] > best:
-                best, evals_since_best = result["value"], 0
+            if sign * result["value"] > best:
+                best, evals_since_best = sign * result["value"], 0
             else:
                 evals_since_best += 1
             if cfg.patience and evals_since_best >= cfg.patience:

@@ -10,7 +10,7 @@ from common.hostinfo import git_sha, host_info, package_versions, performance_en
 from common.peak_flops import PRECISION_MATH, mfu
 from common.results import REQUIRED_FIELDS, SCHEMA_VERSION
 from common.sections import Fp32Math, TrainableParams
-from common.spec import training_flops_per_sample
+from common.spec import TOKEN_WORKLOADS, training_flops_per_sample
 
 
 def skeleton(run_id: str, backend: str, workload: str, devices: int, started_at: str, **known) -> dict:
@@ -53,7 +53,7 @@ def measured_fields(cfg: RunConfig, outcome: dict, flops_per_sample: int) -> dic
     fields.update(
         samples_per_s=sps,
         # Every position of a packed sequence is processed, padding of the last row included.
-        tokens_per_s=sps * cfg.spec.seq_len if sps and cfg.workload == "mlm" else None,
+        tokens_per_s=sps * cfg.spec.seq_len if sps and cfg.workload in TOKEN_WORKLOADS else None,
         achieved_flops=sps * flops_per_sample if sps else None,
         eval_history=outcome.get("eval_history"), peak_memory_per_rank=outcome.get("peak_memory_per_rank"),
         total_steps=outcome.get("total_steps"), start_step=outcome.get("start_step"),

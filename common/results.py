@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from common.config_key import config_key, describe, scaling_efficiencies
 from common.sections import record_section_problems, section_problems
+from common.spec import TOKEN_WORKLOADS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,8 +76,8 @@ def validate_record(record: dict) -> list[str]:
         if measured:
             st = record.get("step_time_s") or {}
             problems += [f"step_time_s lacks {k}" for k in STEP_TIME_KEYS if k not in st]
-            if record.get("workload") == "mlm" and not record.get("tokens_per_s"):
-                problems.append("mlm record without tokens_per_s")
+            if record.get("workload") in TOKEN_WORKLOADS and not record.get("tokens_per_s"):
+                problems.append(f"{record['workload']} record without tokens_per_s")
     elif not record.get("error"):
         problems.append(f"{record.get('status')} record without an error")
     scheduler = record.get("scheduler")

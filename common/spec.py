@@ -6,11 +6,16 @@ backends compares frameworks, not configurations.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol
 
-WORKLOADS = ("cnn", "mlm")
+WORKLOADS = ("cnn", "mlm", "lm")
+# What a sweep runs unless asked: the decoder LM (lm) is asked for by name (bench.compare --workloads lm).
+DEFAULT_WORKLOADS = ("cnn", "mlm")
+# The workloads whose samples are token sequences: their throughput is also counted in tokens.
+TOKEN_WORKLOADS = ("mlm", "lm")
 
 # ----------------------------------------------------------------------------- work: GEMMs and attention
 # Every model (CnnSpec, BertSpec, common.predict.decoder.DecoderSpec) describes its forward work as GEMMs at their
@@ -259,11 +264,27 @@ BERT_SIZES = {
 
 CNN = CnnSpec()
 
+# ----------------------------------------------------------------------------- decoder LM
+# The `lm` workload trains a Llama-style decoder on WikiText-2 (next-token loss); each size is a model file in
+# bench.predict's format (common/predict/models/<file>.toml, read by common.predict.decoder), so the backends
+# that train it and the predictor read one description.
+LM_SIZES = {"tiny": "llama-tiny", "mini": "llama-mini", "base": "llama-base"}
+SIZES = {"cnn": ("default",), "mlm": tuple(BERT_SIZES), "lm": tuple(LM_SIZES)}
 
-def model_spec(workload: str, size: str = "tiny") -> CnnSpec | BertSpec:
+
+def model_spec(workload: str, size: str = "tiny"):
+    """The model of `workload` at `size` (the CNN has one): a CnnSpec, BertSpec or DecoderSpec."""
     if workload == "cnn":
         return CNN
+    if workload == "lm":
+        return _lm_spec(size)
     return BERT_SIZES[size]
+
+
+@functools.cache
+def _lm_spec(size: str):
+    from common.predict.decoder import load  # noqa: PLC0415  (decoder.py imports this module's Gemm, Linear)
+    return load(LM_SIZES[size])
 
 
 def training_flops_per_sample(spec: Model) -> int:
@@ -296,6 +317,7 @@ class WorkloadDefaults:
     metric: str
     default_steps: int = 50      # a throughput run when neither --steps nor --epochs is given
     default_warmup_steps: int = 5
+    higher_is_better: bool = True
 
 
 DEFAULTS = {
@@ -303,6 +325,9 @@ DEFAULTS = {
                             metric="accuracy"),
     "mlm": WorkloadDefaults(per_device_batch=32, optim=OptimSpec(lr=1e-3, warmup_fraction=0.06),
                             eval_split="valid", metric="masked_accuracy"),
+    # Perplexity: lower is better (early stopping reads `higher_is_better`).
+    "lm": WorkloadDefaults(per_device_batch=16, optim=OptimSpec(lr=1e-3, warmup_fraction=0.06),
+                           eval_split="valid", metric="perplexity", higher_is_better=False),
 }
 
 
@@ -317,6 +342,6 @@ def learning_rate(step: int, total_steps: int, optim: OptimSpec) -> float:
 
 
 __all__ = [
-    "BERT_SIZES", "CNN", "DEFAULTS", "WORKLOADS", "BertSpec", "CnnSpec", "OptimSpec",
-    "learning_rate", "model_spec", "training_flops_per_sample",
+    "BERT_SIZES", "CNN", "DEFAULT_WORKLOADS", "DEFAULTS", "LM_SIZES", "SIZES", "TOKEN_WORKLOADS", "WORKLOADS",
+    "BertSpec", "CnnSpec", "OptimSpec", "learning_rate", "model_spec", "training_flops_per_sample",
 ]

@@ -35,6 +35,8 @@ BAD_INPUT = {
     "run: real data missing": ("bench.run", [*BASE, "--data", "real", "--data-dir", "/nonexistent/parbench",
                                              "--out", OUT]),
     "run: patience without eval": ("bench.run", [*BASE, "--patience", "2", "--out", OUT]),
+    "run: a size lm does not have": ("bench.run", ["--backend", "torch_ddp", "--workload", "lm", "--devices", "1",
+                                                   "--model-size", "small", "--out", OUT]),
     "run: skip-eval with eval-every": ("bench.run", [*BASE, "--skip-eval", "--eval-every", "2", "--out", OUT]),
     "run: skip-eval with eval-samples": ("bench.run", [*BASE, "--skip-eval", "--eval-samples", "64", "--out", OUT]),
     "run: warm-up swallows the run": ("bench.run", [*BASE, "--steps", "5", "--warmup-steps", "5", "--out", OUT]),
@@ -211,6 +213,10 @@ UNSUPPORTED = {
                           "--fsdp 2: torch_3d does not execute it; no backend here does"),
     "a torch.compile mode for XLA": (["--backend", "tf_mirrored", "--workload", "cnn", "--devices", "1",
                                       "--compile", "max-autotune"], "XLA (jit_compile) has no modes"),
+    # A backend refuses a workload it does not train, and names those that do.
+    "mindspore_auto and the decoder LM": (["--backend", "mindspore_auto", "--workload", "lm", "--devices", "1"],
+                                          "mindspore_auto does not train the lm workload yet (it trains cnn, mlm); "
+                                          "torch_dp, torch_ddp do"),
     "bfloat16 on mindspore_auto": (["--backend", "mindspore_auto", "--workload", "cnn", "--devices", "1",
                                     "--precision", "amp"], "no bfloat16 CPU kernels"),
 }

@@ -243,7 +243,7 @@ def test_synthetic_mnist_is_learnable():
 
 
 def test_synthetic_wikitext_is_predictable_from_the_left_neighbour():
-    tokens = synthetic_wikitext("train", TINY, seed=0)
+    tokens = synthetic_wikitext("train", TINY.seq_len, seed=0)
     assert tokens.shape[1] == TINY.seq_len and tokens.max() < TINY.vocab_size
     pairs = {}
     for a, b in zip(tokens[:, 1:-1].ravel(), tokens[:, 2:].ravel()):

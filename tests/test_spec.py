@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from backends.torch_common.models import build_model, param_count
-from common.spec import BERT_SIZES, CNN, DEFAULTS, OptimSpec, learning_rate, training_flops_per_sample
+from common.spec import BERT_SIZES, CNN, DEFAULTS, WORKLOADS, OptimSpec, learning_rate, training_flops_per_sample
 
 
 def test_cnn_matches_conventions():
@@ -53,5 +53,5 @@ def test_learning_rate_warms_up_then_decays():
     assert learning_rate(100, 100, optim) == 0.0
 
 
-def test_defaults_cover_both_workloads():
-    assert set(DEFAULTS) == {"cnn", "mlm"}
+def test_defaults_cover_every_workload():
+    assert set(DEFAULTS) == set(WORKLOADS) == {"cnn", "mlm", "lm"}

@@ -1,4 +1,5 @@
-"""The two workload models in PyTorch, built from common.spec; shared by torch_dp and torch_ddp.
+"""The workload models in PyTorch, built from common.spec (the decoder LM from its model file,
+common.predict.decoder); shared by torch_dp, torch_ddp and torch_3d.
 
 Their initial values come from common.initial_weights (weights.py loads them), not from torch's init."""
 from __future__ import annotations
@@ -113,8 +114,80 @@ def attention_mask(padding_mask: torch.Tensor) -> torch.Tensor:
     return padding_mask.bool()[:, None, None, :]
 
 
-def build_model(workload: str, spec: CnnSpec | BertSpec) -> nn.Module:
-    return SimpleCNN(spec) if workload == "cnn" else BertMLM(spec)
+def rotary_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [seq_len, head_dim] of rotary positions in the rotate-half layout (keras-hub's RotaryEmbedding,
+    Hugging Face's Llama): frequency j drives dimensions j and j + head_dim / 2."""
+    inverse = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inverse)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [batch, heads, seq, head_dim] rotated by position."""
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm Llama block: x = x + attn(RMSNorm(x)); x = x + w2(silu(w1 x) * w3 x), causal grouped-query
+    attention with rotary positions, no biases."""
+
+    def __init__(self, spec):
+        super().__init__()
+        h = spec.hidden
+        self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(h, eps=spec.norm_eps), nn.RMSNorm(h, eps=spec.norm_eps)
+        self.wq = nn.Linear(h, spec.q_width, bias=False)
+        self.wk, self.wv = nn.Linear(h, spec.kv_width, bias=False), nn.Linear(h, spec.kv_width, bias=False)
+        self.wo = nn.Linear(spec.q_width, h, bias=False)
+        self.w1, self.w3 = nn.Linear(h, spec.ffn, bias=False), nn.Linear(h, spec.ffn, bias=False)
+        self.w2 = nn.Linear(spec.ffn, h, bias=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        return x.view(b, s, -1, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        normed = self.attention_norm(x)
+        q, k, v = self._heads(self.wq(normed)), self._heads(self.wk(normed)), self._heads(self.wv(normed))
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # enable_gqa: query head i reads key/value head i // (heads / kv_heads), as keras-hub's repeat does
+        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
+        x = x + self.wo(ctx.transpose(1, 2).reshape(b, s, -1))
+        normed = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(normed)) * self.w3(normed))
+
+
+class DecoderLM(nn.Module):
+    """The lm workload's Llama-style decoder: token embedding, blocks, final RMSNorm, untied output layer."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.spec = spec
+        self.token_embedding = nn.Embedding(spec.vocab, spec.hidden)
+        self.layers = nn.ModuleList(DecoderBlock(spec) for _ in range(spec.layers))
+        self.norm = nn.RMSNorm(spec.hidden, eps=spec.norm_eps)
+        self.output = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        cos, sin = rotary_tables(spec.head_dim, spec.seq_len, spec.rope_theta)
+        # Not state: rebuilt from the spec, never checkpointed or loaded.
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """-> logits [B, S, vocab] at every position."""
+        x = self.token_embedding(input_ids)
+        cos, sin = self.rope_cos[: input_ids.shape[1]], self.rope_sin[: input_ids.shape[1]]
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.output(self.norm(x))
+
+
+def build_model(workload: str, spec) -> nn.Module:
+    if workload == "cnn":
+        return SimpleCNN(spec)
+    return DecoderLM(spec) if workload == "lm" else BertMLM(spec)
 
 
 def param_count(model: nn.Module) -> int:

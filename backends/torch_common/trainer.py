@@ -53,6 +53,8 @@ def loss_and_correct(model: nn.Module, workload: str, batch: dict[str, torch.Ten
     the bare loops and the graph-compiling frameworks do not do."""
     if workload == "cnn":
         return cnn_loss_and_correct(model(batch["image"]).float(), batch, count_correct)
+    if workload == "lm":
+        return lm_loss_and_correct(model(batch["input_ids"]).float(), batch, count_correct)
     return mlm_loss_and_correct(model(batch["input_ids"], batch["padding_mask"], batch["mask_positions"]).float(),
                                 batch, count_correct)
 
@@ -63,16 +65,30 @@ def cnn_loss_and_correct(logits: torch.Tensor, batch: dict[str, torch.Tensor], c
     return loss, (logits.argmax(-1) == labels).sum() if count_correct else None
 
 
-def mlm_loss_and_correct(logits: torch.Tensor, batch: dict[str, torch.Tensor], count_correct: bool = True):
-    weights, labels = batch["mask_weights"], batch["mask_ids"].long()
+def token_loss_and_correct(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
+                           count_correct: bool = True):
+    """The cross-entropy at each token position, weighted and summed (weight 0: no label there)."""
+    labels = labels.long()
     per_token = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
     loss = (per_token * weights.flatten()).sum()
     return loss, ((logits.argmax(-1) == labels).float() * weights).sum() if count_correct else None
 
 
+def mlm_loss_and_correct(logits: torch.Tensor, batch: dict[str, torch.Tensor], count_correct: bool = True):
+    return token_loss_and_correct(logits, batch["mask_ids"], batch["mask_weights"], count_correct)
+
+
+def lm_loss_and_correct(logits: torch.Tensor, batch: dict[str, torch.Tensor], count_correct: bool = True):
+    """The next-token loss over the real labels (the last row's padding weighs 0)."""
+    return token_loss_and_correct(logits, batch["labels"], batch["label_weights"], count_correct)
+
+
 def sample_count(tensors: dict[str, torch.Tensor]) -> float:
-    """What a batch's loss is averaged over: selected tokens (mlm) or samples (cnn)."""
-    return float(tensors["mask_weights"].sum()) if "mask_weights" in tensors else len(tensors["label"])
+    """What a batch's loss is averaged over: weighted tokens (mlm, lm) or samples (cnn)."""
+    for weights in ("mask_weights", "label_weights"):
+        if weights in tensors:
+            return float(tensors[weights].sum())
+    return len(tensors["label"])
 
 
 class TorchTrainer:

@@ -7,10 +7,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from backends.torch_common.models import BertMLM, SimpleCNN, build_model
+from backends.torch_common.models import BertMLM, DecoderLM, SimpleCNN, build_model
 from common.final_params import summarise
 from common.initial_weights import check_complete, check_shape
-from common.spec import BertSpec, CnnSpec
 
 # BatchNorm's batch counter is bookkeeping, not state a forward or an update reads (momentum is fixed).
 _NOT_STATE = ("num_batches_tracked",)
@@ -48,10 +47,28 @@ def _bert_names(model: BertMLM) -> dict[str, str]:
     return names
 
 
+def _decoder_names(model: DecoderLM) -> dict[str, str]:
+    names = {"embeddings.token": "token_embedding.weight", "head.norm.gamma": "norm.weight",
+             "head.output.weight": "output.weight"}
+    for i in range(model.spec.layers):
+        p = f"layers.{i}"
+        names.update({f"{p}.attention_norm.gamma": f"{p}.attention_norm.weight",
+                      f"{p}.ffn_norm.gamma": f"{p}.ffn_norm.weight"})
+        names.update({f"{p}.attention.{w}.weight": f"{p}.{w}.weight" for w in ("wq", "wk", "wv", "wo")})
+        names.update({f"{p}.ffn.{w}.weight": f"{p}.{w}.weight" for w in ("w1", "w2", "w3")})
+    return names
+
+
+def _names(model: nn.Module) -> dict[str, str]:
+    """Canonical name (common.initial_weights) -> torch name in `model`."""
+    if isinstance(model, SimpleCNN):
+        return _cnn_names(model)
+    return _decoder_names(model) if isinstance(model, DecoderLM) else _bert_names(model)
+
+
 def canonical_names(model: nn.Module) -> dict[str, str]:
     """torch name (of `model`'s parameters and buffers) -> canonical name (common.initial_weights)."""
-    names = _cnn_names(model) if isinstance(model, SimpleCNN) else _bert_names(model)
-    return {key: canon for canon, key in names.items()}
+    return {key: canon for canon, key in _names(model).items()}
 
 
 @torch.no_grad()
@@ -66,7 +83,7 @@ def final_params(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]] |
 @torch.no_grad()
 def load_initial_weights(model: nn.Module, weights: dict[str, np.ndarray]) -> None:
     """Copy every canonical tensor into `model` (before it is wrapped); fails if anything is left over."""
-    names = _cnn_names(model) if isinstance(model, SimpleCNN) else _bert_names(model)
+    names = _names(model)
     state = model.state_dict()
     assigned = set()
     for canon, key in names.items():
@@ -80,7 +97,7 @@ def load_initial_weights(model: nn.Module, weights: dict[str, np.ndarray]) -> No
     check_complete(assigned, weights, "torch", unmapped)
 
 
-def initialised_model(workload: str, spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> nn.Module:
+def initialised_model(workload: str, spec, weights: dict[str, np.ndarray]) -> nn.Module:
     """The workload's model holding `weights` (common.initial_weights)."""
     model = build_model(workload, spec)
     load_initial_weights(model, weights)

@@ -13,8 +13,9 @@ import pandas as pd
 
 from bench.reporting.keys import LABEL_FIELDS, cells, distinguishing, in_label, order, said_once
 from common.config_key import ConfigKey, config_key, sweep_of
+from common.spec import TOKEN_WORKLOADS
 
-DATA_NAMES = {"cnn": "MNIST", "mlm": "WikiText-2"}
+DATA_NAMES = {"cnn": "MNIST", "mlm": "WikiText-2", "lm": "WikiText-2"}
 # matplotlib's tab10 and then tab20's lighter shades: one colour per configuration (machines aside).
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
           "#bcbd22", "#aec7e8", "#ff9896", "#98df8a", "#c5b0d5", "#ffbb78", "#c49c94")
@@ -57,9 +58,10 @@ class Series:
         return sorted(self.runs)
 
     def throughput(self, devices: int) -> float:
-        """tokens/s for mlm, samples/s otherwise: the unit a reader of that workload expects."""
+        """tokens/s for the token workloads (mlm, lm), samples/s otherwise: the unit a reader of that workload
+        expects."""
         record = self.runs[devices]
-        return record["tokens_per_s"] if record["workload"] == "mlm" else record["samples_per_s"]
+        return record["tokens_per_s"] if record["workload"] in TOKEN_WORKLOADS else record["samples_per_s"]
 
 
 def panel_title(machine: str, series: list[Series]) -> str:
@@ -72,7 +74,7 @@ def panel_title(machine: str, series: list[Series]) -> str:
 
 
 def throughput_unit(workload: str) -> str:
-    return "tokens/s" if workload == "mlm" else "samples/s"
+    return "tokens/s" if workload in TOKEN_WORKLOADS else "samples/s"
 
 
 def series_label(cells: dict[str, str], fields: list[str]) -> str:

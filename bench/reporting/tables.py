@@ -11,6 +11,7 @@ import pandas as pd
 from bench.reporting.keys import HEADERS, LABEL_FIELDS, cells, distinguishing, order, said_once
 from bench.reporting.series import throughput_unit
 from common.config_key import NO_REFERENCE, config_key, latest_within_sweep, reference_key, sweep_of
+from common.spec import TOKEN_WORKLOADS
 
 # The device and data columns are always there: a reader needs to know what N counts even with one machine,
 # and that an accuracy was measured on synthetic data, not on the dataset.
@@ -108,7 +109,7 @@ def workload_table(frame: pd.DataFrame, records_by_id: dict[str, dict], workload
     body = []
     for row in rows.itertuples():
         record, key = records_by_id[row.run_id], config_key(records_by_id[row.run_id])
-        throughput = row.tokens_per_s if workload == "mlm" else row.samples_per_s
+        throughput = row.tokens_per_s if workload in TOKEN_WORKLOADS else row.samples_per_s
         body.append([row.backend, *(described[row.run_id][f] for f in fields), device_cell(row),
                      str(row.devices), described[row.run_id]["data"], row.status, fmt_number(throughput),
                      efficiency_cell(row, reference_key(key) in one_device), fmt_share(row.mfu),

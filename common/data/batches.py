@@ -16,7 +16,7 @@ import numpy as np
 from common.data.datasets import SplitData
 from common.data.masking import EVAL_EPOCH, mask_tokens
 from common.errors import BadInput
-from common.spec import BertSpec, CnnSpec
+from common.spec import PAD_ID, BertSpec, CnnSpec
 
 Batch = dict[str, np.ndarray]
 
@@ -33,14 +33,27 @@ def _select(workload: str, arrays: dict[str, np.ndarray], idx: np.ndarray) -> Ba
     return {k: v[idx] for k, v in arrays.items()}
 
 
+# The per-position weights the loss is averaged over: the MLM's selected tokens, the decoder LM's real labels.
+TOKEN_WEIGHTS = {"mlm": "mask_weights", "lm": "label_weights"}
+
+
 def batch_weight(workload: str, batch: Batch) -> float:
-    """What the loss is averaged over: samples (cnn) or selected tokens (mlm)."""
-    return float(batch["mask_weights"].sum()) if workload == "mlm" else float(len(batch["label"]))
+    """What the loss is averaged over: samples (cnn) or weighted tokens (mlm, lm)."""
+    return float(batch[TOKEN_WEIGHTS[workload]].sum()) if workload in TOKEN_WEIGHTS else float(len(batch["label"]))
 
 
-def _model_inputs(data: SplitData, spec: CnnSpec | BertSpec, seed: int, epoch: int) -> dict[str, np.ndarray]:
+def next_token_inputs(tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of seq_len + 1 tokens -> the inputs (all but the last), the labels (all but the first) and a weight
+    of 1 at every real label (0 where the last row's padding is the label)."""
+    labels = tokens[:, 1:]
+    return {"input_ids": tokens[:, :-1], "labels": labels, "label_weights": (labels != PAD_ID).astype(np.float32)}
+
+
+def _model_inputs(data: SplitData, spec, seed: int, epoch: int) -> dict[str, np.ndarray]:
     if data.workload == "mlm":
         return mask_tokens(data.arrays["tokens"], spec, seed, epoch)
+    if data.workload == "lm":
+        return next_token_inputs(data.arrays["tokens"])
     return data.arrays
 
 
@@ -94,10 +107,8 @@ class TrainBatches:
         glob = self.global_indices(step)
         slices = self._rank_slices(glob)
         micro = [_select(self.data.workload, self._inputs, idx) for idx in slices]
-        if self.data.workload == "mlm":
-            denominator = float(self._inputs["mask_weights"][glob].sum())
-        else:
-            denominator = float(len(glob))
+        weights = TOKEN_WEIGHTS.get(self.data.workload)
+        denominator = float(self._inputs[weights][glob].sum()) if weights else float(len(glob))
         return StepBatch(micro, denominator, step // self.steps_per_epoch, self._device_ids(slices))
 
     def _device_ids(self, slices: list[np.ndarray]) -> list[np.ndarray]:

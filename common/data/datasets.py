@@ -22,7 +22,8 @@ class SplitData:
     workload: str
     split: str
     synthetic: bool
-    arrays: dict[str, np.ndarray]  # cnn: image uint8 [N,28,28], label uint8 [N]; mlm: tokens int32 [N,L]
+    # cnn: image uint8 [N,28,28], label uint8 [N]; mlm: tokens int32 [N,L]; lm: tokens int32 [N,L+1]
+    arrays: dict[str, np.ndarray]
 
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
@@ -44,7 +45,7 @@ def _real(workload: str, split: str, data_dir: Path, seq_len: int) -> dict[str, 
     if workload == "cnn":
         images, labels = load_mnist(data_dir, split)
         return {"image": images, "label": labels}
-    return {"tokens": load_wikitext(data_dir, split, seq_len)}
+    return {"tokens": load_wikitext(data_dir, split, seq_len, causal=workload == "lm")}
 
 
 def load_split(workload: str, split: str, data_mode: str, data_dir: Path,
@@ -57,4 +58,5 @@ def load_split(workload: str, split: str, data_mode: str, data_dir: Path,
         return SplitData(workload, split, True, {"image": images, "label": labels})
     if data_mode != "synthetic":
         raise DataError(f"unknown data mode {data_mode!r}")
-    return SplitData(workload, split, True, {"tokens": synthetic_wikitext(split, spec, seed)})
+    tokens = synthetic_wikitext(split, spec.seq_len, seed, causal=workload == "lm")
+    return SplitData(workload, split, True, {"tokens": tokens})

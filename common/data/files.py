@@ -63,7 +63,7 @@ FILES: tuple[DataFile, ...] = (
               "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0", "test.txt"),
 )
 
-DATASETS = {"cnn": "mnist", "mlm": "wikitext-2"}  # workload -> dataset folder
+DATASETS = {"cnn": "mnist", "mlm": "wikitext-2", "lm": "wikitext-2"}  # workload -> dataset folder
 
 
 def files_of(dataset: str) -> tuple[DataFile, ...]:

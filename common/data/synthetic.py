@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.spec import CLS_ID, SPECIAL_TOKENS, BertSpec
+from common.spec import CLS_ID, SPECIAL_TOKENS
 
 MNIST_SIZES = {"train": 60000, "test": 10000}
 WIKITEXT_SEQUENCES = {"train": 16384, "valid": 1024, "test": 1024}
@@ -27,18 +27,22 @@ def synthetic_mnist(split: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return np.clip(images, 0, 255).astype(np.uint8), labels
 
 
-def synthetic_wikitext(split: str, spec: BertSpec, seed: int, words: int = 2000) -> np.ndarray:
+def synthetic_wikitext(split: str, seq_len: int, seed: int, words: int = 2000,
+                       causal: bool = False) -> np.ndarray:
     """Sequences from a fixed successor table over `words` ids: token t+1 = next[token t] 90% of the
-    time, else random. A masked token is predictable from its left neighbour, so MLM can learn it."""
+    time, else random. A masked token is predictable from its left neighbour, so MLM can learn it, and so is
+    the next token. The MLM's rows ([N, seq_len]) start with [CLS]; the decoder LM's (`causal`: [N, seq_len + 1],
+    inputs and labels) do not."""
     first = len(SPECIAL_TOKENS)
     successor = first + np.random.default_rng([seed, 0x5EC]).permutation(words)
     rng = np.random.default_rng([seed, _SPLIT_STREAM[split], 0x7E7])
-    n, length = WIKITEXT_SEQUENCES[split], spec.seq_len
+    n, length = WIKITEXT_SEQUENCES[split], seq_len + 1 if causal else seq_len
     tokens = np.empty((n, length), dtype=np.int32)
+    start = 0 if causal else 1
     tokens[:, 0] = CLS_ID
-    tokens[:, 1] = first + rng.integers(0, words, size=n)
+    tokens[:, start] = first + rng.integers(0, words, size=n)
     jumps = rng.random((n, length)) < 0.1
     randoms = first + rng.integers(0, words, size=(n, length))
-    for t in range(2, length):
+    for t in range(start + 1, length):
         tokens[:, t] = np.where(jumps[:, t], randoms[:, t], successor[tokens[:, t - 1] - first])
     return tokens

@@ -1,4 +1,5 @@
-"""WikiText-2 (tokenized v1): word vocabulary from the train split, packed fixed-length sequences."""
+"""WikiText-2 (tokenized v1): word vocabulary from the train split, packed fixed-length sequences (the MLM's, and
+the decoder LM's one token longer: its inputs and, shifted by one, its labels)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -51,6 +52,17 @@ def pack(stream: np.ndarray, seq_len: int) -> np.ndarray:
     return packed
 
 
+def pack_causal(stream: np.ndarray, seq_len: int) -> np.ndarray:
+    """Rows of seq_len + 1 tokens for next-token training, each starting where the last one's inputs end (the
+    row's last token is its last label and the next row's first input), so every token after the first is a
+    label exactly once; the last row is padded with [PAD], which the stream never holds."""
+    rows = -(-(len(stream) - 1) // seq_len)
+    flat = np.full(rows * seq_len + 1, PAD_ID, dtype=np.int32)
+    flat[: len(stream)] = stream
+    starts = np.arange(rows)[:, None] * seq_len
+    return flat[starts + np.arange(seq_len + 1)[None, :]]
+
+
 def _split_path(data_dir: Path, split: str) -> Path:
     return data_dir / "wikitext-2" / f"wiki.{split}.tokens"
 
@@ -72,6 +84,8 @@ def token_stream(data_dir: Path, split: str) -> np.ndarray:
     return ids
 
 
-def load_wikitext(data_dir: Path, split: str, seq_len: int) -> np.ndarray:
-    """Token ids [N, seq_len] int32 of `split`, packed."""
-    return pack(token_stream(data_dir, split), seq_len)
+def load_wikitext(data_dir: Path, split: str, seq_len: int, causal: bool = False) -> np.ndarray:
+    """Token ids of `split`, packed: [N, seq_len] for the MLM, [N, seq_len + 1] for next-token training
+    (`causal`), int32."""
+    stream = token_stream(data_dir, split)
+    return pack_causal(stream, seq_len) if causal else pack(stream, seq_len)

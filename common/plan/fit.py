@@ -55,7 +55,10 @@ def stage_split_of(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) 
 def measured_overhead(spec: BertSpec | CnnSpec, records: list[dict], backend: str, workload: str,
                       precision: str, device_kind: str, host: str | None) -> tuple[float, str] | None:
     """The framework's memory overhead (the process peak beyond what the model counts) and the run id of the latest
-    matching ok 1-device run among `records`; None when there is none."""
+    matching ok 1-device run among `records`; None when there is none, or when the executed model does not describe
+    `spec` (the decoder LM)."""
+    if not isinstance(spec, (BertSpec, CnnSpec)):
+        return None
     found = [r for r in records if r.get("status") == "ok" and r.get("devices") == 1 and r.get("backend") == backend
              and r.get("workload") == workload and r.get("device_kind") == device_kind
              and (r.get("host") or {}).get("name") == host and (r.get("step_time_s") or {}).get("p50")

@@ -27,6 +27,11 @@ class DecoderSpec:
     position: str = "rope"
     norm: str = "rmsnorm"
     biases: bool = False
+    # What a run that trains the model reads besides its shapes (the `lm` workload): the norms' epsilon, RoPE's
+    # base wavelength and the initial weights' standard deviation (truncated at 2 std). Llama 3's by default.
+    norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    init_stddev: float = 0.02
     description: str = ""
     source: str = ""
     path: str = ""

@@ -18,8 +18,18 @@ DDP_BUCKET_BYTES = 25 * 2**20
 BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
 
 
+# The workloads this model describes as parbench's backends run them (lm: the decoders' model, bench.predict --model).
+WORKLOADS = ("cnn", "mlm")
 # What this model of the executed workloads models: what torch_3d executes, whose collectives it counts.
 MODELLED = frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split", "stage_split"})
+
+
+def check_executed(spec) -> None:
+    """ValueError in one line for a model this model of the executed workloads does not describe: the decoder
+    LM (lm) is predicted by the decoders' model (bench.predict --model), not yet as parbench's backends run it."""
+    if not isinstance(spec, (BertSpec, CnnSpec)):
+        raise ValueError(f"{spec.name}: the executed decoder LM (lm) is not modelled yet; bench.predict --model "
+                         f"{spec.name} predicts it as torchtitan runs it")
 
 
 def check_modelled(layout: Layout) -> None:
@@ -174,6 +184,7 @@ def memory_per_rank(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
                     ) -> tuple[list[StateBytes], list[float], list[float]]:
     """Per rank, before any run: its state, what the model counts of its process peak (no framework overhead)
     and of its training's growth; predict()'s memory without a time basis (a fit check before launch)."""
+    check_executed(spec)
     check_modelled(layout)
     layout = layout.placed(spec, global_batch)
     micro = global_batch / (layout.data * layout.micro_batches)
