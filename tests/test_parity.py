@@ -56,7 +56,8 @@ def test_torch_loader_takes_every_tensor_and_rejects_gaps():
     from backends.torch_common.models import build_model
     weights = initial_weights(TINY, 0)
     model = torch_weights.initialised_model("mlm", TINY, weights)
-    np.testing.assert_array_equal(model.layers[1].key.weight.detach().numpy(), weights["layers.1.attention.key.weight"])
+    np.testing.assert_array_equal(model.layers[1].attention.key.weight.detach().numpy(),
+                                  weights["layers.1.attention.key.weight"])
     with pytest.raises(RuntimeError, match="unassigned"):
         torch_weights.load_initial_weights(build_model("mlm", TINY), {k: v for k, v in weights.items()
                                                                       if k != "head.bias"})

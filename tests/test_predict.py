@@ -127,8 +127,8 @@ def _by_kind(layout: Layout, stage: int = 0, batch: int = 32, backend: str = "to
 
 def test_collectives_by_hand():
     activation = 4 * 32 * TINY.seq_len * TINY.hidden
-    # Megatron TP: 2 all-reduces forward, 4 backward (Q, K, V and FFN-in input gradients) per layer.
-    assert _by_kind(Layout(tp=2)) == {"all_reduce": [TINY.layers * 6, TINY.layers * 6 * activation]}
+    # Megatron TP: 2 all-reduces forward, 2 backward (the attention's and FFN-in's input gradients) per layer.
+    assert _by_kind(Layout(tp=2)) == {"all_reduce": [TINY.layers * 4, TINY.layers * 4 * activation]}
     assert _by_kind(Layout(dp=2)) == {"all_reduce": [1, 4 * TINY_PARAMS]}
     # DDP's 25 MiB buckets: the 18.9 MB of gradients fit one.
     assert _by_kind(Layout(dp=2), backend="torch_ddp") == {"all_reduce": [1, 4 * TINY_PARAMS]}

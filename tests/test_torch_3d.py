@@ -140,6 +140,22 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_tp2_sends_megatron_s_all_reduces_and_no_more(layout_sweep):
+    """Per layer and micro-batch, Megatron's four all-reduces of one micro-batch's activations: forward the
+    attention output's and ffn_out's partial sums, backward the attention's and the FFN's input gradients, each
+    once (query, key and value take one prepared input, so their three partial gradients are summed first)."""
+    record = _swept(layout_sweep)["tp2"]
+    lay = record["layout"]
+    micro_batch = record["global_batch"] // (lay["dp"] * lay["fsdp"] * lay["micro_batches"])
+    calls = (2 + 2) * TINY.layers * lay["micro_batches"]
+    each = micro_batch * TINY.seq_len * TINY.hidden * 4
+    sent = [{kind: (c["calls"], c["bytes"]) for kind, c in rank.items()}
+            for rank in record["backend_metrics"]["comm_per_step"]]
+    assert sent == [{"all_reduce": (calls, calls * each)}] * record["devices"]
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_a_rank_dead_inside_a_pipeline_fails_the_run_naming_it(tmp_path, data_dir):
     """The last stage exits hard after step 2; the first stage is then inside step 3's pipeline, waiting

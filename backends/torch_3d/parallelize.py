@@ -14,15 +14,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    parallelize_module,
+)
 from torch.utils.checkpoint import checkpoint
 
 from backends.torch_3d.vocab import split_vocabulary
 from common.layout import Layout
 
 # Canonical weight (common.initial_weights, per layer) -> the module that holds it and its split.
-LAYER_PLAN = {"attention.query": ("query", "colwise"), "attention.key": ("key", "colwise"),
-              "attention.value": ("value", "colwise"), "attention.output": ("output", "rowwise"),
+LAYER_PLAN = {"attention.query": ("attention.query", "colwise"), "attention.key": ("attention.key", "colwise"),
+              "attention.value": ("attention.value", "colwise"), "attention.output": ("attention.output", "rowwise"),
               "ffn.in": ("ffn_in", "colwise"), "ffn.out": ("ffn_out", "rowwise")}
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 # Which dimension of a [out, in] dense weight each style splits.
@@ -60,8 +67,13 @@ def layer_modules(stage: nn.Module) -> nn.ModuleDict | None:
 
 def apply_tensor_parallel(stage: nn.Module, mesh: DeviceMesh, tp: int) -> None:
     for layer in layer_modules(stage).values():
-        layer.heads //= tp  # the heads this rank computes; view() in the layer then sees local widths
+        layer.attention.heads //= tp  # the heads this rank computes; view() then sees local widths
         plan: dict[str, ParallelStyle] = {module: STYLES[split]() for module, split in LAYER_PLAN.values()}
+        # The attention's input as one replicated DTensor (torchtitan's plan): the three column-split projections'
+        # partial input gradients then add up locally and are all-reduced once, where the gradient leaves the
+        # DTensor, not once per projection. Its second input, the mask, stays a plain tensor.
+        plan["attention"] = PrepareModuleInput(input_layouts=(Replicate(), None),
+                                               desired_input_layouts=(Replicate(), None))
         parallelize_module(layer, mesh["tp"], plan)
 
 

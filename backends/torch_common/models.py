@@ -34,19 +34,15 @@ class SimpleCNN(nn.Module):
         return self.classifier(torch.flatten(self.features(image.unsqueeze(1)), 1))
 
 
-class EncoderLayer(nn.Module):
-    """Post-LN transformer block: x = LN(x + attn(x)); x = LN(x + ffn(x))."""
+class SelfAttention(nn.Module):
+    """Multi-head self-attention up to its output projection. A module of its own so that tensor parallelism
+    can take its input once for query, key and value (torch_3d.parallelize)."""
 
     def __init__(self, spec: BertSpec):
         super().__init__()
         h = spec.hidden
         self.heads, self.dropout = spec.heads, spec.dropout
         self.query, self.key, self.value, self.output = (nn.Linear(h, h) for _ in range(4))
-        self.attention_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
-        self.ffn_in = nn.Linear(h, spec.intermediate)
-        self.ffn_out = nn.Linear(spec.intermediate, h)
-        self.ffn_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
-        self.gelu = "tanh" if spec.ffn_gelu_approximate else "none"
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -58,8 +54,26 @@ class EncoderLayer(nn.Module):
         p = self.dropout if self.training else 0.0
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attend, dropout_p=p)
         # -1: the heads this rank holds, all of them unless tensor parallelism split them
-        attn = F.dropout(self.output(ctx.transpose(1, 2).reshape(b, s, -1)), p, self.training)
-        x = self.attention_norm(x + attn)
+        return self.output(ctx.transpose(1, 2).reshape(b, s, -1))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN transformer block: x = LN(x + attn(x)); x = LN(x + ffn(x))."""
+
+    def __init__(self, spec: BertSpec):
+        super().__init__()
+        h = spec.hidden
+        self.dropout = spec.dropout
+        self.attention = SelfAttention(spec)
+        self.attention_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
+        self.ffn_in = nn.Linear(h, spec.intermediate)
+        self.ffn_out = nn.Linear(spec.intermediate, h)
+        self.ffn_norm = nn.LayerNorm(h, eps=spec.layer_norm_eps)
+        self.gelu = "tanh" if spec.ffn_gelu_approximate else "none"
+
+    def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        p = self.dropout if self.training else 0.0
+        x = self.attention_norm(x + F.dropout(self.attention(x, attend), p, self.training))
         ffn = self.ffn_out(F.gelu(self.ffn_in(x), approximate=self.gelu))
         return self.ffn_norm(x + F.dropout(ffn, p, self.training))
 

@@ -37,7 +37,7 @@ def _bert_names(model: BertMLM) -> dict[str, str]:
     dense = {"head.dense": "head_dense"}
     for i in range(model.spec.layers):  # all of them, also where a pipeline stage holds a few
         p = f"layers.{i}"
-        dense.update({f"{p}.attention.{q}": f"{p}.{q}" for q in ("query", "key", "value", "output")})
+        dense.update({f"{p}.attention.{q}": f"{p}.attention.{q}" for q in ("query", "key", "value", "output")})
         dense.update({f"{p}.ffn.in": f"{p}.ffn_in", f"{p}.ffn.out": f"{p}.ffn_out"})
         norms.update({f"{p}.attention_norm": f"{p}.attention_norm", f"{p}.ffn_norm": f"{p}.ffn_norm"})
     for canon, mod in dense.items():

@@ -12,8 +12,11 @@ from common.predict.work import parts, rank_macs, stage_layer_counts, stage_macs
 from common.sections import StateBytes
 from common.spec import BertSpec, CnnSpec
 
+# Per layer and micro-batch, Megatron's count: forward the attention output's and ffn_out's (row-split) outputs,
+# backward the attention's and the FFN's input gradients, once each (torch_3d prepares the attention's input
+# once for query, key and value, so their three partial gradients are summed before the one all-reduce).
 TP_FORWARD_ALL_REDUCES = 2
-TP_BACKWARD_ALL_REDUCES = 4
+TP_BACKWARD_ALL_REDUCES = 2
 DDP_BUCKET_BYTES = 25 * 2**20
 BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
 
