@@ -38,6 +38,7 @@ BACKENDS = {
     "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",),
                        workloads=ALL_WORKLOADS),
     "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", every_layout=True,
+                      workloads=ALL_WORKLOADS,
                       layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split",
                                          "stage_split"})),
     "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),

@@ -407,19 +407,19 @@ class Layout:
 
     def holds(self, rank: int, spec, samples: int) -> str:
         """What one rank holds, in words: its stage's parts and the share of them."""
-        from common.spec import BertSpec  # noqa: PLC0415
+        from common.spec import BertSpec, CnnSpec  # noqa: PLC0415
         c = self.coordinates(rank)
-        if isinstance(spec, BertSpec):
+        if isinstance(spec, CnnSpec):
+            what, split = "the whole CNN", "fc0/fc1"
+        else:
             layers = self.stage_layers(c["pp"], spec, samples)
             parts = [f"layers {layers[0]}-{layers[-1]}"]
             if c["pp"] == 0:
                 parts.insert(0, "embeddings")
             if c["pp"] == self.pp - 1:
-                parts.append("MLM head")
+                parts.append("MLM head" if isinstance(spec, BertSpec) else "norm + output layer")
             what = " + ".join(parts)
             split = "heads, FFN" + (" and vocabulary" if self.vocab_split else "")
-        else:
-            what, split = "the whole CNN", "fc0/fc1"
         if self.tp > 1:
             what += f", {split} shard {c['tp'] + 1}/{self.tp}"
         if self.sharded:
@@ -427,12 +427,12 @@ class Layout:
         return what
 
     def as_record(self, spec, global_batch: int) -> dict:
-        from common.spec import BertSpec  # noqa: PLC0415
+        from common.spec import CnnSpec  # noqa: PLC0415
         samples = global_batch // self.data
         per_rank = [{"rank": r, **{d: c[d] for d in ("dp", "fsdp", "tp", "pp")}, "holds": self.holds(r, spec, samples)}
                     for r in range(self.devices) for c in [self.coordinates(r)]]
         placed = {"layers_per_stage": layers_per_stage(self.stage_split, spec, self.pp, samples)} \
-            if isinstance(spec, BertSpec) else {}
+            if not isinstance(spec, CnnSpec) else {}
         return {**asdict(self), **placed, "per_rank": per_rank}
 
     @classmethod

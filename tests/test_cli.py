@@ -216,7 +216,7 @@ UNSUPPORTED = {
     # A backend refuses a workload it does not train, and names those that do.
     "mindspore_auto and the decoder LM": (["--backend", "mindspore_auto", "--workload", "lm", "--devices", "1"],
                                           "mindspore_auto does not train the lm workload yet (it trains cnn, mlm); "
-                                          "torch_dp, torch_ddp do"),
+                                          "torch_dp, torch_ddp, torch_3d do"),
     "bfloat16 on mindspore_auto": (["--backend", "mindspore_auto", "--workload", "cnn", "--devices", "1",
                                     "--precision", "amp"], "no bfloat16 CPU kernels"),
 }

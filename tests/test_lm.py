@@ -14,10 +14,13 @@ from backends.torch_common.trainer import TorchTrainer
 from backends.torch_common.weights import load_initial_weights
 from common import loop
 from common.config import RunConfig
+from common.config_key import record_layout
 from common.data.batches import TrainBatches, eval_batches, next_token_inputs
 from common.data.datasets import load_split
 from common.data.synthetic import synthetic_wikitext
 from common.data.wikitext import pack_causal, token_stream
+from common.final_params import FIELD as FINAL_PARAMS
+from common.final_params import compared, deviation
 from common.initial_weights import initial_weights, layout, trainable_count
 from common.loop import run_loop
 from common.predict import decoder
@@ -158,3 +161,42 @@ def test_two_ddp_ranks_train_the_decoder_as_one_device(tmp_path, data_dir):
     assert [c[1] for c in two["loss"]["curve"]] == pytest.approx([c[1] for c in one["loss"]["curve"]], rel=1e-5)
     assert two["eval"]["value"] == pytest.approx(one["eval"]["value"], rel=1e-5)
     assert one["loss"]["first"] == pytest.approx(math.log(TINY.vocab), rel=0.02)
+
+
+# torch_3d's layouts of the tiny decoder, each held to torch_3d's 1-device run of the same global batch and
+# micro-batches (bench.compare --layouts runs both): tensor parallel, FSDP, and a 1F1B pipeline recomputing.
+LM_LAYOUTS = "fsdp2,tp2,pp2-nmb2-1f1b-rc"
+# As tests/test_torch_3d.py's: the losses within RTOL, the final weights within FINAL_RTOL (common.final_params).
+RTOL, FINAL_RTOL = 1e-5, 1e-4
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_torch_3d_lays_the_decoder_out_and_trains_what_one_device_trains(tmp_path, data_dir):
+    out = tmp_path / "out"
+    proc = run_cli("bench.compare", "--layouts", LM_LAYOUTS, "--backends", "torch_3d", "--workloads", "lm",
+                   "--data", "real", "--steps", "3", "--warmup-steps", "1", "--skip-eval", "--batch-size", "8",
+                   "--threads-per-device", "1", "--out", str(out), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = _records(out)
+    assert all(r["status"] == "ok" and validate_record(r) == [] for r in records), [r.get("error") for r in records]
+    # the 1-device references accumulate as many micro-batches as the pipeline runs
+    references = {r["config"]["grad_accum"]: r for r in records if r["devices"] == 1}
+    runs = {record_layout(r).name: r for r in records if r["devices"] > 1}
+    assert sorted(runs) == sorted(LM_LAYOUTS.split(","))
+    for name, run in runs.items():
+        ref = references[run["layout"]["micro_batches"]]
+        assert run["global_batch"] == ref["global_batch"] == 8
+        got, want = [c[1] for c in run["loss"]["curve"]], [c[1] for c in ref["loss"]["curve"]]
+        assert got == pytest.approx(want, rel=RTOL), name
+        final, final_ref = run["backend_metrics"][FINAL_PARAMS], ref["backend_metrics"][FINAL_PARAMS]
+        assert set(final) == set(final_ref) == {t.name for t in layout(TINY)}, name
+        assert all(not compared(w) or deviation(w, final[k]) <= FINAL_RTOL for k, w in final_ref.items()), name
+    # Megatron's tensor-parallel count: per layer one all-reduce forward after wo and w2, and one backward for the
+    # attention's input and the FFN's (each shared by its column-split projections), each a micro-batch of
+    # activations
+    tp = runs["tp2"]["backend_metrics"]["comm_per_step"]
+    activation = 8 * TINY.seq_len * TINY.hidden * 4
+    assert tp == [{"all_reduce": {**c["all_reduce"], "calls": 4 * TINY.layers, "bytes": 4 * TINY.layers * activation}}
+                  for c in tp]
+    assert runs["pp2-nmb2-1f1b-rc"]["layout"]["layers_per_stage"] == [1, 1]

@@ -27,20 +27,31 @@ from torch.utils.checkpoint import checkpoint
 from backends.torch_3d.vocab import split_vocabulary
 from common.layout import Layout
 
-# Canonical weight (common.initial_weights, per layer) -> the module that holds it and its split.
+# Canonical weight (common.initial_weights, per layer) -> the module that holds it and its split: the BERT
+# encoder's and the decoder LM's.
 LAYER_PLAN = {"attention.query": ("attention.query", "colwise"), "attention.key": ("attention.key", "colwise"),
               "attention.value": ("attention.value", "colwise"), "attention.output": ("attention.output", "rowwise"),
               "ffn.in": ("ffn_in", "colwise"), "ffn.out": ("ffn_out", "rowwise")}
+DECODER_LAYER_PLAN = {**{f"attention.{w}": (f"attention.{w}", "colwise") for w in ("wq", "wk", "wv")},
+                      "attention.wo": ("attention.wo", "rowwise"),
+                      **{f"ffn.{w}": (f"ffn.{w}", "colwise") for w in ("w1", "w3")}, "ffn.w2": ("ffn.w2", "rowwise")}
+# The submodules whose input several column-split projections share, and the layouts of their inputs: that input
+# becomes one replicated DTensor there (torchtitan's plan), so the projections' partial input gradients add up
+# locally and are all-reduced once, where the gradient leaves the DTensor, not once per projection. The other
+# inputs (the mask, the rotary tables) stay plain tensors.
+PREPARED_INPUTS = {"mlm": {"attention": (Replicate(), None)},
+                   "lm": {"attention": (Replicate(), None, None), "ffn": (Replicate(),)}}
+PLANS = {"mlm": LAYER_PLAN, "lm": DECODER_LAYER_PLAN}
 STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 # Which dimension of a [out, in] dense weight each style splits.
 WEIGHT_DIM = {"colwise": 0, "rowwise": 1}
 
 
-def tensor_parallel_splits(layers: int) -> dict[str, int]:
+def tensor_parallel_splits(layers: int, workload: str = "mlm") -> dict[str, int]:
     """Canonical weight name -> the dimension torch_3d's tensor parallelism splits (for the tests
     that hold it against mindspore_auto's strategy table)."""
     return {f"layers.{i}.{canon}.weight": WEIGHT_DIM[split]
-            for i in range(layers) for canon, (_, split) in LAYER_PLAN.items()}
+            for i in range(layers) for canon, (_, split) in PLANS[workload].items()}
 
 
 # The data ranks (dp replicas or fsdp shards: torch_3d runs one or the other) are one mesh dimension.
@@ -65,15 +76,13 @@ def layer_modules(stage: nn.Module) -> nn.ModuleDict | None:
     return getattr(model, "layers", None) if isinstance(getattr(model, "layers", None), nn.ModuleDict) else None
 
 
-def apply_tensor_parallel(stage: nn.Module, mesh: DeviceMesh, tp: int) -> None:
+def apply_tensor_parallel(stage: nn.Module, mesh: DeviceMesh, tp: int, workload: str) -> None:
     for layer in layer_modules(stage).values():
-        layer.attention.heads //= tp  # the heads this rank computes; view() then sees local widths
-        plan: dict[str, ParallelStyle] = {module: STYLES[split]() for module, split in LAYER_PLAN.values()}
-        # The attention's input as one replicated DTensor (torchtitan's plan): the three column-split projections'
-        # partial input gradients then add up locally and are all-reduced once, where the gradient leaves the
-        # DTensor, not once per projection. Its second input, the mask, stays a plain tensor.
-        plan["attention"] = PrepareModuleInput(input_layouts=(Replicate(), None),
-                                               desired_input_layouts=(Replicate(), None))
+        if workload == "mlm":
+            layer.attention.heads //= tp  # the heads this rank computes; view() then sees local widths
+        plan: dict[str, ParallelStyle] = {module: STYLES[split]() for module, split in PLANS[workload].values()}
+        for module, layouts in PREPARED_INPUTS[workload].items():
+            plan[module] = PrepareModuleInput(input_layouts=layouts, desired_input_layouts=layouts)
         parallelize_module(layer, mesh["tp"], plan)
 
 
@@ -102,9 +111,9 @@ def apply_fsdp(stage: nn.Module, mesh: DeviceMesh) -> None:
     fully_shard(stage, mesh=mesh["dp"])
 
 
-def parallelize(stage: nn.Module, layout: Layout, mesh: DeviceMesh) -> nn.Module:
+def parallelize(stage: nn.Module, layout: Layout, mesh: DeviceMesh, workload: str) -> nn.Module:
     if layout.tp > 1:
-        apply_tensor_parallel(stage, mesh, layout.tp)
+        apply_tensor_parallel(stage, mesh, layout.tp, workload)
     if layout.vocab_split:
         split_vocabulary(stage.model, mesh)
         stage.vocab_group = mesh["tp"].get_group()

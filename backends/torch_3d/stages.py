@@ -11,12 +11,12 @@ import torch
 from torch import nn
 
 from backends.torch_3d.vocab import split_loss_and_correct
-from backends.torch_common.models import BertMLM, SimpleCNN, attention_mask
-from backends.torch_common.trainer import cnn_loss_and_correct, mlm_loss_and_correct
+from backends.torch_common.models import BertMLM, DecoderLM, SimpleCNN, attention_mask
+from backends.torch_common.trainer import cnn_loss_and_correct, lm_loss_and_correct, mlm_loss_and_correct
 from common.layout import Layout
 
 # The first stage's positional input; everything else in a batch goes to every stage by name.
-FIRST_INPUT = {"mlm": "input_ids", "cnn": "image"}
+FIRST_INPUT = {"mlm": "input_ids", "lm": "input_ids", "cnn": "image"}
 
 
 class BertStage(nn.Module):
@@ -58,6 +58,33 @@ class BertStage(nn.Module):
         return torch.stack([loss, correct])
 
 
+class DecoderStage(nn.Module):
+    """The token embedding on the first stage, this stage's decoder blocks, the final norm, output layer and
+    next-token loss on the last (the output layer is untied: no copy to keep equal)."""
+
+    def __init__(self, model: DecoderLM, layers: list[int], first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        model.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})
+        if not first:
+            model.token_embedding = None
+        if not last:
+            model.norm = model.output = None
+        self.model = model
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor, label_weights: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            x = self.model.token_embedding(x)
+        cos, sin = self.model.rope_cos[: x.shape[1]], self.model.rope_sin[: x.shape[1]]
+        for layer in self.model.layers.values():
+            x = layer(x, cos, sin)
+        if not self.last:
+            return x
+        logits = self.model.output(self.model.norm(x)).float()
+        loss, correct = lm_loss_and_correct(logits, {"labels": labels, "label_weights": label_weights})
+        return torch.stack([loss, correct])
+
+
 class CnnWithLoss(nn.Module):
     """The whole CNN (it is not cut into stages) ending in its loss."""
 
@@ -75,4 +102,5 @@ def stage_module(workload: str, model: nn.Module, layout: Layout, stage: int, gl
     if workload == "cnn":
         return CnnWithLoss(model)
     layers = layout.stage_layers(stage, model.spec, global_batch // layout.data)
-    return BertStage(model, layers, stage == 0, stage == layout.pp - 1)
+    part = DecoderStage if workload == "lm" else BertStage
+    return part(model, layers, stage == 0, stage == layout.pp - 1)

@@ -18,11 +18,12 @@ from common import worker
 from common.config import RunConfig
 
 
-def tie_group(where: Placement, timeout) -> dist.ProcessGroup | None:
-    """The first and last stage of each (dp, tp) position, which both hold the tied token embedding.
-    Every rank creates every group, in the same order (new_group is collective)."""
+def tie_group(where: Placement, timeout, tied: bool) -> dist.ProcessGroup | None:
+    """The first and last stage of each (dp, tp) position, which both hold the tied token embedding (the MLM's;
+    the decoder LM's output layer is untied). Every rank creates every group, in the same order (new_group is
+    collective)."""
     lay, mine = where.layout, None
-    if lay.pp == 1:
+    if lay.pp == 1 or not tied:
         return None
     for dp in range(lay.data):
         for tp in range(lay.tp):
@@ -39,7 +40,8 @@ class LayoutWorker(process_group.RankWorker):
         layout = cfg.layout
         mesh = build_mesh(layout, me.device.type, dist.get_backend(), cfg.collective_timeout_s)
         self.where = Placement(layout, mesh, layout.coordinates(me.rank), FIRST_INPUT[cfg.workload])
-        self.where.tie_group = tie_group(self.where, timedelta(seconds=cfg.collective_timeout_s))
+        self.where.tie_group = tie_group(self.where, timedelta(seconds=cfg.collective_timeout_s),
+                                         tied=cfg.workload == "mlm")
         # Every rank of one data-parallel replica (its tensor and pipeline ranks) is dealt the same samples.
         return worker.Process(me.rank, me.world, keeps_result=me.local_rank == 0, replica=self.where.coords["data"],
                               replicas=layout.data, samples=cfg.per_device_batch, device=me.device)
@@ -49,7 +51,7 @@ class LayoutWorker(process_group.RankWorker):
         model = initialised_model(cfg.workload, cfg.spec, weights).to(process.device)
         trainable = param_count(model)
         part = stage_module(cfg.workload, model, cfg.layout, self.where.coords["pp"], cfg.global_batch)
-        stage = parallelize(part, cfg.layout, self.where.mesh)
+        stage = parallelize(part, cfg.layout, self.where.mesh, cfg.workload)
         return LayoutTrainer(stage, cfg, process.device, process.rank, process.processes, self.where,
                              trainable), data.train
 

@@ -143,35 +143,55 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
-class DecoderBlock(nn.Module):
-    """Pre-norm Llama block: x = x + attn(RMSNorm(x)); x = x + w2(silu(w1 x) * w3 x), causal grouped-query
-    attention with rotary positions, no biases."""
+class CausalAttention(nn.Module):
+    """Causal grouped-query attention with rotary positions, no biases. Its own module (as the FFN's) so that
+    tensor parallelism takes its input once for wq, wk and wv (torch_3d.parallelize)."""
 
     def __init__(self, spec):
         super().__init__()
         h = spec.hidden
-        self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
-        self.attention_norm, self.ffn_norm = nn.RMSNorm(h, eps=spec.norm_eps), nn.RMSNorm(h, eps=spec.norm_eps)
+        self.grouped, self.head_dim = spec.heads != spec.kv_heads, spec.head_dim
         self.wq = nn.Linear(h, spec.q_width, bias=False)
         self.wk, self.wv = nn.Linear(h, spec.kv_width, bias=False), nn.Linear(h, spec.kv_width, bias=False)
         self.wo = nn.Linear(spec.q_width, h, bias=False)
-        self.w1, self.w3 = nn.Linear(h, spec.ffn, bias=False), nn.Linear(h, spec.ffn, bias=False)
-        self.w2 = nn.Linear(spec.ffn, h, bias=False)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
+        b, s, _ = x.shape   # -1: the heads this rank holds, all of them unless tensor parallelism split them
         return x.view(b, s, -1, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        normed = self.attention_norm(x)
-        q, k, v = self._heads(self.wq(normed)), self._heads(self.wk(normed)), self._heads(self.wv(normed))
+        q, k, v = self._heads(self.wq(x)), self._heads(self.wk(x)), self._heads(self.wv(x))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         # enable_gqa: query head i reads key/value head i // (heads / kv_heads), as keras-hub's repeat does
-        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.heads != self.kv_heads)
-        x = x + self.wo(ctx.transpose(1, 2).reshape(b, s, -1))
-        normed = self.ffn_norm(x)
-        return x + self.w2(F.silu(self.w1(normed)) * self.w3(normed))
+        ctx = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
+        return self.wo(ctx.transpose(1, 2).reshape(b, s, -1))
+
+
+class SwiGLU(nn.Module):
+    """w2(silu(w1 x) * w3 x): w1 the gate, w3 the up projection."""
+
+    def __init__(self, spec):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(spec.hidden, spec.ffn, bias=False), nn.Linear(spec.hidden, spec.ffn, bias=False)
+        self.w2 = nn.Linear(spec.ffn, spec.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm Llama block: x = x + attention(RMSNorm(x)); x = x + ffn(RMSNorm(x))."""
+
+    def __init__(self, spec):
+        super().__init__()
+        h = spec.hidden
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(h, eps=spec.norm_eps), nn.RMSNorm(h, eps=spec.norm_eps)
+        self.attention, self.ffn = CausalAttention(spec), SwiGLU(spec)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
 
 
 class DecoderLM(nn.Module):

@@ -54,8 +54,8 @@ def _decoder_names(model: DecoderLM) -> dict[str, str]:
         p = f"layers.{i}"
         names.update({f"{p}.attention_norm.gamma": f"{p}.attention_norm.weight",
                       f"{p}.ffn_norm.gamma": f"{p}.ffn_norm.weight"})
-        names.update({f"{p}.attention.{w}.weight": f"{p}.{w}.weight" for w in ("wq", "wk", "wv", "wo")})
-        names.update({f"{p}.ffn.{w}.weight": f"{p}.{w}.weight" for w in ("w1", "w2", "w3")})
+        names.update({f"{p}.attention.{w}.weight": f"{p}.attention.{w}.weight" for w in ("wq", "wk", "wv", "wo")})
+        names.update({f"{p}.ffn.{w}.weight": f"{p}.ffn.{w}.weight" for w in ("w1", "w2", "w3")})
     return names
 
 
