@@ -77,13 +77,16 @@ def test_a_pipeline_by_hand():
 
 
 def test_tensor_parallel_and_fsdp_by_hand():
-    # tp2: per layer and micro-batch 4 all-reduces of the 4 x 2 x 2 activations (32 bytes), inside the step
+    # tp2: per layer and micro-batch 2 all-reduces of the 4 x 2 x 2 activations forward and 2 of their gradients
+    # backward (64 bytes each), inside the step
     p = predict(TOY, Layout(tp=2), 4, GPU, BASIS)
-    assert [(c.kind, c.calls, c.nbytes) for c in p.collectives] == [("all_reduce", 12, 64)]
+    assert [(c.kind, c.calls, c.nbytes) for c in p.collectives] == [("all_reduce", 6, 64), ("all_reduce", 6, 64)]
     assert p.comm_exposed_s == pytest.approx(12 * 64e-9)
     assert p.compute_s == pytest.approx(4 * (3 * 40 + 24) * 1e-9)
-    split = collectives(TOY, Layout(tp=2, vocab_split=True), 4, 0, "torch_3d")
-    assert split[0].calls == 13  # and the embedding's partial sums once per micro-batch
+    # the split vocabulary's all-reduces are on the critical path too: the embedding's 64 bytes, the loss's 3 x 16
+    # and 32 forward, 32 backward
+    split = predict(TOY, Layout(tp=2, vocab_split=True), 4, GPU, BASIS)
+    assert split.comm_exposed_s == pytest.approx((12 * 64 + 64 + 3 * 16 + 32 + 32) * 1e-9)
     # FSDP over 2: gathers of each layer twice and the root once, one scatter per unit, exposed on this GPU
     fsdp = predict(TOY, Layout(fsdp=2), 8, GPU, BASIS)
     gathers, scatters = fsdp.collectives
@@ -202,9 +205,10 @@ def test_each_collective_a_rank_issues_in_full():
 
     def issued(layout, batch=8, stage=0, backend="torch_3d", spec=TOY):
         return [astuple(c) for c in collectives(spec, layout, batch, stage, backend)]
-    tp_acts = "tensor-parallel activations"
-    assert issued(Layout(tp=2), 4) == [("all_reduce", "tp", 64, 12, 2, True, tp_acts)]
-    assert issued(Layout(dp=2, tp=2), 9)[0] == ("all_reduce", "tp", 64, 12, 2, True, tp_acts)  # 9 // 2 a rank
+    tp_acts, tp_grads = "tensor-parallel activations", "tensor-parallel input gradients"
+    tp = [("all_reduce", "tp", 64, 6, 2, True, tp_acts), ("all_reduce", "tp", 64, 6, 2, True, tp_grads)]
+    assert issued(Layout(tp=2), 4) == tp
+    assert issued(Layout(dp=2, tp=2), 9)[:2] == tp  # 9 // 2 a rank
     pipe = Layout(pp=2, micro_batches=4)
     sends, tie = "pipeline activations and their gradients", "tied embedding gradient"
     assert issued(pipe) == [("send_recv", "pp", 32, 8, 2, True, sends), ("all_reduce", "tie", 80, 1, 2, True, tie)]
@@ -229,6 +233,37 @@ def test_each_collective_a_rank_issues_in_full():
     base = BERT_SIZES["base"].param_count()
     [ddp] = issued(Layout(dp=2), backend="torch_ddp", spec=BERT_SIZES["base"])
     assert ddp[3] == -(-4 * base // (25 * 2**20)) and ddp[2] == pytest.approx(4 * base / ddp[3])
+
+
+def test_tensor_parallel_recompute_and_split_vocabulary_by_hand():
+    """torch_3d's all-reduces over tp, per micro-batch (TOY at batch 4: 4 x 2 x 2 hidden states, 4 x 1 masked
+    positions): --recompute repeats the 2 forward ones per layer; --vocab-split adds the embedding's partial sums
+    on the first stage, and on the last the loss's max, sum of exponentials and target logit (float32), the
+    index of the maximum (int64), and backward the head output's gradient (4 x 1 x 2 values)."""
+    from dataclasses import astuple
+
+    def issued(layout, stage=0, value_bytes=4, device_kind="cpu"):
+        return [astuple(c)[2:4] + astuple(c)[-1:] for c in collectives(TOY, layout, 4, stage, "torch_3d", value_bytes,
+                                                                       device_kind)]
+    acts, grads = "tensor-parallel activations", "tensor-parallel input gradients"
+    assert issued(Layout(tp=2, recompute="full")) == [(64, 12, acts + " (the recomputed forward's too)"),
+                                                      (64, 6, grads)]
+    embedding = (64, 1, "split embedding's partial sums")
+    loss = [(16, 3, "split loss's maximum, sum of exponentials and target logit"),
+            (32, 1, "split loss's index of the maximum (the correct count)")]
+    head = "split loss's gradient of the head's output"
+    assert issued(Layout(tp=2, vocab_split=True)) == [(64, 6, acts), (64, 6, grads), embedding, *loss, (32, 1, head)]
+    # bf16 autocast: the row-split matmuls' outputs and, on a CPU, the head's LayerNorm output in 2 bytes; the
+    # input gradients, the embedding and the loss's reductions stay float32, as does the head's output on CUDA
+    half = Layout(tp=2, vocab_split=True)
+    assert issued(half, value_bytes=2) == [(32, 6, acts), (64, 6, grads), embedding, *loss, (16, 1, head)]
+    assert issued(half, value_bytes=2, device_kind="cuda")[-1] == (32, 1, head)
+    # a pipeline: the embedding on the first stage, the loss on the last, each stage's layers' all-reduces
+    piped = Layout(tp=2, pp=2, micro_batches=2, vocab_split=True, stage_split="2,1")
+    tp_first = [c for c in issued(piped, 0) if c[2] != "pipeline activations and their gradients"]
+    assert tp_first[:3] == [(32, 2 * 2 * 2, acts), (32, 2 * 2 * 2, grads), (32, 2, embedding[2])]
+    last = [c[1:] for c in issued(piped, 1) if c[2].startswith("split")]
+    assert last == [(2 * 3, loss[0][2]), (2, loss[1][2]), (2, head)]
 
 
 def test_predict_s_less_travelled_paths_by_hand():

@@ -21,6 +21,10 @@ from common.final_params import compared, deviation
 from common.initial_weights import layout as weight_layout
 from common.layout import Layout
 from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
+from common.predict.collectives import per_kind
+from common.predict.executed import collectives
+from common.predict.memory import value_bytes
+from common.predict.validation import run_layout
 from common.results import load_records, validate_record
 from common.spec import BERT_SIZES, CNN
 from tests import faults
@@ -70,7 +74,8 @@ LAYOUTS = {
     "pp2-1f1b": (["--devices", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--batch-size", "4",
                   "--pipeline-schedule", "1f1b", "--recompute"], "accumulated"),
     "fsdp2": (["--devices", "2", "--fsdp", "2", "--batch-size", "4"], "whole"),
-    "dp2xtp2": (["--devices", "4", "--model-parallel", "2", "--batch-size", "4"], "whole"),
+    # --recompute: the recomputed forward's tensor-parallel all-reduces, for the predicted collectives
+    "dp2xtp2-rc": (["--devices", "4", "--model-parallel", "2", "--batch-size", "4", "--recompute"], "whole"),
     "tp2-vocab": (["--devices", "2", "--model-parallel", "2", "--vocab-split", "--batch-size", "8"], "whole"),
 }
 # The final weights, per canonical weight, within FINAL_RTOL by bench.parity's measure (common.final_params:
@@ -117,6 +122,11 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
     assert record["mfu_achievable"] == pytest.approx(record["achieved_flops"] / (devices * peak["flops_per_s"]))
     states, comm = metrics["state_bytes_per_rank"], metrics["comm_per_step"]
     assert len(states) == len(comm) == devices
+    # the predictor's collectives (common/predict/executed.py) are what each rank counted: calls and bytes per kind;
+    # a pipeline's sends but for the probed step's (--warmup-steps 1: the first) one-off exchange of shapes
+    skipped = {"send_recv"} if lay["pp"] > 1 else set()
+    assert [{kind: (c["calls"], c["bytes"]) for kind, c in rank.items() if kind not in skipped} for rank in comm] \
+        == [{kind: c for kind, c in rank.items() if kind not in skipped} for rank in predicted_comm(record)]
     whole = ref["backend_metrics"]["state_bytes_per_rank"][0]
     if lay["fsdp"] > 1:  # FSDP: every rank holds half of everything, and says so in its traffic
         assert all(s["params"] < 0.51 * whole["params"] for s in states)
@@ -137,6 +147,17 @@ def test_a_layout_trains_what_one_device_trains(tmp_path, one_device, layout_swe
         assert lay["layers_per_stage"] == [1, 1]
         assert lay["per_rank"][0]["holds"].startswith("embeddings + layers 0-0")
         assert lay["per_rank"][-1]["holds"].endswith("MLM head")
+
+
+def predicted_comm(record: dict) -> list[dict[str, tuple[int, int]]]:
+    """Per rank, the calls and bytes per kind the predictor's collectives (common/predict/executed.py, from the
+    spec and the layout) give for its pipeline stage, as the record's comm_per_step counts them."""
+    layout = run_layout(record)
+    activation = value_bytes(record["config"]["precision"])
+    stages = [per_kind(collectives(TINY, layout, record["global_batch"], s, "torch_3d", activation,
+                                   record["device_kind"])) for s in range(layout.pp)]
+    return [{kind: (c["calls"], c["bytes"]) for kind, c in stages[layout.coordinates(rank)["pp"]].items()}
+            for rank in range(record["devices"])]
 
 
 @pytest.mark.e2e

@@ -2,6 +2,7 @@
 doc/PERFORMANCE.md), and the link a group crosses in common.layout's rank order; docs/prediction.md, "Communication"."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from common.layout import Layout
@@ -68,3 +69,14 @@ class Collective:
     @property
     def total_bytes(self) -> float:
         return self.nbytes * self.calls
+
+
+def per_kind(collectives: Iterable[Collective]) -> dict[str, dict[str, int]]:
+    """Per kind, the calls and bytes in a step of these collectives, summed as a run's comm_per_step sums what
+    one rank issued (backends/torch_common/comm.py's CommCounter)."""
+    found: dict[str, dict[str, int]] = {}
+    for c in collectives:
+        kind = found.setdefault(c.kind, {"bytes": 0, "calls": 0})
+        kind["bytes"] += int(round(c.total_bytes))
+        kind["calls"] += c.calls
+    return found

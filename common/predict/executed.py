@@ -15,8 +15,14 @@ from common.spec import BertSpec, CnnSpec
 # Per layer and micro-batch, Megatron's count: forward the attention output's and ffn_out's (row-split) outputs,
 # backward the attention's and the FFN's input gradients, once each (torch_3d prepares the attention's input
 # once for query, key and value, so their three partial gradients are summed before the one all-reduce).
+# --recompute runs each layer's forward again in the backward, its forward all-reduces with it.
 TP_FORWARD_ALL_REDUCES = 2
 TP_BACKWARD_ALL_REDUCES = 2
+# --vocab-split's loss (backends/torch_3d/vocab.py, split_loss_and_correct), per micro-batch: forward the logits'
+# maximum, the sum of exponentials and the target's logit (float32, one per masked position), and the index of
+# the maximum (int64, for the correct count); backward the head's output gradient (one per position and hidden).
+VOCAB_LOSS_FLOAT_ALL_REDUCES = 3
+INDEX = 8  # bytes of an int64
 DDP_BUCKET_BYTES = 25 * 2**20
 BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
 
@@ -44,10 +50,13 @@ def check_modelled(layout: Layout) -> None:
 
 
 def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, stage: int, backend: str,
-                activation_value_bytes: int = FLOAT) -> list[Collective]:
-    """What one rank of `stage` issues per step. Activations travel at the run's precision
-    (`activation_value_bytes`: bf16 under autocast), gradients and parameters as float32 (torch's amp keeps
-    both in float32)."""
+                activation_value_bytes: int = FLOAT, device_kind: str = "cpu") -> list[Collective]:
+    """What one rank of `stage` issues per step. A matmul's output travels at the run's precision
+    (`activation_value_bytes`: bf16 under autocast), parameters and their gradients as float32 (torch's amp keeps
+    both in float32), and so do the encoder's input gradients (a layer's input is a LayerNorm's output on the
+    float32 residual stream) and the embedding's output (autocast leaves a lookup alone). The MLM head's output
+    is a LayerNorm's of a bf16 GELU: CPU autocast keeps that type, CUDA's runs layer_norm in float32
+    (`device_kind`)."""
     m = layout.micro_batches
     micro = global_batch // (layout.data * m)
     out: list[Collective] = []
@@ -56,10 +65,7 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
     if isinstance(spec, BertSpec):
         activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
         if layout.tp > 1:
-            calls = m * layers * (TP_FORWARD_ALL_REDUCES + TP_BACKWARD_ALL_REDUCES)
-            calls += m if layout.vocab_split and stage == 0 else 0   # the split embedding's output
-            out.append(Collective("all_reduce", "tp", activation, calls, layout.tp, True,
-                                  "tensor-parallel activations"))
+            out += _tensor_parallel(spec, layout, micro, layers, stage, activation_value_bytes, device_kind)
         if layout.pp > 1:
             # Per micro-batch and boundary the activation crosses forward and its gradient backward: a rank
             # sends one and receives the other (CommCounter counts both).
@@ -85,6 +91,34 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
         calls = max(1, -(-int(nbytes) // DDP_BUCKET_BYTES)) if backend == "torch_ddp" else 1
         out.append(Collective("all_reduce", "data", nbytes / calls, calls, layout.data, True, "gradient all-reduce"))
     return out
+
+
+def _tensor_parallel(spec: BertSpec, layout: Layout, micro: int, layers: int, stage: int,
+                     activation_value_bytes: int, device_kind: str) -> list[Collective]:
+    """torch_3d's all-reduces over tp on one rank of `stage`, one Collective per thing sent (all on the critical
+    path); none of zero calls."""
+    m, tp = layout.micro_batches, layout.tp
+    hidden_states = micro * spec.seq_len * spec.hidden
+    positions = micro * spec.max_predictions   # the masked positions the MLM head gathers, padded
+    forwards = 2 if layout.recomputes else 1   # the checkpointed layers' forward runs again in the backward
+    found = [
+        Collective("all_reduce", "tp", activation_value_bytes * hidden_states,
+                   m * layers * TP_FORWARD_ALL_REDUCES * forwards, tp, True,
+                   "tensor-parallel activations" + (" (the recomputed forward's too)" if layout.recomputes else "")),
+        Collective("all_reduce", "tp", FLOAT * hidden_states, m * layers * TP_BACKWARD_ALL_REDUCES, tp, True,
+                   "tensor-parallel input gradients")]
+    if layout.vocab_split and stage == 0:    # DTensor's row-wise embedding: the partial look-ups summed
+        found.append(Collective("all_reduce", "tp", FLOAT * hidden_states, m, tp, True,
+                                "split embedding's partial sums"))
+    if layout.vocab_split and stage == layout.pp - 1:
+        head = activation_value_bytes if device_kind == "cpu" else FLOAT
+        found += [Collective("all_reduce", "tp", FLOAT * positions, m * VOCAB_LOSS_FLOAT_ALL_REDUCES, tp, True,
+                             "split loss's maximum, sum of exponentials and target logit"),
+                  Collective("all_reduce", "tp", INDEX * positions, m, tp, True,
+                             "split loss's index of the maximum (the correct count)"),
+                  Collective("all_reduce", "tp", head * positions * spec.hidden, m, tp, True,
+                             "split loss's gradient of the head's output")]
+    return [c for c in found if c.calls]
 
 
 def _exposed(c: Collective, seconds: float, fb_s: float, backend: str, hardware: Hardware) -> float:
@@ -145,7 +179,7 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
     macs = rank_macs(spec, layout, basis.compute_shares)
     again = [(1 - BACKWARD_SHARE) * r for r in rank_macs(spec, layout, basis.compute_shares, True)]
     stage_comm = [counted] if counted is not None and layout.pp == 1 else \
-        [collectives(spec, layout, global_batch, s, backend, value_bytes(basis.precision))
+        [collectives(spec, layout, global_batch, s, backend, value_bytes(basis.precision), hardware.device_kind)
          for s in range(layout.pp)]
     out = Stages(micro_batches=m, overhead=contention * basis.s_per_step, contention=contention,
                  # Interruptions (step.sync_factor): on a CPU host only, a GPU's queue of launched kernels runs on

@@ -18,7 +18,7 @@ from common.predict.basis import (
     per_process,
     stage_split,
 )
-from common.predict.collectives import KINDS, Collective
+from common.predict.collectives import KINDS, Collective, per_kind
 from common.predict.hardware import Hardware
 from common.predict.prediction import Prediction
 from common.predict.step import predict
@@ -173,9 +173,7 @@ def _comm_check(run: dict, prediction: Prediction) -> dict | None:
     if not comm or not comm.ranks or comm.ranks[0] is None:
         return None
     counted = comm.ranks[0]
-    mine = prediction.collectives_of_rank0
-    predicted = {k: {"bytes": sum(int(round(c.total_bytes)) for c in mine if c.kind == k),
-                     "calls": sum(c.calls for c in mine if c.kind == k)} for k in {c.kind for c in mine}}
+    predicted = per_kind(prediction.collectives_of_rank0)
     kinds = sorted(set(predicted) | set(counted))
     return {k: {"predicted": predicted.get(k), "measured": ({"bytes": counted[k].bytes, "calls": counted[k].calls}
                                                             if k in counted else None)} for k in kinds}
@@ -184,6 +182,14 @@ def _comm_check(run: dict, prediction: Prediction) -> dict | None:
 def _layout(run: dict) -> Layout:
     """The run's layout; a record without one ran plain data parallel."""
     return record_layout(run) if run.get("layout") else Layout(dp=run["devices"])
+
+
+def run_layout(run: dict) -> Layout:
+    """The layout a run is predicted in: accumulated micro-batches run like a pipeline's, one after the other on
+    every rank, and a pipeline's layers are placed as the run placed them, whatever auto would pick today."""
+    layout = replace(_layout(run), micro_batches=accumulation(run))
+    placed = stage_split(run)
+    return replace(layout, stage_split=",".join(map(str, placed))) if placed else layout
 
 
 def _errors(rows: list[dict], part: str, key: str = "error") -> dict:
@@ -226,10 +232,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
                                                              "host and threads per device"})
             continue
         spec = model_spec(run["workload"], _size(run))
-        # Accumulated micro-batches run like a pipeline's, one after the other on every rank.
-        layout = replace(_layout(run), micro_batches=accumulation(run))
-        placed = stage_split(run)    # as the run placed its layers, whatever auto would pick today
-        layout = replace(layout, stage_split=",".join(map(str, placed))) if placed else layout
+        layout = run_layout(run)
         try:
             target, link_note = hardware_for(run, hardware, links)
             basis = basis_of(spec, refs, records)
