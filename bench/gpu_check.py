@@ -1,12 +1,13 @@
-"""python -m bench.gpu_check --out DIR [--model-size base] [--batch-size 256] [--groups mlm,mlm-compiled,cnn]
+"""python -m bench.gpu_check --out DIR [--model-size base] [--batch-size 256] [--groups mlm,mlm-compiled,cnn,lm]
 
 The device check of every framework at its best on one GPU, prepared to fit one lease (docs/profiling.md, "On a
 GPU"): the BERT MLM at bf16 autocast in torch_3d, torch_ddp and keras_jax (XLA), torch's two again under
-torch.compile, the CNN in torch_ddp and torch_dp, each with --profile and beside its framework's bare loop
-(bench.calibrate: the suite run and the bare idiom alternated), all on 1 device and synthetic data (the GPU
-machine holds no data). Then DIR/report.md (bench.report: every run's attribution table) and DIR/gpu-check.json
-and .md: per run its step, MFU, its ratio to the bare loop and to torch_3d's step of the same group. On a CPU
-(--device-kind cpu, a tiny model, a few steps) the same code runs in the tests.
+torch.compile, the CNN in torch_ddp and torch_dp, the decoder LM in torch_3d and torch_ddp, each with --profile
+and beside its framework's bare loop (bench.calibrate: the suite run and the bare idiom alternated), all on 1
+device and synthetic data (the GPU machine holds no data). Then DIR/report.md (bench.report: every run's
+attribution table) and DIR/gpu-check.json and .md: per run its step, MFU, its ratio to the bare loop and to
+torch_3d's step of the same group. On a CPU (--device-kind cpu, a tiny model, a few steps) the same code runs in
+the tests.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ GROUPS = {
     "mlm": ("mlm", ("torch_3d", "torch_ddp", "keras_jax"), ()),
     "mlm-compiled": ("mlm", ("torch_3d", "torch_ddp"), ("--compile",)),
     "cnn": ("cnn", ("torch_ddp", "torch_dp"), ()),
+    # The decoder LM (issue #49): the backends that train it.
+    "lm": ("lm", ("torch_3d", "torch_ddp"), ()),
 }
 REFERENCE = "torch_3d"
 # torch_3d has no bare loop of its own (a layout has no minimal torch idiom); on 1 device torch's is torch_ddp's.
@@ -36,9 +39,12 @@ def build_parser() -> OneLineParser:
     p.add_argument("--out", default="results/gpu-check",
                    help="the check's results folder (commit a GPU's under results/reference/<gpu>/)")
     p.add_argument("--groups", type=name_list(tuple(GROUPS)), default=list(GROUPS))
-    p.add_argument("--model-size", default="base", choices=("tiny", "mini", "small", "base"))
+    p.add_argument("--model-size", default="base", choices=("tiny", "mini", "base"),
+                   help="the MLM's and the decoder LM's size (both have these)")
     p.add_argument("--batch-size", type=positive_int, default=256, help="the MLM's batch per device")
     p.add_argument("--cnn-batch-size", type=positive_int, default=512)
+    p.add_argument("--lm-batch-size", type=positive_int, default=64,
+                   help="the decoder LM's sequences per device (64 of base's 512 tokens: the MLM's 256 x 128 tokens)")
     p.add_argument("--steps", type=positive_int, default=30)
     p.add_argument("--warmup-steps", type=positive_int, default=5)
     p.add_argument("--profile", type=positive_int, default=3, metavar="STEPS", help="profiled steps per suite run")
@@ -50,7 +56,7 @@ def build_parser() -> OneLineParser:
 
 def calibrate_command(args, group: str) -> list[str]:
     workload, backends, flags = GROUPS[group]
-    batch = args.batch_size if workload == "mlm" else args.cnn_batch_size
+    batch = {"mlm": args.batch_size, "lm": args.lm_batch_size, "cnn": args.cnn_batch_size}[workload]
     return [sys.executable, "-m", "bench.calibrate", "--gpus", "1", "--backends", ",".join(backends),
             "--workloads", workload, "--model-size", args.model_size, "--batch-size", str(batch),
             "--precision", "amp", "--steps", str(args.steps), "--warmup-steps", str(args.warmup_steps),

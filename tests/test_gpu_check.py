@@ -27,15 +27,16 @@ def test_the_compiled_group_is_the_eager_one_under_torch_compile():
 @pytest.mark.e2e
 def test_the_device_check_runs_on_a_cpu(tmp_path):
     out = tmp_path / "check"
-    proc = run_cli("bench.gpu_check", "--out", str(out), "--groups", "mlm,cnn", "--device-kind", "cpu",
-                   "--model-size", "tiny", "--batch-size", "4", "--cnn-batch-size", "8", "--steps", "3",
+    proc = run_cli("bench.gpu_check", "--out", str(out), "--groups", "mlm,cnn,lm", "--device-kind", "cpu",
+                   "--model-size", "tiny", "--batch-size", "4", "--cnn-batch-size", "8", "--lm-batch-size", "2",
+                   "--steps", "3",
                    "--warmup-steps", "1", "--profile", "1", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "gpu-check.json").read_text())
     rows = {(r["group"], r["backend"]): r for r in summary["rows"]}
     assert set(rows) == {("mlm", "torch_3d"), ("mlm", "torch_ddp"), ("mlm", "keras_jax"), ("cnn", "torch_ddp"),
-                         ("cnn", "torch_dp")} and summary["failed_groups"] == []
-    reference = rows[("mlm", "torch_3d")]["step_s"]
+                         ("cnn", "torch_dp"), ("lm", "torch_3d"), ("lm", "torch_ddp")}
+    assert summary["failed_groups"] == []
     for (group, backend), row in rows.items():
         record = json.loads((out / "runs" / f"{row['run_id']}.json").read_text())
         assert record["config"]["precision"] == "amp" and record["device_kind"] == "cpu"
@@ -46,8 +47,9 @@ def test_the_device_check_runs_on_a_cpu(tmp_path):
         assert row["bare_loop"] == loop and row["bare_ratio"] == pytest.approx(
             record["samples_per_s"] / bare["bare_samples_per_s"])
         assert row["step_s"] == record["step_time_s"]["p50"] and row["mfu"] == record["mfu"]
-        expected = row["step_s"] / reference if group == "mlm" else None
+        torch_3d = rows.get((group, "torch_3d"))
+        expected = row["step_s"] / torch_3d["step_s"] if torch_3d else None
         assert row["step_over_torch_3d"] == (pytest.approx(expected) if expected else None)
     assert "Where the step goes" in (out / "report.md").read_text()
     table = (out / "gpu-check.md").read_text()
-    assert table.count("| mlm |") == 3 and table.count("| cnn |") == 2
+    assert table.count("| mlm |") == 3 and table.count("| cnn |") == 2 and table.count("| lm |") == 2

@@ -26,10 +26,13 @@ def as_tensors(batches: list[dict[str, np.ndarray]], device: torch.device) -> li
 def loss_of(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if "image" in batch:
         return F.cross_entropy(model(batch["image"]), batch["label"].long())
-    logits = model(batch["input_ids"], batch["padding_mask"], batch["mask_positions"])
-    per_token = F.cross_entropy(logits.flatten(0, 1), batch["mask_ids"].long().flatten(), reduction="none")
-    weights = batch["mask_weights"].flatten()
-    return (per_token * weights).sum() / weights.sum()
+    if "labels" in batch:  # the decoder LM: the next token at every position
+        logits, targets, weights = model(batch["input_ids"]), batch["labels"], batch["label_weights"]
+    else:
+        logits = model(batch["input_ids"], batch["padding_mask"], batch["mask_positions"])
+        targets, weights = batch["mask_ids"], batch["mask_weights"]
+    per_token = F.cross_entropy(logits.flatten(0, 1), targets.long().flatten(), reduction="none")
+    return (per_token * weights.flatten()).sum() / weights.sum()
 
 
 def train(model: nn.Module, params, batches: list[dict[str, torch.Tensor]], cfg: RunConfig,
