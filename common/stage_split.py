@@ -28,16 +28,25 @@ def parse_split(text: str) -> str:
     return ",".join(parts)
 
 
-def stage_costs(spec: BertSpec, counts: list[int], samples: int) -> list[float]:
-    """Per stage, the FLOP-equivalents of one step of `samples` sequences (the module's cost)."""
+def stage_costs(spec, counts: list[int], samples: int) -> list[float]:
+    """Per stage, the FLOP-equivalents of one step of `samples` sequences (the module's cost), of the BERT MLM or a
+    decoder (common.predict.decoder.DecoderSpec: the lm workload)."""
     def cost(flops_per_sample: int, params: int) -> float:
         return 6 * flops_per_sample * samples + OPTIMIZER_FLOPS_PER_PARAM * params
 
     costs = [cost(n * spec.layer_forward_macs(), n * spec.layer_params()) for n in counts]
     costs[0] += cost(0, spec.embedding_params())  # lookups: no matmul, but a dense gradient and its update
-    tied_copy = spec.vocab_size * spec.hidden if len(counts) > 1 else 0
+    tied_copy = tied_table(spec) if len(counts) > 1 else 0
     costs[-1] += cost(spec.head_forward_macs(), spec.head_params() + tied_copy)
     return costs
+
+
+def tied_table(spec) -> int:
+    """Elements of the token table whose copy the last stage holds for a tied output layer (the MLM's decoder, a
+    tied decoder LM's; an untied one's output layer is in its head_params)."""
+    if isinstance(spec, BertSpec):
+        return spec.vocab_size * spec.hidden
+    return spec.vocab * spec.hidden if spec.tied_embeddings else 0
 
 
 def balanced_split(spec: BertSpec, stages: int, samples: int) -> list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ import torch
 from backends.torch_common.models import DecoderLM, apply_rotary, build_model, rotary_tables
 from backends.torch_common.trainer import TorchTrainer
 from backends.torch_common.weights import load_initial_weights
-from common import loop
+from common import loop, stage_split
 from common.config import RunConfig
 from common.config_key import record_layout
 from common.data.batches import TrainBatches, eval_batches, next_token_inputs
@@ -31,6 +32,7 @@ from common.spec import (
     SIZES,
     SPECIAL_TOKENS,
     WIKITEXT2_VOCAB_SIZE,
+    forward_flops,
     model_spec,
     training_flops_per_sample,
 )
@@ -200,3 +202,20 @@ def test_torch_3d_lays_the_decoder_out_and_trains_what_one_device_trains(tmp_pat
     assert tp == [{"all_reduce": {**c["all_reduce"], "calls": 4 * TINY.layers, "bytes": 4 * TINY.layers * activation}}
                   for c in tp]
     assert runs["pp2-nmb2-1f1b-rc"]["layout"]["layers_per_stage"] == [1, 1]
+
+
+def test_a_pipeline_of_the_decoder_is_cut_by_its_stage_costs():
+    """The decoder's forward multiply-adds by part add up to its FLOP count, and --stage-split auto weighs them:
+    llama-mini's untied output layer (33,282 x 256 per token) outweighs one of its layers, so of 4 layers on 2
+    stages the first takes 3."""
+    mini = model_spec("lm", "mini")
+    assert mini.layers * mini.layer_forward_macs() + mini.head_forward_macs() == forward_flops(mini) / 2
+    assert mini.head_forward_macs() == mini.seq_len * mini.vocab * mini.hidden
+    assert stage_split.layers_per_stage("auto", mini, 2, 8) == [3, 1]
+    # Untied, the output layer is the head's own; tied, a pipeline's last stage updates a copy of the token table
+    # in its place, and one stage updates the one table: its optimizer's share less
+    tied = replace(mini, tied_embeddings=True)
+    assert stage_split.tied_table(mini) == 0 and stage_split.tied_table(tied) == mini.vocab * mini.hidden
+    assert stage_split.stage_costs(tied, [2, 2], 8) == stage_split.stage_costs(mini, [2, 2], 8)
+    assert stage_split.stage_costs(mini, [4], 8)[0] - stage_split.stage_costs(tied, [4], 8)[0] == pytest.approx(
+        stage_split.OPTIMIZER_FLOPS_PER_PARAM * mini.vocab * mini.hidden)

@@ -45,9 +45,6 @@ class Torch3D(TorchrunBackend):
             if spec.kv_heads % lay.tp:
                 raise Unsupported(f"torch_3d lm --model-parallel {lay.tp}: {spec.name}'s {spec.kv_heads} key/value "
                                   "heads do not split over it (torch_3d splits wk and wv by heads, replicating none)")
-            if lay.pp > 1 and lay.stage_split == "auto":
-                raise Unsupported("torch_3d lm --stage-split auto: the stage costs describe the MLM's layers; give "
-                                  "even or layers per stage")
         if cfg.sync_bn:
             raise Unsupported("--sync-bn: torch_3d keeps BatchNorm statistics per rank")
         if cfg.checkpoint_every or cfg.resume:

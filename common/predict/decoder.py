@@ -100,6 +100,15 @@ class DecoderSpec:
         tokens = samples * self.seq_len
         return self.layers * self.layer_gemms(tokens) + [self.head_gemm(tokens)]
 
+    def layer_forward_macs(self) -> int:
+        """Per sequence, one layer: its GEMMs and causal attention's two products (a pipeline's stage costs)."""
+        gemms = sum(g.flops for g in self.layer_gemms(self.seq_len))
+        return int(gemms + attention_flops(self.seq_len, self.seq_len, self.q_width, causal=True)) // 2
+
+    def head_forward_macs(self) -> int:
+        """Per sequence: the output layer's logits at every position."""
+        return int(self.head_gemm(self.seq_len).flops) // 2
+
     def attention_flops(self, samples: int, causal: bool = True) -> float:
         return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.q_width, causal)
 
