@@ -166,8 +166,9 @@ def test_two_ddp_ranks_train_the_decoder_as_one_device(tmp_path, data_dir):
 
 
 # torch_3d's layouts of the tiny decoder, each held to torch_3d's 1-device run of the same global batch and
-# micro-batches (bench.compare --layouts runs both): tensor parallel, FSDP, and a 1F1B pipeline recomputing.
-LM_LAYOUTS = "fsdp2,tp2,pp2-nmb2-1f1b-rc"
+# micro-batches (bench.compare --layouts runs both): tensor parallel (with the vocabulary split too), FSDP, and a 1F1B
+# pipeline recomputing.
+LM_LAYOUTS = "fsdp2,tp2,tp2-vocab,pp2-nmb2-1f1b-rc"
 # As tests/test_torch_3d.py's: the losses within RTOL, the final weights within FINAL_RTOL (common.final_params).
 RTOL, FINAL_RTOL = 1e-5, 1e-4
 

@@ -38,10 +38,6 @@ class Torch3D(TorchrunBackend):
                                   "running statistics twice")
         if cfg.workload == "lm":
             spec = cfg.spec
-            if lay.vocab_split:
-                raise Unsupported("torch_3d lm --vocab-split: the vocabulary-parallel embedding and loss are the "
-                                  "MLM's (a tied decoder with a bias); the decoder LM's untied output layer is not "
-                                  "split yet")
             if spec.kv_heads % lay.tp:
                 raise Unsupported(f"torch_3d lm --model-parallel {lay.tp}: {spec.name}'s {spec.kv_heads} key/value "
                                   "heads do not split over it (torch_3d splits wk and wv by heads, replicating none)")

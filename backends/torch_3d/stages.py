@@ -65,6 +65,7 @@ class DecoderStage(nn.Module):
     def __init__(self, model: DecoderLM, layers: list[int], first: bool, last: bool):
         super().__init__()
         self.first, self.last = first, last
+        self.vocab_group = None  # the tensor-parallel group, once the vocabulary is split over it
         model.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})
         if not first:
             model.token_embedding = None
@@ -80,8 +81,12 @@ class DecoderStage(nn.Module):
             x = layer(x, cos, sin)
         if not self.last:
             return x
-        logits = self.model.output(self.model.norm(x)).float()
-        loss, correct = lm_loss_and_correct(logits, {"labels": labels, "label_weights": label_weights})
+        if self.vocab_group is not None:
+            loss, correct = split_loss_and_correct(self.model.norm(x), self.model.output.weight.to_local(), None,
+                                                   labels, label_weights, self.vocab_group)
+        else:
+            logits = self.model.output(self.model.norm(x)).float()
+            loss, correct = lm_loss_and_correct(logits, {"labels": labels, "label_weights": label_weights})
         return torch.stack([loss, correct])
 
 
