@@ -11,11 +11,10 @@ from pathlib import Path
 
 from common.devices import gpu_memory_bytes
 from common.layout import Layout
-from common.loop import EVAL_BATCH
 from common.plan.fit import GIB, DoesNotFit, measured_overhead, predicted_check, refusal
 from common.results import load_records
 from common.sections import FitCheck
-from common.spec import model_spec
+from common.spec import DEFAULTS, model_spec
 
 VALIDATION = "validation.json"  # bench.reporting.validation.FILE: bench imports stay top-down from here
 
@@ -59,8 +58,9 @@ def fit_before_launch(args, layout: Layout, global_batch: int, devices_per_node:
     records, error = _folder(str(Path(args.out).resolve()), _stamp(Path(args.out)))
     overhead = measured_overhead(spec, records, args.backend, args.workload, args.precision, kind,
                                  socket.gethostname())
-    check = predicted_check(spec, layout, global_batch, args.backend, args.precision,
-                            None if args.skip_eval else EVAL_BATCH, available, limit, overhead, error)
+    eval_batch = None if args.skip_eval else DEFAULTS[args.workload].eval_batch
+    check = predicted_check(spec, layout, global_batch, args.backend, args.precision, eval_batch, available, limit,
+                            overhead, error)
     if check.verdict == "does not fit" and not args.no_fit_check:
         raise DoesNotFit(refusal(check, layout), check)
     return check

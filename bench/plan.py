@@ -17,14 +17,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int
+from bench.cli import OneLineParser, check_model_size, console_table, int_list, positive_float, positive_int
 from bench.plan_space import backend_refusal
 from bench.predict import DEFAULT_HARDWARE, add_compute_options, chosen_basis
 from bench.reporting import validation as validation_report
 from bench.reporting.document import markdown_table
 from common.config import PRECISIONS
 from common.errors import BadInput, Unsupported
-from common.loop import EVAL_BATCH
 from common.plan import decoders
 from common.plan.fit import GIB, memory_limit, stage_split_of
 from common.plan.rank import document, memory_error, predicted, rank, ranking_error
@@ -112,6 +111,7 @@ def make_plan(args, validation: dict | None = None) -> dict:
     """The plan document (common.plan.rank.document). `validation` gives the errors; None: --from's
     validation.json, else one computed now from --from's multi-device runs, else none."""
     hardware = hardware_files.load(args.hardware)
+    check_model_size(args.workload, args.model_size)
     spec = model_spec(args.workload, args.model_size)
     batch = args.global_batch or DEFAULTS[args.workload].per_device_batch
     source = Path(args.source) if args.source else None
@@ -135,8 +135,9 @@ def make_plan(args, validation: dict | None = None) -> dict:
         raise ValueError(f"no layout of {args.devices} devices is valid for {args.workload} {args.model_size} at "
                          f"global batch {batch}: " + "; ".join(list(space.refused)[:3]))
     step_error, mem_error = ranking_error(validation), memory_error(validation)
+    eval_batch = None if args.skip_eval else DEFAULTS[args.workload].eval_batch
     rows = rank(predicted(spec, space.valid, batch, hardware, basis, available, mem_error, basis_for,
-                          backend=args.backend, eval_batch=None if args.skip_eval else EVAL_BATCH), step_error)
+                          backend=args.backend, eval_batch=eval_batch), step_error)
     head = {"workload": args.workload, "model_size": args.model_size, "devices": args.devices,
             "backend": args.backend, "global_batch": batch, "hardware": hardware.name, "precision": args.precision,
             "skip_eval": bool(args.skip_eval)}

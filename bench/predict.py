@@ -22,7 +22,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from bench.cli import OneLineParser, console_table, int_list, positive_float, positive_int
+from bench.cli import OneLineParser, check_model_size, console_table, int_list, positive_float, positive_int
 from bench.reporting import published_plot as published_table
 from bench.reporting import validation as validation_report
 from bench.reporting.prediction_plot import prediction_plot
@@ -241,6 +241,7 @@ def _decoder(args, hardware):
 
 
 def _executed(args, hardware) -> tuple:
+    check_model_size(args.workload, args.model_size)
     spec = model_spec(args.workload, args.model_size)
     source = Path(args.source) if args.source else None
     per_device = args.batch_size or DEFAULTS[args.workload].per_device_batch

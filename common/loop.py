@@ -36,7 +36,6 @@ FAULT_RANK_ENV = "PARBENCH_FAULT_RANK"
 FAULT_MARKER_ENV = "PARBENCH_FAULT_MARKER"
 FAULT_EXIT_CODE = 17
 MAX_CURVE_POINTS = 1000
-EVAL_BATCH = 256
 PROGRESS_EVERY_S = 30.0  # rank 0 logs a progress line at most this often
 
 
@@ -92,7 +91,7 @@ def _evaluate(trainer: Trainer, cfg: RunConfig, data: SplitData) -> dict:
     # Ranks that split one model (tensor, pipeline) evaluate the same shard: the data-parallel
     # replica's; a trainer without a layout is one replica per rank.
     shard = getattr(trainer, "data_rank", trainer.rank), getattr(trainer, "data_world", trainer.world)
-    batches = eval_batches(data, cfg.spec, cfg.seed, *shard, EVAL_BATCH, cfg.eval_samples)
+    batches = eval_batches(data, cfg.spec, cfg.seed, *shard, DEFAULTS[cfg.workload].eval_batch, cfg.eval_samples)
     loss_sum, correct, count = trainer.all_reduce_sum(list(trainer.evaluate(batches)))
     # count: what the metric is over (the MLM: masked tokens, the LM: every label); split_size: the split's
     # samples, samples_evaluated those --eval-samples took (all by default).

@@ -13,13 +13,14 @@ import pytest
 
 from bench import fit
 from common.layout import Layout
-from common.loop import EVAL_BATCH
 from common.plan.fit import GIB, DoesNotFit
 from common.predict.executed import memory_per_rank
-from common.spec import BERT_SIZES
+from common.spec import BERT_SIZES, DEFAULTS
 from tests.test_plan_cli import _folder, _record
 
 TINY = BERT_SIZES["tiny"]
+
+EVAL_BATCH = DEFAULTS["mlm"].eval_batch  # the evaluation batch of the MLM and the CNN
 
 
 def _args(out, **changes) -> argparse.Namespace:

@@ -25,6 +25,10 @@ from common.final_params import compared, deviation
 from common.initial_weights import initial_weights, layout, trainable_count
 from common.loop import run_loop
 from common.predict import decoder
+from common.predict.collectives import per_kind
+from common.predict.executed import collectives
+from common.predict.memory import value_bytes
+from common.predict.validation import run_layout
 from common.results import validate_record
 from common.spec import (
     LM_SIZES,
@@ -166,9 +170,9 @@ def test_two_ddp_ranks_train_the_decoder_as_one_device(tmp_path, data_dir):
 
 
 # torch_3d's layouts of the tiny decoder, each held to torch_3d's 1-device run of the same global batch and
-# micro-batches (bench.compare --layouts runs both): tensor parallel (with the vocabulary split too), FSDP, and a 1F1B
-# pipeline recomputing.
-LM_LAYOUTS = "fsdp2,tp2,tp2-vocab,pp2-nmb2-1f1b-rc"
+# micro-batches (bench.compare --layouts runs both): tensor parallel (again with the vocabulary split and recompute),
+# FSDP, and a 1F1B pipeline.
+LM_LAYOUTS = "fsdp2,tp2,tp2-rc-vocab,pp2-nmb2-1f1b"
 # As tests/test_torch_3d.py's: the losses within RTOL, the final weights within FINAL_RTOL (common.final_params).
 RTOL, FINAL_RTOL = 1e-5, 1e-4
 
@@ -202,7 +206,20 @@ def test_torch_3d_lays_the_decoder_out_and_trains_what_one_device_trains(tmp_pat
     activation = 8 * TINY.seq_len * TINY.hidden * 4
     assert tp == [{"all_reduce": {**c["all_reduce"], "calls": 4 * TINY.layers, "bytes": 4 * TINY.layers * activation}}
                   for c in tp]
-    assert runs["pp2-nmb2-1f1b-rc"]["layout"]["layers_per_stage"] == [1, 1]
+    assert runs["pp2-nmb2-1f1b"]["layout"]["layers_per_stage"] == [1, 1]
+    # The predictor's collectives of the executed decoder (common/predict/executed.py, from the spec and layout) are
+    # what every rank counted, call for call and byte for byte: the vocabulary split's embedding and loss, the
+    # recomputed forward's one repeated all-reduce per layer, FSDP's. The pipeline's sends are left out: the
+    # counted step is its first, which also exchanges shapes once.
+    for name, run in runs.items():
+        placed = run_layout(run)
+        stages = [per_kind(collectives(TINY, placed, run["global_batch"], s, "torch_3d",
+                                       value_bytes(run["config"]["precision"]), run["device_kind"]))
+                  for s in range(placed.pp)]
+        for rank, counted in enumerate(run["backend_metrics"]["comm_per_step"]):
+            predicted = stages[placed.coordinates(rank)["pp"]]
+            counted = {k: {"calls": c["calls"], "bytes": c["bytes"]} for k, c in counted.items() if k != "send_recv"}
+            assert counted == {k: c for k, c in predicted.items() if k != "send_recv"}, (name, rank)
 
 
 def test_a_pipeline_of_the_decoder_is_cut_by_its_stage_costs():

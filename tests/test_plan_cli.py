@@ -116,7 +116,7 @@ def test_help_names_every_option_with_what_it_does(capsys, monkeypatch):
         "(common/predict/hardware/README.md); default cpu-loopback-2core --from RESULTS results folder whose "
         "1-device run on the --hardware's kind of device gives the compute --assume-mfu MFU compute at this "
         "fraction of the device's datasheet peak instead of a measured run (labelled as an assumption in every "
-        "table and figure) --workload {cnn,mlm} --model-size {base,mini,small,tiny} "
+        "table and figure) --workload {cnn,mlm,lm} --model-size {base,mini,small,tiny} "
         "--global-batch GLOBAL_BATCH the global batch every layout trains (default: the workload's batch, 32 for "
         "the MLM) --micro-batches K,K pipeline micro-batch counts to consider (default: every count the batch "
         "divides into) --memory-per-device GIB memory one device may use (default: the hardware description's) "

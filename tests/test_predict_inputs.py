@@ -11,7 +11,7 @@ from common.predict.basis import (
     accumulation,
     background_load,
     co_run_slowdown,
-    evaluated,
+    eval_batch,
     from_mfu,
     from_records,
     interruption_share,
@@ -21,7 +21,7 @@ from common.predict.hardware import HARDWARE_DIR, Link
 from common.predict.memory import stage_tensors, state_bytes
 from common.predict.work import ComputeShares, parts
 from common.sections import ATTRIBUTION_CATEGORIES
-from common.spec import BERT_SIZES
+from common.spec import BERT_SIZES, DEFAULTS
 
 TINY = BERT_SIZES["tiny"]
 MINE = """
@@ -181,7 +181,12 @@ def test_what_a_record_says_of_its_run():
     assert stage_split({"layout": {"stage_split": [2, "2"]}}) == [2, 2]
     assert stage_split({"layout": {"stage_split": "3,1"}}) == [3, 1]
     assert stage_split({"layout": {"stage_split": "auto"}}) is None and stage_split({}) is None
-    assert evaluated(_one()) and not evaluated({"config": {"skip_eval": True}})
+    # the evaluation batch a rank took: common.loop's, or fewer where --eval-samples left its shard fewer
+    batch = DEFAULTS["mlm"].eval_batch
+    assert eval_batch(_one()) == batch and eval_batch({"config": {"skip_eval": True}}) is None
+    assert eval_batch(_one(eval={"samples_evaluated": 10 * batch})) == batch
+    assert eval_batch(_one(eval={"samples_evaluated": 8})) == 8
+    assert eval_batch(_one(eval={"samples_evaluated": 40}, layout={"dp": 2})) == 20
     assert background_load({"device_kind": "cuda", "load": {"other_busy_cores": 3.0}}) == 0.0
     assert background_load({"device_kind": "cpu", "devices": 2, "threads_per_device": 2,
                             "load": {"loadavg_1m_after": 3.0}}) == 0.0  # below the run's own 4 threads
@@ -222,7 +227,6 @@ def test_an_assumed_mfu_on_each_peak_it_can_rest_on(tmp_path):
 def test_a_basis_under_autocast_and_what_a_record_leaves_out():
     """--precision amp: activations of 2 bytes in the memory the model counts, and the basis says amp; a record
     without grad_accum accumulates once; a label names the device description and every per-micro-batch run."""
-    from common.loop import EVAL_BATCH
     from common.predict.memory import activation_bytes, evaluation_bytes, state_bytes
     amp = _one(batch=32, accumulation_=3, devices_description="2 virtual CPU devices",
                memory={"process_peak_per_rank": [5e9], "training_per_rank": [2e9]})
@@ -231,7 +235,7 @@ def test_a_basis_under_autocast_and_what_a_record_leaves_out():
     state = state_bytes(TINY, Layout(), 0)
     training = activation_bytes(TINY, Layout(), 0, 32 // 3, value_bytes=2)
     assert basis.memory_overhead == pytest.approx(5e9 - state.total - max(training, evaluation_bytes(
-        TINY, Layout(), 0, EVAL_BATCH)))
+        TINY, Layout(), 0, DEFAULTS["mlm"].eval_batch)))
     assert basis.training_overhead == pytest.approx(2e9 - state.grads - state.optimizer - training)
     assert basis.precision == "amp" and "(2 virtual CPU devices); GUESSED" in basis.label
     keras = {**amp, "backend": "keras_jax", "config": {**amp["config"], "skip_eval": True}}

@@ -18,8 +18,8 @@ from backends.mindspore_auto.trainer import MindSporeTrainer, float16_matmuls
 from common import worker
 from common.config import RunConfig
 from common.data.batches import eval_batches
-from common.loop import EVAL_BATCH
 from common.sections import TrainableParams
+from common.spec import DEFAULTS
 
 DEVICE_TARGETS = {"cpu": "CPU", "cuda": "GPU", "ascend": "Ascend"}
 PARALLEL_MODES = {"data": ms.ParallelMode.DATA_PARALLEL, "semi_auto": ms.ParallelMode.SEMI_AUTO_PARALLEL,
@@ -72,8 +72,8 @@ class MindSporeWorker(worker.Worker):
         if cfg.precision == "fp16":
             loss_net = float16_matmuls(loss_net, self.workdir / f"amp-rank{process.rank}")
         trainer = MindSporeTrainer(loss_net, cfg, self.pcfg, process.rank, process.processes)
-        first_eval = next(eval_batches(data.eval, cfg.spec, cfg.seed, trainer.rank, trainer.world, EVAL_BATCH,
-                                       cfg.eval_samples))
+        first_eval = next(eval_batches(data.eval, cfg.spec, cfg.seed, trainer.rank, trainer.world,
+                                       DEFAULTS[cfg.workload].eval_batch, cfg.eval_samples))
         self.compile_s = trainer.compile(data.train.get(0), first_eval)
         self.trainable = param_count(loss_net)
         return trainer, DatasetBatches(data.train, cfg.feed_steps)

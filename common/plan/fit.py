@@ -7,7 +7,7 @@ from common.layout import Layout
 from common.predict.basis import from_records, record_layout
 from common.predict.executed import memory_per_rank
 from common.sections import FitCheck
-from common.spec import BertSpec, CnnSpec
+from common.spec import BertSpec, CnnSpec, model_spec
 from common.stage_split import layers_per_stage
 
 GIB = 2**30
@@ -47,7 +47,7 @@ def memory_limit(hardware, memory_gib: float | None) -> tuple[float, str]:
 
 def stage_split_of(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) -> list[int] | None:
     """Layers per stage as torch_3d places them (--stage-split even, auto or counts); None: no pipeline."""
-    if layout.pp == 1 or not isinstance(spec, BertSpec):
+    if layout.pp == 1 or isinstance(spec, CnnSpec):
         return None
     return layers_per_stage(layout.stage_split, spec, layout.pp, global_batch // layout.data)
 
@@ -55,21 +55,23 @@ def stage_split_of(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int) 
 def measured_overhead(spec: BertSpec | CnnSpec, records: list[dict], backend: str, workload: str,
                       precision: str, device_kind: str, host: str | None) -> tuple[float, str] | None:
     """The framework's memory overhead (the process peak beyond what the model counts) and the run id of the latest
-    matching ok 1-device run among `records`; None when there is none, or when the executed model does not describe
-    `spec` (the decoder LM)."""
-    if not isinstance(spec, (BertSpec, CnnSpec)):
-        return None
+    matching ok 1-device run among `records`; None when there is none."""
     found = [r for r in records if r.get("status") == "ok" and r.get("devices") == 1 and r.get("backend") == backend
              and r.get("workload") == workload and r.get("device_kind") == device_kind
              and (r.get("host") or {}).get("name") == host and (r.get("step_time_s") or {}).get("p50")
              and ((r.get("config") or {}).get("precision") or "fp32") == precision
-             and (workload != "mlm" or (r.get("config") or {}).get("model_size") == getattr(spec, "name", None))
+             and (workload == "cnn" or _size_name(r) == spec.name)
              and not record_layout(r).recomputes]
     for record in reversed(sorted(found, key=lambda r: r.get("started_at") or "")):
         overhead = from_records(spec, [record]).memory_overhead
         if overhead is not None:
             return overhead, record["run_id"]
     return None
+
+
+def _size_name(record: dict) -> str:
+    """The model name of a record's size (the MLM's "tiny", the decoder LM's "llama-tiny")."""
+    return model_spec(record["workload"], (record.get("config") or {}).get("model_size") or "tiny").name
 
 
 def predicted_check(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, backend: str, precision: str,

@@ -6,13 +6,12 @@ import statistics
 from dataclasses import dataclass
 
 from common.config_key import record_layout
-from common.loop import EVAL_BATCH
 from common.peak_flops import PRECISION_MATH, peak_flops
 from common.predict.hardware import GB, Hardware
 from common.predict.memory import counted_per_rank
 from common.predict.work import ComputeShares, parts
 from common.sections import Breakdown, CoRun, StateBytesPerRank
-from common.spec import BertSpec, CnnSpec
+from common.spec import DEFAULTS, BertSpec, CnnSpec
 
 ADAMW_BYTES_PER_ELEMENT = 28
 TRAINING_FLOPS_PER_MAC = 6
@@ -120,9 +119,16 @@ def _shares(record: dict) -> tuple[float, float, float]:
         (b.data_s + b.other_s + b.grad_comm_s) / b.total_s
 
 
-def evaluated(record: dict) -> bool:
-    """Whether the run evaluated (common.loop's final evaluation, unless --skip-eval): its peak may be there."""
-    return not (record.get("config") or {}).get("skip_eval")
+def eval_batch(record: dict) -> int | None:
+    """The largest evaluation batch a rank of the run took (common.loop's batches of its workload's eval_batch over
+    its data rank's shard of --eval-samples' samples), where its peak may be; None: it did not evaluate
+    (--skip-eval)."""
+    if (record.get("config") or {}).get("skip_eval"):
+        return None
+    samples = (record.get("eval") or {}).get("samples_evaluated")
+    data = record_layout(record).data if record.get("layout") else 1
+    batch = DEFAULTS[record["workload"]].eval_batch
+    return min(batch, -(-samples // data)) if samples else batch
 
 
 def measured_memory(record: dict, which: str) -> list[float | None]:
@@ -146,7 +152,7 @@ def _counted_memory(spec, record: dict) -> tuple[float, float]:
     """What the model counts of a 1-device run's memory: its process peak and its training's growth."""
     _, model, growth = counted_per_rank(spec, record_layout(record), record["global_batch"] // accumulation(record),
                                         (record.get("config") or {}).get("precision"),
-                                        EVAL_BATCH if evaluated(record) else None, record["backend"])
+                                        eval_batch(record), record["backend"])
     return model[0], growth[0]
 
 

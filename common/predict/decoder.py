@@ -113,10 +113,11 @@ class DecoderSpec:
         return self.layers * attention_flops(samples * self.seq_len, self.seq_len, self.q_width, causal)
 
     def stored_activation_bytes(self, tokens: int, tp: int = 1, sequence_parallel: bool = False,
-                                flash: bool = True, dropout: bool = False) -> float:
+                                flash: bool = True, dropout: bool = False, value_bytes: int = 2) -> float:
         """Bytes one layer keeps for its backward on one rank, for `tokens` tokens (sequences of seq_len),
-        Korthikanti et al.'s accounting component by component (16-bit values, 1-byte dropout masks)."""
-        h, f, t, v, s = self.hidden, self.ffn, tp, 2, self.seq_len
+        Korthikanti et al.'s accounting component by component (`value_bytes` per value: 16-bit on a GPU cluster,
+        float32 in an fp32 run; 1-byte dropout masks)."""
+        h, f, t, v, s = self.hidden, self.ffn, tp, value_bytes, self.seq_len
         shard = t if sequence_parallel else 1          # what sequence parallelism also splits
         per_token = 2 * v * h / shard                  # the two norms' inputs
         per_token += v * h / shard                     # the Q, K, V projections' input

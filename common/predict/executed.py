@@ -27,18 +27,11 @@ DDP_BUCKET_BYTES = 25 * 2**20
 BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
 
 
-# The workloads this model describes as parbench's backends run them (lm: the decoders' model, bench.predict --model).
-WORKLOADS = ("cnn", "mlm")
+# The workloads this model describes as parbench's backends run them (the decoder LM as torch_3d runs it; a cluster's
+# decoder is the decoders' model's, bench.predict --model).
+WORKLOADS = ("cnn", "mlm", "lm")
 # What this model of the executed workloads models: what torch_3d executes, whose collectives it counts.
 MODELLED = frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split", "stage_split"})
-
-
-def check_executed(spec) -> None:
-    """ValueError in one line for a model this model of the executed workloads does not describe: the decoder
-    LM (lm) is predicted by the decoders' model (bench.predict --model), not yet as parbench's backends run it."""
-    if not isinstance(spec, (BertSpec, CnnSpec)):
-        raise ValueError(f"{spec.name}: the executed decoder LM (lm) is not modelled yet; bench.predict --model "
-                         f"{spec.name} predicts it as torchtitan runs it")
 
 
 def check_modelled(layout: Layout) -> None:
@@ -61,8 +54,8 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
     micro = global_batch // (layout.data * m)
     out: list[Collective] = []
     params = stage_params(spec, layout, stage)
-    layers = stage_layer_counts(layout, spec.layers)[stage] if isinstance(spec, BertSpec) else 0
-    if isinstance(spec, BertSpec):
+    layers = stage_layer_counts(layout, spec.layers)[stage] if not isinstance(spec, CnnSpec) else 0
+    if not isinstance(spec, CnnSpec):
         activation = activation_value_bytes * micro * spec.seq_len * spec.hidden
         if layout.tp > 1:
             out += _tensor_parallel(spec, layout, micro, layers, stage, activation_value_bytes, device_kind)
@@ -72,7 +65,7 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
             boundaries = (stage > 0) + (stage < layout.pp - 1)
             out.append(Collective("send_recv", "pp", activation, 2 * m * boundaries, 2, True,
                                   "pipeline activations and their gradients"))
-            if stage in (0, layout.pp - 1):
+            if stage in (0, layout.pp - 1) and isinstance(spec, BertSpec):   # the decoder LM's output is untied
                 rows = spec.vocab_size // (layout.tp if layout.vocab_split else 1)
                 out.append(Collective("all_reduce", "tie", FLOAT * rows * spec.hidden, 1, 2, True,
                                       "tied embedding gradient"))
@@ -93,17 +86,22 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
     return out
 
 
-def _tensor_parallel(spec: BertSpec, layout: Layout, micro: int, layers: int, stage: int,
+def _tensor_parallel(spec, layout: Layout, micro: int, layers: int, stage: int,
                      activation_value_bytes: int, device_kind: str) -> list[Collective]:
-    """torch_3d's all-reduces over tp on one rank of `stage`, one Collective per thing sent (all on the critical
-    path); none of zero calls."""
+    """torch_3d's all-reduces over tp on one rank of `stage` (the BERT MLM's or the decoder LM's), one Collective
+    per thing sent (all on the critical path); none of zero calls."""
     m, tp = layout.micro_batches, layout.tp
     hidden_states = micro * spec.seq_len * spec.hidden
-    positions = micro * spec.max_predictions   # the masked positions the MLM head gathers, padded
-    forwards = 2 if layout.recomputes else 1   # the checkpointed layers' forward runs again in the backward
+    bert = isinstance(spec, BertSpec)
+    # the positions the loss covers: the MLM head's gathered masked ones (padded), the decoder LM's every one
+    positions = micro * (spec.max_predictions if bert else spec.seq_len)
+    # The checkpointed layers' forward runs again in the backward, as far as the backward needs (non-reentrant
+    # checkpoint stops there): the post-LN encoder's last all-reduce feeds its final norm, whose backward needs it;
+    # the pre-norm decoder's block ends in a residual add that needs nothing, so its FFN's all-reduce is not redone.
+    again = (TP_FORWARD_ALL_REDUCES if bert else TP_FORWARD_ALL_REDUCES - 1) if layout.recomputes else 0
     found = [
         Collective("all_reduce", "tp", activation_value_bytes * hidden_states,
-                   m * layers * TP_FORWARD_ALL_REDUCES * forwards, tp, True,
+                   m * layers * (TP_FORWARD_ALL_REDUCES + again), tp, True,
                    "tensor-parallel activations" + (" (the recomputed forward's too)" if layout.recomputes else "")),
         Collective("all_reduce", "tp", FLOAT * hidden_states, m * layers * TP_BACKWARD_ALL_REDUCES, tp, True,
                    "tensor-parallel input gradients")]
@@ -167,7 +165,8 @@ def executed_stages(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
     per_mac = basis.s_per_mac_sample
     if basis.recompute and not isinstance(spec, CnnSpec):  # its 1-device run recomputed its encoder layers' forward:
         one = parts(spec)                                   # of its time per multiply-add, the plain share
-        per_mac *= one.total / (one.total + (1 - BACKWARD_SHARE) * one.layers * one.layer)
+        again = one.layer if one.layer_recomputed is None else one.layer_recomputed
+        per_mac *= one.total / (one.total + (1 - BACKWARD_SHARE) * one.layers * again)
 
     def stage_s(launched: float, computed: float) -> float:
         """launched: the multiply-adds the fixed cost goes with; computed: those the time per sample goes with."""
@@ -221,7 +220,6 @@ def memory_per_rank(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int,
                     ) -> tuple[list[StateBytes], list[float], list[float]]:
     """Per rank, before any run: its state, what the model counts of its process peak (no framework overhead)
     and of its training's growth; predict()'s memory without a time basis (a fit check before launch)."""
-    check_executed(spec)
     check_modelled(layout)
     layout = layout.placed(spec, global_batch)
     micro = global_batch / (layout.data * layout.micro_batches)

@@ -20,8 +20,12 @@ STEP_COUNTERS = {"torch": ("per tensor", 4), "keras": ("per device", 8)}
 HALF = 2           # activations under autocast (--precision amp/fp16) are bf16/fp16 (an assumption: norms
                    # and the loss stay float32)
 ADAM_MOMENTS = 2   # exp_avg, exp_avg_sq
-COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in")
-ROWWISE = ("attention.output", "ffn.out")
+# The canonical weights (common.initial_weights) Megatron's tensor parallelism splits by output and input: the BERT
+# encoder's and the decoder LM's; and those --vocab-split splits by vocabulary row.
+COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in",
+           "attention.wq", "attention.wk", "attention.wv", "ffn.w1", "ffn.w3")
+ROWWISE = ("attention.output", "ffn.out", "attention.wo", "ffn.w2")
+VOCAB_ROWS = ("embeddings.token", "head.bias", "head.output.weight")
 
 
 def value_bytes(precision: str | None) -> int:
@@ -53,8 +57,8 @@ def stage_tensors(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> tuple
     def held(name: str) -> bool:
         if (layer := _layer_of(name)) is not None:
             return layer in mine
-        if name.startswith("embeddings."):
-            return first or (last and name == "embeddings.token")
+        if name.startswith("embeddings."):   # the last stage's copy of the MLM's tied token table
+            return first or (last and name == "embeddings.token" and isinstance(spec, BertSpec))
         return last
     return tuple(t for t in tensors if held(t.name))
 
@@ -69,7 +73,7 @@ def tp_shape(t: Tensor, layout: Layout) -> tuple[int, ...]:
         shape[0] //= tp
     elif module in ROWWISE and t.name.endswith(".weight"):
         shape[1] //= tp
-    elif layout.vocab_split and t.name in ("embeddings.token", "head.bias"):
+    elif layout.vocab_split and t.name in VOCAB_ROWS:
         shape[0] //= tp
     return tuple(shape)
 
@@ -124,6 +128,8 @@ def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro
     """Activations a rank of `stage` keeps at its peak, for micro-batches of `micro_batch` samples."""
     if isinstance(spec, CnnSpec):
         return spec.stored_activation_bytes(micro_batch, value_bytes=value_bytes)
+    if isinstance(spec, DecoderSpec):
+        return _decoder_activation_bytes(spec, layout, stage, micro_batch, value_bytes)
     s, h, p, v, tp = spec.seq_len, spec.hidden, spec.max_predictions, spec.vocab_size, layout.tp
     counts = stage_layer_counts(layout, spec.layers)
     stored = spec.stored_activation_bytes(s, tp, value_bytes=1)   # values per sample
@@ -137,10 +143,33 @@ def activation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, micro
     return value_bytes * per_sample * micro_batch * in_flight(layout, stage)
 
 
+def _decoder_activation_bytes(spec: DecoderSpec, layout: Layout, stage: int, micro_batch: int,
+                              value_bytes: int) -> float:
+    """The executed decoder LM (lm): each layer's stored values (DecoderSpec, flash attention: torch's CPU and CUDA
+    SDPA keep the log-sum-exp, not the scores), or under --recompute its input and one layer's; on the last stage
+    the final norm's input and output, and the loss's three float32 vocabulary-wide tensors live at once in its
+    backward (log-softmax's output, the dense gradient nll_loss hands it, the logits' gradient)."""
+    s, h, tp = spec.seq_len, spec.hidden, layout.tp
+    counts = stage_layer_counts(layout, spec.layers)
+    stored = spec.stored_activation_bytes(s, tp, value_bytes=value_bytes)   # bytes per sequence
+    per_sample = counts[stage] * (value_bytes * s * h if layout.recomputes else stored)
+    if layout.recomputes and counts[stage]:
+        per_sample += stored  # the one layer being recomputed
+    if stage == layout.pp - 1:
+        per_sample += s * (value_bytes * 2 * h + FLOAT * 3 * spec.vocab / (tp if layout.vocab_split else 1))
+    return per_sample * micro_batch * in_flight(layout, stage)
+
+
 def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_batch: int) -> float:
     """The live values of an evaluation forward on one rank of `stage` (common.loop's batches of eval_batch)."""
     if isinstance(spec, CnnSpec):
         return activation_bytes(spec, layout, stage, eval_batch) / 3
+    if isinstance(spec, DecoderSpec):   # the last stage's logits and log-softmax dominate a layer's live values
+        s, tp = spec.seq_len, layout.tp
+        per_sample = s * (4 * spec.hidden + (spec.q_width + 2 * spec.kv_width + 3 * spec.ffn) / tp)
+        if stage == layout.pp - 1:
+            per_sample = max(per_sample, 2 * s * spec.vocab / (tp if layout.vocab_split else 1))
+        return FLOAT * per_sample * eval_batch
     s, h, i, p, v, tp = spec.seq_len, spec.hidden, spec.intermediate, spec.max_predictions, spec.vocab_size, layout.tp
     per_sample = s * (4 * h + (2 * h + 2 * i) / tp)
     if stage == layout.pp - 1:
@@ -153,12 +182,12 @@ def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> flo
     all-reduce; FSDP's whole parameters of the layer being computed and of the one prefetched."""
     if layout.dp > 1 and not layout.sharded:
         return FLOAT * stage_params(spec, layout, stage)
-    if layout.sharded and isinstance(spec, BertSpec):
+    if layout.sharded and not isinstance(spec, CnnSpec):
         return FLOAT * 2 * layer_elements(spec, layout)
     return 0.0
 
 
-def layer_elements(spec: BertSpec, layout: Layout) -> int:
+def layer_elements(spec, layout: Layout) -> int:
     return sum(math.prod(tp_shape(t, layout)) for t in tensor_layout(spec) if _layer_of(t.name) == 0)
 
 

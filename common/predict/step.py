@@ -38,13 +38,19 @@ def predict(model: BertSpec | CnnSpec | DecoderSpec, layout: Layout, global_batc
     executed workloads run as `backend` runs them, --stage-split auto placed (`background`, `eval_batch`, `counted`:
     executed.executed_stages); a decoder as its software `stack` runs it (common.predict.stacks). ValueError in
     one line for what the model cannot predict."""
-    if isinstance(model, DecoderSpec):
+    if isinstance(model, DecoderSpec) and not measured(compute):
         stages = decoder_stages(model, layout, global_batch, hardware, stack, compute)
     else:
         layout = layout.placed(model, global_batch)
         stages = executed_stages(model, layout, global_batch, hardware, compute, backend, background, eval_batch,
                                  counted)
     return _step(stages, layout, global_batch)
+
+
+def measured(compute: Basis | DeviceCompute) -> bool:
+    """A measured 1-device run's basis: a decoder timed from one is the lm workload as parbench's backends run it
+    (executed.executed_stages), not a cluster's software stack."""
+    return isinstance(compute, Basis) and not compute.flops_per_s
 
 
 def _step(stages: Stages, layout: Layout, global_batch: int) -> Prediction:

@@ -7,12 +7,11 @@ from dataclasses import asdict, replace
 
 from common.config_key import config_key, record_layout, sweep_of
 from common.layout import Layout
-from common.loop import EVAL_BATCH
 from common.predict.basis import (
     Basis,
     accumulation,
     background_load,
-    evaluated,
+    eval_batch,
     from_records,
     measured_memory,
     per_process,
@@ -239,7 +238,7 @@ def validate(records: list[dict], hardware: Hardware, account_load: bool = True)
             counted = compiled_collectives(run, layout)
             loads = (background_load(run) if account_load else None, None)  # as accounted, and ignoring the load
             prediction, plain = (predict(spec, layout, run["global_batch"], target, basis, run["backend"], load,
-                                         EVAL_BATCH if evaluated(run) else None, counted) for load in loads)
+                                         eval_batch(run), counted) for load in loads)
         except ValueError as exc:
             skipped.append({"run_id": run["run_id"], "why": str(exc)})
             continue

@@ -26,15 +26,24 @@ class Parts:
     layers: int
     head_dense: float     # replicated under tp
     head_vocab: float     # the decoder, split only with the vocabulary
+    # What --recompute runs of a layer again (None: all of it): the pre-norm decoder's last GEMM (w2) feeds only
+    # the residual add, which its backward does not need, so non-reentrant checkpointing stops before it.
+    layer_recomputed: float | None = None
 
     @property
     def total(self) -> float:
         return self.layers * self.layer + self.head_dense + self.head_vocab
 
 
-def parts(spec: BertSpec | CnnSpec) -> Parts:
+def parts(spec) -> Parts:
+    """Of the CNN, the BERT MLM or the executed decoder LM (a DecoderSpec: its output layer at every position is
+    its head, split only with the vocabulary)."""
     if isinstance(spec, CnnSpec):
         return Parts(layer=float(spec.forward_macs()), layers=1, head_dense=0.0, head_vocab=0.0)
+    if not isinstance(spec, BertSpec):
+        w2 = spec.seq_len * spec.ffn * spec.hidden
+        return Parts(layer=float(spec.layer_forward_macs()), layers=spec.layers, head_dense=0.0,
+                     head_vocab=float(spec.head_forward_macs()), layer_recomputed=float(spec.layer_forward_macs() - w2))
     # common.spec's counts, the head's split by what tensor parallelism does with each of its two matmuls
     dense = spec.max_predictions * spec.hidden * spec.hidden
     return Parts(layer=float(spec.layer_forward_macs()), layers=spec.layers, head_dense=float(dense),
@@ -64,7 +73,8 @@ def stage_macs(spec: BertSpec | CnnSpec, layout: Layout, recomputed: bool = Fals
         return [0.0 if recomputed else whole.total]
     if recomputed and not layout.recomputes:
         return [0.0] * layout.pp
-    out = [n * whole.layer / layout.tp for n in stage_layer_counts(layout, whole.layers)]
+    layer = whole.layer_recomputed if recomputed and whole.layer_recomputed is not None else whole.layer
+    out = [n * layer / layout.tp for n in stage_layer_counts(layout, whole.layers)]
     if not recomputed:
         out[-1] += whole.head_dense + whole.head_vocab / (layout.tp if layout.vocab_split else 1)
     return out
