@@ -50,8 +50,8 @@ def fit_arrays(steps: list[dict[str, np.ndarray]]) -> tuple:
     if "image" in columns:
         return columns["image"], columns["label"].astype(np.int32), None
     ids = columns["input_ids"]
-    if "labels" in columns:
-        return decoder_inputs(ids), *token_targets(columns)
+    if "labels" in columns:  # NumPy again, as the idiom feeds fit
+        return {k: np.asarray(v) for k, v in decoder_inputs(ids).items()}, *token_targets(columns)
     x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": columns["padding_mask"].astype(np.int32),
          "mask_positions": columns["mask_positions"]}
     return x, *token_targets(columns)
