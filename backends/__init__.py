@@ -41,7 +41,8 @@ BACKENDS = {
                       workloads=ALL_WORKLOADS,
                       layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split",
                                          "stage_split"})),
-    "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),
+    "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",),
+                         workloads=ALL_WORKLOADS),
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
                             options=("parallel_mode",),
                             layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute",
@@ -50,7 +51,7 @@ BACKENDS = {
                                                       "per layer in the tutorial's rule); torch_3d places layers by "
                                                       "cost"),)),
     "keras_jax": Entry("backends.keras_jax.backend", "KerasJax", "jax", "jax", options=("jax_mode",),
-                       layouts=frozenset({"tp", "fsdp", "recompute", "vocab_split"}),
+                       layouts=frozenset({"tp", "fsdp", "recompute", "vocab_split"}), workloads=ALL_WORKLOADS,
                        refusals=(("pp", "keras.distribution has no pipeline parallelism (its layouts shard tensors "
                                         "over a device mesh; GSPMD does not schedule stages)"),)),
 }

@@ -99,6 +99,13 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
                           env=full_env, timeout=timeout)
 
 
+def run_on_jax(script: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -c script` from the repo root with Keras on JAX: a test process's Keras may be on TensorFlow already
+    (test_tf_mirrored imports it at collection), and Keras takes its backend once, at its first import."""
+    return subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "KERAS_BACKEND": "jax"})
+
+
 def run_in_process(module: str, *args: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `python -m module args` run as a call of its main() in this process: the same
     code without an interpreter's start-up. The signal handlers main() installs are put back."""

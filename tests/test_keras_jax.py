@@ -6,10 +6,7 @@ is imported with the JAX backend (this test process may have Keras on TensorFlow
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +21,7 @@ from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
 from common.results import validate_record
 from common.spec import BERT_SIZES, model_spec
 from tests import faults
-from tests.conftest import REPO, assert_profiled, run_cli, run_recorded
+from tests.conftest import assert_profiled, run_cli, run_on_jax, run_recorded
 
 TINY = BERT_SIZES["tiny"]
 RUN = ["--backend", "keras_jax", "--workload", "mlm", "--model-size", "tiny", "--data", "synthetic", "--steps", "3",
@@ -231,8 +228,7 @@ def test_a_keras_jax_process_builds_both_models_without_tensorflow():
               "from common.spec import model_spec\n"
               "params = {w: trainable_param_count(build_model(w, model_spec(w))) for w in ('cnn', 'mlm')}\n"
               "print(json.dumps({'params': params, 'tensorflow': sys.modules.get('tensorflow') is not None}))\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "KERAS_BACKEND": "jax"})
+    done = run_on_jax(script)
     assert done.returncode == 0, done.stderr[-3000:]
     built = json.loads(done.stdout.splitlines()[-1])
     assert built == {"params": {w: model_spec(w).param_count() for w in ("cnn", "mlm")}, "tensorflow": False}

@@ -1,4 +1,5 @@
-"""The two workload models in Keras 3, built from common.spec: the SimpleCNN and a keras-hub BERT MLM.
+"""The workload models in Keras 3, built from common.spec: the SimpleCNN, a keras-hub BERT MLM and keras-hub's
+Llama decoder (the lm workload, from its model file: common.predict.decoder).
 
 Their initial values come from common.initial_weights (weights.py loads them), not from Keras' initializers."""
 from __future__ import annotations
@@ -52,8 +53,43 @@ def bert_mlm(spec: BertSpec) -> keras.Model:
     return keras.Model({**backbone.input, "mask_positions": mask_positions}, logits, name="bert_mlm")
 
 
-def build_model(workload: str, spec: CnnSpec | BertSpec, sync_bn: bool = False) -> keras.Model:
-    return simple_cnn(spec, sync_bn) if workload == "cnn" else bert_mlm(spec)
+def decoder_lm(spec) -> keras.Model:
+    """keras-hub's LlamaBackbone and its untied output layer (the token embedding's reverse projection): torch's
+    DecoderLM computed the same way (RMSNorm, rotate-half rotary positions, SwiGLU, query head i reading key/value
+    head i // (heads / kv_heads), causal attention with a float32 softmax), from a DecoderSpec's own epsilon and
+    RoPE wavelength rather than keras-hub's defaults."""
+    import keras_hub  # here, as for BERT
+
+    if spec.hidden != spec.heads * spec.head_dim:
+        raise ValueError(f"{spec.name}: keras-hub's Llama takes its head size from hidden / heads")
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=spec.vocab, num_layers=spec.layers, num_query_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads, hidden_dim=spec.hidden, intermediate_dim=spec.ffn,
+        rope_max_wavelength=spec.rope_theta, layer_norm_epsilon=spec.norm_eps, tie_word_embeddings=False)
+    logits = backbone.token_embedding(backbone.output, reverse=True)
+    return keras.Model(backbone.input, logits, name="decoder_lm")
+
+
+def decoder_inputs(token_ids) -> dict:
+    """The decoder's inputs, as tensors of the Keras backend: LlamaBackbone takes a padding mask and torch's
+    DecoderLM none, so every key is kept; only the last row has padding, at its end, where the causal mask already
+    hides it from every real position."""
+    token_ids = keras.ops.convert_to_tensor(token_ids)
+    return {"token_ids": token_ids, "padding_mask": keras.ops.ones_like(token_ids)}
+
+
+def token_targets(batch: dict) -> tuple:
+    """(labels, weights) a token workload's loss reads from common's batch: the masked tokens (mlm) or the next
+    tokens (lm), each position weighted (0: no label there)."""
+    if "labels" in batch:
+        return batch["labels"], batch["label_weights"]
+    return batch["mask_ids"], batch["mask_weights"]
+
+
+def build_model(workload: str, spec, sync_bn: bool = False) -> keras.Model:
+    if workload == "cnn":
+        return simple_cnn(spec, sync_bn)
+    return decoder_lm(spec) if workload == "lm" else bert_mlm(spec)
 
 
 def trainable_param_count(model: keras.Model) -> int:

@@ -2,7 +2,9 @@
 
 Keras stores dense kernels `[in, out]` (canonical `[out, in]`), conv kernels HWIO (canonical
 OIHW) and keras-hub's attention projections per head: Q/K/V kernels `[hidden, heads, head_dim]`
-with biases `[heads, head_dim]`, the output kernel `[heads, head_dim, hidden]`.
+with biases `[heads, head_dim]`, the output kernel `[heads, head_dim, hidden]` (the decoder's keys and
+values over its kv_heads). The decoder's untied output layer is the token embedding's reverse
+projection, `[hidden, vocab]`.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from common.spec import BertSpec, CnnSpec
 
 if TYPE_CHECKING:  # Keras itself is not needed to map names and layouts (tests read the mapping without it)
     import keras
+
+    from common.predict.decoder import DecoderSpec
 
 Convert = Callable[[np.ndarray], np.ndarray]
 
@@ -43,17 +47,22 @@ def _cnn_map(spec: CnnSpec) -> dict[str, tuple[str, Convert]]:
     return names
 
 
+def _per_head_in(heads: int, d: int) -> Convert:
+    """A projection into the heads: [heads x head_dim, in] -> [in, heads, head_dim]."""
+    return lambda a: a.T.reshape(-1, heads, d)
+
+
+def _per_head_out(heads: int, d: int) -> Convert:
+    """The projection out of the heads: [out, heads x head_dim] -> [heads, head_dim, out]."""
+    return lambda a: a.T.reshape(heads, d, -1)
+
+
 def _bert_map(spec: BertSpec) -> dict[str, tuple[str, Convert]]:
     heads, d = spec.heads, spec.head_dim
-
-    def qkv_kernel(a):  # [out, in] -> [in, heads, head_dim]
-        return a.T.reshape(-1, heads, d)
+    qkv_kernel, output_kernel = _per_head_in(heads, d), _per_head_out(heads, d)
 
     def qkv_bias(a):
         return a.reshape(heads, d)
-
-    def output_kernel(a):  # [out, in] -> [heads, head_dim, out]
-        return a.T.reshape(heads, d, -1)
 
     names = {"token_embedding/embeddings": ("embeddings.token", _same),
              "position_embedding/embeddings": ("embeddings.position", _same),
@@ -84,7 +93,30 @@ def _bert_map(spec: BertSpec) -> dict[str, tuple[str, Convert]]:
     return names
 
 
-def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> None:
+def _decoder_map(spec: DecoderSpec) -> dict[str, tuple[str, Convert]]:
+    """keras-hub's LlamaBackbone: the gate projection w1 is its feedforward_gate_dense, the up projection w3 its
+    feedforward_intermediate_dense, the down projection w2 its feedforward_output_dense."""
+    d = spec.head_dim
+    names = {"token_embedding/embeddings": ("embeddings.token", _same),
+             "token_embedding/reverse_embeddings": ("head.output.weight", _dense_kernel),
+             "sequence_output_layernorm/scale": ("head.norm.gamma", _same)}
+    for i in range(spec.layers):
+        k, c = f"transformer_layer_{i}", f"layers.{i}"
+        names.update({
+            f"{k}/self_attention/query/kernel": (f"{c}.attention.wq.weight", _per_head_in(spec.heads, d)),
+            f"{k}/self_attention/key/kernel": (f"{c}.attention.wk.weight", _per_head_in(spec.kv_heads, d)),
+            f"{k}/self_attention/value/kernel": (f"{c}.attention.wv.weight", _per_head_in(spec.kv_heads, d)),
+            f"{k}/self_attention/attention_output/kernel": (f"{c}.attention.wo.weight", _per_head_out(spec.heads, d)),
+            f"{k}/self_attention_layernorm/scale": (f"{c}.attention_norm.gamma", _same),
+            f"{k}/feedforward_gate_dense/kernel": (f"{c}.ffn.w1.weight", _dense_kernel),
+            f"{k}/feedforward_intermediate_dense/kernel": (f"{c}.ffn.w3.weight", _dense_kernel),
+            f"{k}/feedforward_output_dense/kernel": (f"{c}.ffn.w2.weight", _dense_kernel),
+            f"{k}/feedforward_layernorm/scale": (f"{c}.ffn_norm.gamma", _same)})
+    return names
+
+
+def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec | DecoderSpec,
+                         weights: dict[str, np.ndarray]) -> None:
     """Assign every canonical tensor to its Keras variable (all replicas of a mirrored one)."""
     mapping = weight_map(spec)
     assigned, unmapped = set(), []
@@ -100,17 +132,19 @@ def load_initial_weights(model: keras.Model, spec: CnnSpec | BertSpec, weights: 
     check_complete(assigned, weights, "keras", unmapped)
 
 
-def weight_map(spec: CnnSpec | BertSpec) -> dict[str, tuple[str, Convert]]:
+def weight_map(spec: CnnSpec | BertSpec | DecoderSpec) -> dict[str, tuple[str, Convert]]:
     """Keras variable path -> (canonical name, the conversion of a canonical array to the Keras layout)."""
-    return _cnn_map(spec) if isinstance(spec, CnnSpec) else _bert_map(spec)
+    if isinstance(spec, CnnSpec):
+        return _cnn_map(spec)
+    return _bert_map(spec) if isinstance(spec, BertSpec) else _decoder_map(spec)
 
 
-def canonical_names(spec: CnnSpec | BertSpec) -> dict[str, str]:
+def canonical_names(spec: CnnSpec | BertSpec | DecoderSpec) -> dict[str, str]:
     """Keras variable path -> its canonical name (common.initial_weights)."""
     return {path: canon for path, (canon, _) in weight_map(spec).items()}
 
 
-def keras_shapes(spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+def keras_shapes(spec: CnnSpec | BertSpec | DecoderSpec, weights: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
     """Keras variable path -> the shape of its value, known before the model is built (a LayoutMap needs it)."""
     mapping = weight_map(spec)
     return {path: tuple(convert(weights[canon]).shape) for path, (canon, convert) in mapping.items()}

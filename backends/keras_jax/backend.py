@@ -67,6 +67,10 @@ class KerasJax(Backend):
             flag = "--model-parallel" if lay.tp > 1 else "--recompute"
             raise Unsupported(f"keras_jax cnn {flag}: the CNN runs data parallel (and sharded state) only; its "
                               "convolutions dominate and do not split by tensor")
+        if cfg.workload == "lm" and cfg.spec.kv_heads % lay.tp:
+            spec = cfg.spec
+            raise Unsupported(f"keras_jax lm --model-parallel {lay.tp}: {spec.name}'s {spec.kv_heads} key/value heads "
+                              "do not split over it (its LayoutMap splits wk and wv by heads, replicating none)")
         if cfg.precision == "fp16":
             raise Unsupported("--precision fp16: keras_jax has no loss scaling in its stateless step; --precision "
                               "amp (bfloat16) needs none")

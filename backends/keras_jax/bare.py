@@ -19,6 +19,7 @@ import jax  # noqa: E402
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
+from backends.keras_common.models import decoder_inputs, token_targets  # noqa: E402
 from backends.keras_common.optimizer import TorchAdamW  # noqa: E402
 from backends.keras_jax.worker import KerasJaxWorker  # noqa: E402
 from common.calibration import BareClock, bare_result, rank_steps  # noqa: E402
@@ -49,9 +50,11 @@ def fit_arrays(steps: list[dict[str, np.ndarray]]) -> tuple:
     if "image" in columns:
         return columns["image"], columns["label"].astype(np.int32), None
     ids = columns["input_ids"]
+    if "labels" in columns:  # NumPy again, as the idiom feeds fit
+        return {k: np.asarray(v) for k, v in decoder_inputs(ids).items()}, *token_targets(columns)
     x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": columns["padding_mask"].astype(np.int32),
          "mask_positions": columns["mask_positions"]}
-    return x, columns["mask_ids"], columns["mask_weights"]
+    return x, *token_targets(columns)
 
 
 def main(config_path: str, result_path: str) -> None:

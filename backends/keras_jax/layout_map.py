@@ -3,8 +3,10 @@ turns common.layout.Layout into keras.distribution's LayoutMap.
 
 The tensor-parallel plan is Megatron's, as torch_3d's and mindspore_auto's (a test holds the three against each
 other): query, key, value and the first FFN matmul split by output columns (keras-hub keeps Q/K/V per head,
-[hidden, heads, head_dim]: the heads axis), the attention output and the second FFN matmul by input rows. With
---vocab-split the token table (and the tied decoder with it) and the decoder bias split by vocabulary rows.
+[hidden, heads, head_dim]: the heads axis), the attention output and the second FFN matmul by input rows; the
+decoder's (keras-hub's Llama) the same, its gate and up projections both by columns. With --vocab-split the token
+table (and the tied decoder with it, or the decoder LM's untied output layer) and the decoder bias split by
+vocabulary rows.
 --fsdp adds the data axis to every weight (ZeRO-3/FSDP as GSPMD does it). Which collectives follow
 is XLA's decision, not written here.
 
@@ -26,8 +28,18 @@ LAYER_SPLITS = {
     "feedforward_intermediate_dense/kernel": 1, "feedforward_intermediate_dense/bias": 0,
     "feedforward_output_dense/kernel": 0,
 }
-# The vocabulary rows, split over "model" when the embedding is not replicated (--vocab-split).
-VOCAB_SPLITS = {"token_embedding/embeddings": 0, "mlm_head/output_bias": 0}
+# The same within keras-hub's LlamaTransformerDecoder (the lm workload): Q [hidden, heads, head_dim] and K, V
+# [hidden, kv_heads, head_dim] by heads, the output [heads, head_dim, hidden] by its heads rows; w1 (gate) and w3
+# (up) [hidden, ffn] by columns, w2 [ffn, hidden] by rows.
+DECODER_LAYER_SPLITS = {
+    "self_attention/query/kernel": 1, "self_attention/key/kernel": 1, "self_attention/value/kernel": 1,
+    "self_attention/attention_output/kernel": 0,
+    "feedforward_gate_dense/kernel": 1, "feedforward_intermediate_dense/kernel": 1,
+    "feedforward_output_dense/kernel": 0,
+}
+# The vocabulary rows, split over "model" when the embedding is not replicated (--vocab-split); the decoder LM's
+# output layer, the token embedding's reverse projection [hidden, vocab], by its vocabulary columns.
+VOCAB_SPLITS = {"token_embedding/embeddings": 0, "mlm_head/output_bias": 0, "token_embedding/reverse_embeddings": 1}
 _LAYER = re.compile(r"transformer_layer_[0-9]+/(.+)")
 
 
@@ -36,8 +48,8 @@ def model_axis(path: str, layout: Layout) -> int | None:
     if layout.tp == 1:
         return None
     match = _LAYER.fullmatch(path)
-    if match:
-        return LAYER_SPLITS.get(match.group(1))
+    if match:  # a block weight of BERT or of the decoder (the two share only the FFN names, split alike)
+        return LAYER_SPLITS.get(match.group(1), DECODER_LAYER_SPLITS.get(match.group(1)))
     return VOCAB_SPLITS.get(path) if layout.vocab_split else None
 
 

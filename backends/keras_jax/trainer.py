@@ -19,6 +19,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from backends.keras_common.models import decoder_inputs, token_targets
 from backends.keras_jax.fast_path import fast_path
 from backends.keras_jax.hlo import collectives
 from backends.keras_jax.profile import JaxProfiler
@@ -32,14 +33,14 @@ from common.memory import resident_peak_bytes
 from common.peak_flops import PRECISION_MATH
 from common.sections import CommPerStep, Fp32Math, StateBytesPerRank, TrainableParams, merged
 
-MLM_TARGETS = ("mask_ids", "mask_weights")
-
 
 def model_inputs(batch: dict) -> dict:
     """common's arrays -> the Keras model's inputs (int32 masks, one segment as in torch)."""
     if "image" in batch:
         return batch["image"]
     ids = batch["input_ids"]
+    if "labels" in batch:
+        return decoder_inputs(ids)
     return {"token_ids": ids, "segment_ids": jnp.zeros_like(ids), "padding_mask": batch["padding_mask"],
             "mask_positions": batch["mask_positions"]}
 
@@ -51,7 +52,7 @@ def loss_and_correct(logits, batch: dict):
     if "image" in batch:
         labels, weights = batch["label"].astype(jnp.int32), batch["weight"]
     else:
-        labels, weights = batch["mask_ids"], batch["mask_weights"]
+        labels, weights = token_targets(batch)
     picked = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
     per_item = jax.nn.logsumexp(logits, axis=-1) - picked
     hits = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
@@ -138,7 +139,7 @@ class JaxTrainer:
     def _eval(self, trainable, non_trainable, batch):
         logits = self.model.stateless_call(trainable, non_trainable, model_inputs(batch), training=False)[0]
         loss_sum, correct = loss_and_correct(logits, batch)
-        count = jnp.sum(batch["mask_weights"] if "mask_weights" in batch else batch["weight"])
+        count = jnp.sum(batch["weight"] if "image" in batch else token_targets(batch)[1])
         return jnp.stack([loss_sum, correct, count])
 
     # ------------------------------------------------------------------ breakdown probe (common.loop)

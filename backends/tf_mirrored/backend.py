@@ -123,6 +123,10 @@ class TFMirrored(Backend):
                          "affects evaluation only")
             if cfg.devices > 1 and not cfg.sync_bn:
                 notes.append("BatchNorm statistics are per replica (no synchronized BatchNorm), as in DDP")
+        elif cfg.workload == "lm":
+            notes.append("the decoder is keras-hub's LlamaBackbone with its token embedding's untied reverse "
+                         "projection as the output layer, from common's initial weights; trainable parameters equal "
+                         "the spec (backend_metrics.trainable_params)")
         else:
             notes.append("BERT from keras-hub's BertBackbone + MaskedLMHead with common's initial weights; the model "
                          "ends at the sequence output, so the pooler (h*h+h parameters) is excluded, not frozen; "

@@ -15,10 +15,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from backends.keras_common.models import build_model
+from backends.keras_common.models import build_model, token_targets
 from backends.keras_common.optimizer import TorchAdamW
 from backends.keras_common.weights import load_initial_weights
-from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from backends.tf_mirrored.data import model_inputs, token_inputs
 from backends.tf_mirrored.worker import KerasWorker
 from common.calibration import BareClock, bare_result, rank_steps
 from common.config import RunConfig
@@ -47,7 +47,7 @@ def split_inputs(batch: dict):
     named = model_inputs(batch)
     if "image" in named:
         return named["image"], named["label"]
-    return {k: named[k] for k in MLM_INPUTS}, named["mask_ids"], named["mask_weights"]
+    return token_inputs(named), *token_targets(named)
 
 
 def main(config_path: str, result_path: str) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from backends.keras_common.models import decoder_inputs
 from common.data.batches import Batch, StepBatch, TrainBatches
 
 MLM_INPUTS = ("token_ids", "segment_ids", "padding_mask", "mask_positions")
+DECODER_INPUTS = ("token_ids", "padding_mask")
 
 
 def model_inputs(batch: dict) -> dict:
@@ -23,9 +25,16 @@ def model_inputs(batch: dict) -> dict:
     if "image" in batch:
         return {"image": batch["image"], "label": batch["label"]}
     ids = batch["input_ids"]
+    if "labels" in batch:
+        return {**decoder_inputs(ids), "labels": batch["labels"], "label_weights": batch["label_weights"]}
     return {"token_ids": ids, "segment_ids": tf.zeros_like(ids),  # one segment, as in torch
             "padding_mask": tf.cast(batch["padding_mask"], tf.int32), "mask_positions": batch["mask_positions"],
             "mask_ids": batch["mask_ids"], "mask_weights": batch["mask_weights"]}
+
+
+def token_inputs(named: dict) -> dict:
+    """The token model's own inputs among model_inputs' arrays (the others are its loss's targets)."""
+    return {k: named[k] for k in (DECODER_INPUTS if "labels" in named else MLM_INPUTS)}
 
 
 def _signature(batch: Batch, rows: int) -> dict[str, tf.TensorSpec]:

@@ -16,14 +16,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from backends.keras_common.models import token_targets
 from backends.keras_common.optimizer import TorchAdamW
-from backends.tf_mirrored.data import MLM_INPUTS, model_inputs
+from backends.tf_mirrored.data import model_inputs, token_inputs
 from backends.tf_mirrored.fast_path import fast_path
 from backends.tf_mirrored.matmul import time_matmul
 from backends.tf_mirrored.profile import TfProfiler
 from common.compile_log import CompileLog
 from common.config import RunConfig
-from common.data.batches import StepBatch
+from common.data.batches import StepBatch, batch_weight
 from common.memory import resident_peak_bytes
 from common.results import write_json_atomic
 from common.sections import Fp32Math
@@ -39,8 +40,8 @@ def loss_and_correct(model: keras.Model, batch: dict, training: bool):
         logits = tf.cast(model(batch["image"], training=training), tf.float32)
         labels, weights = tf.cast(batch["label"], tf.int32), None
     else:
-        logits = tf.cast(model({k: batch[k] for k in MLM_INPUTS}, training=training), tf.float32)
-        labels, weights = batch["mask_ids"], batch["mask_weights"]
+        logits = tf.cast(model(token_inputs(batch), training=training), tf.float32)
+        labels, weights = token_targets(batch)
     per_item = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
     hits = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels), tf.float32)
     if weights is not None:
@@ -217,7 +218,7 @@ class KerasTrainer:
             l_sum, c = self._eval(model_inputs(batch))
             loss += float(l_sum)
             correct += float(c)
-            count += float(batch["mask_weights"].sum()) if "mask_weights" in batch else len(batch["label"])
+            count += batch_weight(self.cfg.workload, batch)
         return loss, correct, count
 
     def _all_reduce_array(self, values: np.ndarray) -> np.ndarray:
