@@ -43,7 +43,7 @@ BACKENDS = {
                                          "stage_split"})),
     "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
-                            options=("parallel_mode",),
+                            options=("parallel_mode",), workloads=ALL_WORKLOADS,
                             layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute",
                                                "vocab_split"}),
                             refusals=(("stage_split", "mindspore_auto cuts its pipeline evenly (pipeline_stage "
