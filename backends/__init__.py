@@ -6,7 +6,6 @@ import importlib.util
 from dataclasses import dataclass
 
 from common.errors import Unsupported
-from common.spec import WORKLOADS
 
 
 @dataclass(frozen=True)
@@ -28,21 +27,15 @@ class Entry:
     # Runs every layout common.layout defines, pipelines included, wherever it runs (CPU and CUDA): what
     # `--layouts` sweeps and checks when no --backends is given.
     every_layout: bool = False
-    # The workloads (common.spec.WORKLOADS) it trains; it refuses the others in one line.
-    workloads: frozenset[str] = frozenset({"cnn", "mlm"})
 
 
-ALL_WORKLOADS = frozenset(WORKLOADS)
 BACKENDS = {
-    "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch", workloads=ALL_WORKLOADS),
-    "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",),
-                       workloads=ALL_WORKLOADS),
+    "torch_dp": Entry("backends.torch_dp.backend", "TorchDP", "torch", "torch"),
+    "torch_ddp": Entry("backends.torch_ddp.backend", "TorchDDP", "torch", "torch", options=("max_restarts",)),
     "torch_3d": Entry("backends.torch_3d.backend", "Torch3D", "torch", "torch", every_layout=True,
-                      workloads=ALL_WORKLOADS,
                       layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split",
                                          "stage_split"})),
-    "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",),
-                         workloads=ALL_WORKLOADS),
+    "tf_mirrored": Entry("backends.tf_mirrored.backend", "TFMirrored", "tensorflow", "tf", options=("tf_mode",)),
     "mindspore_auto": Entry("backends.mindspore_auto.backend", "MindSporeAuto", "mindspore", "mindspore",
                             options=("parallel_mode",),
                             layouts=frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute",
@@ -51,7 +44,7 @@ BACKENDS = {
                                                       "per layer in the tutorial's rule); torch_3d places layers by "
                                                       "cost"),)),
     "keras_jax": Entry("backends.keras_jax.backend", "KerasJax", "jax", "jax", options=("jax_mode",),
-                       layouts=frozenset({"tp", "fsdp", "recompute", "vocab_split"}), workloads=ALL_WORKLOADS,
+                       layouts=frozenset({"tp", "fsdp", "recompute", "vocab_split"}),
                        refusals=(("pp", "keras.distribution has no pipeline parallelism (its layouts shard tensors "
                                         "over a device mesh; GSPMD does not schedule stages)"),)),
 }

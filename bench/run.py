@@ -155,13 +155,9 @@ def check_backend_options(args) -> None:
 
 
 def check_supported(name: str, backend, cfg: RunConfig, plan) -> None:
-    """Unsupported (or BadInput) for a run the backend will not do: a workload it does not train, then what the
-    layout asks that it does not execute (its registry entry, by flag), then the backend's own check."""
+    """Unsupported (or BadInput) for a run the backend will not do: what the layout asks that it does not execute
+    first (its registry entry, by flag), then the backend's own check."""
     entry = BACKENDS[name]
-    if cfg.workload not in entry.workloads:
-        trained_by = [n for n, e in BACKENDS.items() if cfg.workload in e.workloads]
-        raise Unsupported(f"{name} does not train the {cfg.workload} workload yet (it trains "
-                          f"{', '.join(sorted(entry.workloads))}); {', '.join(trained_by)} do")
     refuse_layout(cfg.layout, name, entry.layouts, EXECUTED_BY, dict(entry.refusals))
     backend.check(cfg, plan)
 

@@ -244,6 +244,10 @@ class MindSporeAuto(Backend):
     def check(self, cfg: RunConfig, plan: DevicePlan) -> None:
         pcfg = self.layout(cfg)
         pcfg.validate(cfg.devices, cfg.spec, cfg.global_batch, cfg.grad_accum)
+        if cfg.workload == "lm" and cfg.spec.kv_heads % pcfg.model_parallel:
+            raise Unsupported(f"mindspore_auto lm --model-parallel {pcfg.model_parallel}: {cfg.spec.name}'s "
+                              f"{cfg.spec.kv_heads} key/value heads do not split over it (the strategies split the "
+                              "attention by key/value head, each device holding whole groups of query heads)")
         if plan.kind == "cpu" and pcfg.mode != "data":
             raise Unsupported(f"--parallel-mode {pcfg.mode} (model parallel {pcfg.model_parallel}, pipeline stages "
                               f"{pcfg.pipeline_stage}) requires Ascend or GPU: MindSpore runs only DATA_PARALLEL "
@@ -290,6 +294,10 @@ class MindSporeAuto(Backend):
                          "the rest float32) with amp.DynamicLossScaler at DynamicLossScaleManager's defaults (from "
                          "2^24, doubled after 2000 finite steps, halved and the update skipped on overflow: "
                          "backend_metrics.loss_scale_skipped_steps)")
+        if cfg.workload == "lm":
+            notes.append("lm: attention from batched matmuls, a fixed causal bias of -1e9 and a softmax, where torch "
+                         "calls scaled_dot_product_attention (MindSpore's fused ops.flash_attention_score runs on "
+                         "Ascend only); RMSNorm from primitives (ops.RmsNorm has no CPU kernel)")
         if p.mode != "data":
             notes.append("every process loads the whole global batch (full_batch) and the compiler splits it")
         if cfg.workload == "cnn" and p.data_parallel > 1:

@@ -1,4 +1,5 @@
-"""The two workloads on mindspore.nn / mindspore.ops, built from common.spec.
+"""The workloads on mindspore.nn / mindspore.ops, built from common.spec (the decoder LM from its model file,
+common.predict.decoder).
 
 Every primitive that a parallel layout touches is created through `Sharder`, which applies its
 strategy from strategies.py when MindSpore partitions operators (semi_auto / auto); in
@@ -19,7 +20,9 @@ from backends.mindspore_auto.strategies import layer_placement, operator_strateg
 from backends.mindspore_auto.weights import load_initial_weights
 from common.spec import BertSpec, CnnSpec
 
-MASK_BIAS = -1e9  # added to the scores of padded keys: exp() of it is exactly 0 in float32
+# Added to the scores of keys a query may not read (padding; in the decoder, later positions): exp() of it is
+# exactly 0 in float32.
+MASK_BIAS = -1e9
 
 
 class Sharder:
@@ -38,17 +41,18 @@ def placeholder(shape, value: float = 0.0) -> Tensor:
 
 
 class Linear(nn.Cell):
-    """y = x W^T + b with W stored [out, in], as strategies.py's `_linear` expects."""
+    """y = x W^T + b with W stored [out, in], as strategies.py's `_linear` expects; bias None: y = x W^T."""
 
-    def __init__(self, weight: Tensor, bias: Tensor, shard: Sharder, name: str):
+    def __init__(self, weight: Tensor, bias: Tensor | None, shard: Sharder, name: str):
         super().__init__()
         self.weight = Parameter(weight, name="weight")
-        self.bias = Parameter(bias, name="bias")
         self.matmul = shard(f"{name}.matmul", ops.MatMul(transpose_b=True))
-        self.add = shard(f"{name}.bias", ops.Add())
+        self.bias = None if bias is None else Parameter(bias, name="bias")
+        self.add = None if bias is None else shard(f"{name}.bias", ops.Add())
 
     def construct(self, x):
-        return self.add(self.matmul(x, self.weight), self.bias)
+        y = self.matmul(x, self.weight)
+        return y if self.bias is None else self.add(y, self.bias)
 
 
 class LayerNorm(nn.Cell):
@@ -62,8 +66,25 @@ class LayerNorm(nn.Cell):
         return self.norm(x, self.gamma, self.beta)[0]
 
 
-def _linear(fin: int, fout: int, shard: Sharder, name: str) -> Linear:
-    return Linear(placeholder((fout, fin)), placeholder((fout,)), shard, name)
+def _linear(fin: int, fout: int, shard: Sharder, name: str, bias: bool = True) -> Linear:
+    return Linear(placeholder((fout, fin)), placeholder((fout,)) if bias else None, shard, name)
+
+
+class ScaledDotProduct(nn.Cell):
+    """softmax(q k^T / sqrt(head_dim) + bias) v on [batch, heads, rows, head_dim], head-parallel (strategies.py's
+    `_head_parallel_attention`); the bias is 0 where a query may read a key and MASK_BIAS where it may not."""
+
+    def __init__(self, head_dim: int, shard: Sharder):
+        super().__init__()
+        self.scores = shard("attention.scores", ops.BatchMatMul(transpose_b=True))
+        self.scale = shard("attention.scale", ops.Mul())
+        self.add_mask = shard("attention.add_mask", ops.Add())
+        self.softmax = shard("attention.softmax", ops.Softmax(axis=-1))
+        self.context = shard("attention.context", ops.BatchMatMul())
+        self.inv_sqrt_d = Tensor(1.0 / math.sqrt(head_dim), mstype.float32)
+
+    def construct(self, q, k, v, bias):
+        return self.context(self.softmax(self.add_mask(self.scale(self.scores(q, k), self.inv_sqrt_d), bias)), v)
 
 
 # ----------------------------------------------------------------------------- CNN
@@ -167,11 +188,7 @@ class EncoderLayer(nn.Cell):
         self.query, self.key, self.value = (linear(h, h, f"attention.{p}") for p in ("query", "key", "value"))
         self.split_q, self.split_k, self.split_v = (shard("attention.split_heads", ops.Transpose())
                                                     for _ in range(3))
-        self.scores = shard("attention.scores", ops.BatchMatMul(transpose_b=True))
-        self.scale = shard("attention.scale", ops.Mul())
-        self.add_mask = shard("attention.add_mask", ops.Add())
-        self.softmax = shard("attention.softmax", ops.Softmax(axis=-1))
-        self.context = shard("attention.context", ops.BatchMatMul())
+        self.attend = ScaledDotProduct(spec.head_dim, shard)
         self.merge_heads = shard("attention.merge_heads", ops.Transpose())
         self.output = linear(h, h, "attention.output")
         self.attention_residual = shard("attention.residual", ops.Add())
@@ -181,7 +198,6 @@ class EncoderLayer(nn.Cell):
         self.ffn_out = linear(i, h, "ffn.out")
         self.ffn_residual = shard("ffn.residual", ops.Add())
         self.ffn_norm = LayerNorm(h, spec.layer_norm_eps, shard, "ffn.norm")
-        self.inv_sqrt_d = Tensor(1.0 / math.sqrt(spec.head_dim), mstype.float32)
 
     def _heads(self, x, batch, seq, transpose):
         return transpose(x.reshape((batch, seq, self.heads, self.head_dim)), (0, 2, 1, 3))
@@ -190,8 +206,8 @@ class EncoderLayer(nn.Cell):
         q = self._heads(self.query(x), batch, seq, self.split_q)
         k = self._heads(self.key(x), batch, seq, self.split_k)
         v = self._heads(self.value(x), batch, seq, self.split_v)
-        probs = self.softmax(self.add_mask(self.scale(self.scores(q, k), self.inv_sqrt_d), mask_bias))
-        ctx = self.merge_heads(self.context(probs, v), (0, 2, 1, 3)).reshape((batch * seq, self.heads * self.head_dim))
+        ctx = self.merge_heads(self.attend(q, k, v, mask_bias), (0, 2, 1, 3))
+        ctx = ctx.reshape((batch * seq, self.heads * self.head_dim))
         x = self.attention_norm(self.attention_residual(x, self.output(ctx)))
         return self.ffn_norm(self.ffn_residual(x, self.ffn_out(self.gelu(self.ffn_in(x)))))
 
@@ -251,6 +267,180 @@ class BertMLM(nn.Cell):
         return parts
 
 
+# ----------------------------------------------------------------------------- decoder LM
+# The cells carry the canonical names of common.initial_weights (embeddings.token, layers.{i}.attention.wq.weight,
+# head.output.weight...), so weights.py maps every name to itself. Activations are [B*S, H] rows, as the MLM's.
+
+
+class RMSNorm(nn.Cell):
+    """x / sqrt(mean(x^2) + eps) * gamma over the last axis (torch.nn.RMSNorm), from primitives: MindSpore's
+    RmsNorm has no CPU kernel."""
+
+    def __init__(self, size: int, eps: float, shard: Sharder, name: str):
+        super().__init__()
+        self.gamma = Parameter(placeholder((size,), 1.0), name="gamma")
+        self.square = shard(f"{name}.square", ops.Square())
+        self.mean = shard(f"{name}.mean", ops.ReduceMean(keep_dims=True))
+        self.add_eps = shard(f"{name}.add_eps", ops.Add())
+        self.rsqrt = shard(f"{name}.rsqrt", ops.Rsqrt())
+        self.normalize = shard(f"{name}.normalize", ops.Mul())
+        self.scale = shard(f"{name}.scale", ops.Mul())
+        self.eps = Tensor(eps, mstype.float32)
+
+    def construct(self, x):
+        inverse_rms = self.rsqrt(self.add_eps(self.mean(self.square(x), -1), self.eps))
+        return self.scale(self.normalize(x, inverse_rms), self.gamma)
+
+
+def rotary_tables(head_dim: int, seq_len: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin [seq_len, head_dim] in the rotate-half layout, frequency j driving dimensions j and
+    j + head_dim / 2, in float32 as backends/torch_common/models.py computes them."""
+    inverse = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    angles = np.outer(np.arange(seq_len, dtype=np.float32), inverse)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles), np.sin(angles)
+
+
+def causal_bias(seq_len: int, group: int) -> np.ndarray:
+    """[group x seq_len, seq_len]: 0 where a query (row q, position q mod seq_len) may read key k (k <= its
+    position), MASK_BIAS after it; one block per query head of a key/value head's group (CausalAttention)."""
+    later = np.triu(np.ones((seq_len, seq_len), bool), k=1)
+    return np.tile(np.where(later, MASK_BIAS, 0.0).astype(np.float32), (group, 1))
+
+
+class Rotary(nn.Cell):
+    """x [B, heads, S, head_dim] turned by position: x cos + (-x2, x1) sin, x1 and x2 its halves."""
+
+    def __init__(self, cos: Tensor, sin: Tensor, shard: Sharder):
+        super().__init__()
+        self.cos, self.sin = cos, sin
+        self.halves = shard("attention.rotary.halves", ops.Split(axis=-1, output_num=2))
+        self.negate = shard("attention.rotary.negate", ops.Neg())
+        self.join = shard("attention.rotary.join", ops.Concat(axis=-1))
+        self.turn_cos = shard("attention.rotary.cos", ops.Mul())
+        self.turn_sin = shard("attention.rotary.sin", ops.Mul())
+        self.add = shard("attention.rotary.add", ops.Add())
+
+    def construct(self, x):
+        first, second = self.halves(x)
+        return self.add(self.turn_cos(x, self.cos), self.turn_sin(self.join((self.negate(second), first)), self.sin))
+
+
+class CausalAttention(nn.Cell):
+    """Causal grouped-query attention with rotary positions, no biases. Query head i reads key/value head
+    i // group (torch's enable_gqa): the queries of one key/value head's group are folded into its rows,
+    [B, kv_heads, group x S, head_dim], so one batched matmul serves the group without copying keys and values,
+    and a split of the key/value heads over devices keeps each group whole."""
+
+    def __init__(self, spec, shard: Sharder):
+        super().__init__()
+        h = spec.hidden
+        self.heads, self.kv_heads, self.head_dim = spec.heads, spec.kv_heads, spec.head_dim
+        self.group = spec.heads // spec.kv_heads
+        self.wq = _linear(h, spec.q_width, shard, "attention.wq", bias=False)
+        self.wk = _linear(h, spec.kv_width, shard, "attention.wk", bias=False)
+        self.wv = _linear(h, spec.kv_width, shard, "attention.wv", bias=False)
+        self.split_q, self.split_k, self.split_v = (shard("attention.split_heads", ops.Transpose()) for _ in range(3))
+        cos, sin = (Tensor(t) for t in rotary_tables(spec.head_dim, spec.seq_len, spec.rope_theta))
+        self.rotate_q, self.rotate_k = Rotary(cos, sin, shard), Rotary(cos, sin, shard)
+        self.attend = ScaledDotProduct(spec.head_dim, shard)
+        self.merge_heads = shard("attention.merge_heads", ops.Transpose())
+        self.wo = _linear(spec.q_width, h, shard, "attention.wo", bias=False)
+        self.causal_bias = Tensor(causal_bias(spec.seq_len, self.group))
+
+    def _heads(self, x, heads: int, batch: int, seq: int, transpose):
+        return transpose(x.reshape((batch, seq, heads, self.head_dim)), (0, 2, 1, 3))
+
+    def construct(self, x, batch: int, seq: int):
+        q = self.rotate_q(self._heads(self.wq(x), self.heads, batch, seq, self.split_q))
+        k = self.rotate_k(self._heads(self.wk(x), self.kv_heads, batch, seq, self.split_k))
+        v = self._heads(self.wv(x), self.kv_heads, batch, seq, self.split_v)
+        q = q.reshape((batch, self.kv_heads, self.group * seq, self.head_dim))
+        ctx = self.attend(q, k, v, self.causal_bias).reshape((batch, self.heads, seq, self.head_dim))
+        return self.wo(self.merge_heads(ctx, (0, 2, 1, 3)).reshape((batch * seq, self.heads * self.head_dim)))
+
+
+class SwiGLU(nn.Cell):
+    """w2(silu(w1 x) * w3 x): w1 the gate, w3 the up projection; silu(g) = g sigmoid(g)."""
+
+    def __init__(self, spec, shard: Sharder):
+        super().__init__()
+        self.w1 = _linear(spec.hidden, spec.ffn, shard, "ffn.w1", bias=False)
+        self.w3 = _linear(spec.hidden, spec.ffn, shard, "ffn.w3", bias=False)
+        self.w2 = _linear(spec.ffn, spec.hidden, shard, "ffn.w2", bias=False)
+        self.sigmoid = shard("ffn.sigmoid", ops.Sigmoid())
+        self.silu = shard("ffn.silu", ops.Mul())
+        self.gate = shard("ffn.gate", ops.Mul())
+
+    def construct(self, x):
+        g = self.w1(x)
+        return self.w2(self.gate(self.silu(g, self.sigmoid(g)), self.w3(x)))
+
+
+class DecoderLayer(nn.Cell):
+    """Pre-norm Llama block: x = x + attention(RMSNorm(x)); x = x + ffn(RMSNorm(x))."""
+
+    def __init__(self, spec, shard: Sharder):
+        super().__init__()
+        self.attention_norm = RMSNorm(spec.hidden, spec.norm_eps, shard, "attention_norm")
+        self.attention = CausalAttention(spec, shard)
+        self.attention_residual = shard("attention.residual", ops.Add())
+        self.ffn_norm = RMSNorm(spec.hidden, spec.norm_eps, shard, "ffn_norm")
+        self.ffn = SwiGLU(spec, shard)
+        self.ffn_residual = shard("ffn.residual", ops.Add())
+
+    def construct(self, x, batch: int, seq: int):
+        x = self.attention_residual(x, self.attention(self.attention_norm(x), batch, seq))
+        return self.ffn_residual(x, self.ffn(self.ffn_norm(x)))
+
+
+class TokenEmbedding(nn.Cell):
+    def __init__(self, spec, shard: Sharder):
+        super().__init__()
+        self.token = Parameter(placeholder((spec.vocab, spec.hidden)), name="token")
+        self.gather = shard("embedding.token", ops.Gather())
+
+    def construct(self, input_ids):
+        return self.gather(self.token, input_ids, 0)
+
+
+class DecoderHead(nn.Cell):
+    """The final RMSNorm and the untied output layer: logits at every position."""
+
+    def __init__(self, spec, shard: Sharder):
+        super().__init__()
+        self.norm = RMSNorm(spec.hidden, spec.norm_eps, shard, "head.norm")
+        self.output = _linear(spec.hidden, spec.vocab, shard, "head.output", bias=False)
+
+    def construct(self, x):
+        return self.output(self.norm(x))
+
+
+class DecoderLM(nn.Cell):
+    """The lm workload's Llama-style decoder (backends/torch_common/models.py's DecoderLM in MindSpore) on rows of
+    spec.seq_len tokens, the length its rotary tables and causal bias are built for."""
+
+    def __init__(self, spec, shard: Sharder):
+        super().__init__()
+        self.embeddings = TokenEmbedding(spec, shard)
+        self.layers = nn.CellList([DecoderLayer(spec, shard) for _ in range(spec.layers)])
+        self.head = DecoderHead(spec, shard)
+
+    def construct(self, input_ids):
+        """-> logits [B*S, vocab] at every position."""
+        batch, seq = input_ids.shape
+        x = self.embeddings(input_ids)
+        x = x.reshape((batch * seq, x.shape[-1]))
+        for layer in self.layers:
+            x = layer(x, batch, seq)
+        return self.head(x)
+
+    def stage_parts(self) -> dict[str, nn.Cell]:
+        parts = {"embedding": self.embeddings, "head": self.head}
+        parts.update({f"layers.{i}": layer for i, layer in enumerate(self.layers)})
+        return parts
+
+
 # ----------------------------------------------------------------------------- loss
 
 
@@ -301,11 +491,26 @@ class MlmLoss(nn.Cell):
         return self.loss(logits, mask_ids.reshape((-1,)), mask_weights.reshape((-1,)))
 
 
-# The batch columns each loss cell takes, in order (the CNN's weight column is added by the trainer).
+class LmLoss(nn.Cell):
+    """The next-token loss at every position, weighted by label_weights (0 where the label is padding)."""
+
+    def __init__(self, model: DecoderLM, spec, shard: Sharder):
+        super().__init__()
+        self.model, self.loss = model, CrossEntropy(spec.vocab, shard)
+
+    def construct(self, input_ids, labels, label_weights):
+        return self.loss(self.model(input_ids), labels.reshape((-1,)), label_weights.reshape((-1,)))
+
+
+# The batch columns each loss cell takes, in order, the weights last (the CNN's weight column is added by the
+# trainer).
 INPUT_COLUMNS = {
     "cnn": ("image", "label", "weight"),
     "mlm": ("input_ids", "padding_mask", "mask_positions", "mask_ids", "mask_weights"),
+    "lm": ("input_ids", "labels", "label_weights"),
 }
+# Each workload's model and loss cells.
+NETS = {"cnn": (SimpleCNN, CnnLoss), "mlm": (BertMLM, MlmLoss), "lm": (DecoderLM, LmLoss)}
 
 
 def _place(model, loss: nn.Cell, workload: str, spec, cfg: ParallelConfig) -> None:
@@ -327,16 +532,12 @@ def _place(model, loss: nn.Cell, workload: str, spec, cfg: ParallelConfig) -> No
             model.embedding.token_table.add_pipeline_stage(cfg.pipeline_stage - 1)
 
 
-def build_loss_net(workload: str, spec: CnnSpec | BertSpec, cfg: ParallelConfig,
-                   weights: dict[str, np.ndarray]) -> nn.Cell:
+def build_loss_net(workload: str, spec, cfg: ParallelConfig, weights: dict[str, np.ndarray]) -> nn.Cell:
     """The model, holding `weights` (common.initial_weights), wrapped in its loss, sharded and placed for `cfg`."""
     shard = Sharder(operator_strategies(workload, cfg, spec), apply=cfg.mode != "data")
-    if workload == "cnn":
-        model = SimpleCNN(spec, shard)
-        loss = CnnLoss(model, spec, shard)
-    else:
-        model = BertMLM(spec, shard)
-        loss = MlmLoss(model, spec, shard)
+    model_cell, loss_cell = NETS[workload]
+    model = model_cell(spec, shard)
+    loss = loss_cell(model, spec, shard)
     load_initial_weights(model, spec, weights)
     _place(model, loss, workload, spec, cfg)
     return loss

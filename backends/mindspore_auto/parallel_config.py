@@ -10,7 +10,6 @@ from dataclasses import asdict, dataclass
 
 from common.errors import BadInput
 from common.layout import Layout
-from common.spec import BertSpec, CnnSpec
 
 PARALLEL_MODES = ("data", "semi_auto", "auto")
 
@@ -58,8 +57,9 @@ class ParallelConfig:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def validate(self, devices: int, spec: CnnSpec | BertSpec, global_batch: int, grad_accum: int = 1) -> None:
-        """Raise BadInput naming the first combination that cannot be laid out on `devices`."""
+    def validate(self, devices: int, spec, global_batch: int, grad_accum: int = 1) -> None:
+        """Raise BadInput naming the first combination that cannot be laid out on `devices` for `spec` (common.spec's
+        CNN or BERT, or the decoder LM's common.predict.decoder.DecoderSpec)."""
         dp, mp, pp = self.data_parallel, self.model_parallel, self.pipeline_stage
         if self.mode not in PARALLEL_MODES:
             raise BadInput(f"--parallel-mode {self.mode}: choose from {', '.join(PARALLEL_MODES)}")
@@ -73,6 +73,11 @@ class ParallelConfig:
                            "splitting the model needs semi_auto or auto")
         if self.mode == "data" and self.optimizer_shard:
             raise BadInput(f"--fsdp {dp}: MindSpore's optimizer shard needs --parallel-mode semi_auto or auto")
+        # common.layout lets a decoder's layout accumulate micro-batches without a pipeline (the predictor's
+        # reading); the train step here feeds micro-batches to a pipeline only and accumulates --grad-accum's.
+        if self.micro_batch_num > 1 and pp == 1:
+            raise BadInput(f"--micro-batches {self.micro_batch_num} with 1 pipeline stage: mindspore_auto feeds "
+                           "micro-batches to a pipeline only; use --grad-accum to accumulate without one")
         self.layout.validate(spec, global_batch, grad_accum)
 
 

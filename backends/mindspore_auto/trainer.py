@@ -31,8 +31,9 @@ from common.memory import resident_peak_bytes
 CHECKPOINT_NAME = "checkpoint.ckpt"
 # Rows per evaluation forward. The MLM loss holds several rows x 20 x vocabulary float32 tensors
 # (logits, their exponentials, one-hot labels): 32 rows keep each near 85 MB, where the loop's
-# 256-row batches would take gigabytes per process.
-EVAL_CHUNK_ROWS = {"cnn": 256, "mlm": 32}
+# 256-row batches would take gigabytes per process. The decoder LM has logits at all 128 positions:
+# 4 rows keep each near 68 MB.
+EVAL_CHUNK_ROWS = {"cnn": 256, "mlm": 32, "lm": 4}
 # --compile: MindSpore's O1 adds its common graph optimizations and automatic operator fusion to the
 # graph the train step always is in GRAPH_MODE (O0, mindspore.jit's default: only the passes correctness needs).
 COMPILED_JIT_LEVEL = "O1"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Tensor, nn
 
-from common.initial_weights import check_complete, check_shape
+from common.initial_weights import check_complete, check_shape, layout
 from common.spec import BertSpec, CnnSpec
 
 
@@ -38,9 +38,21 @@ def _bert_names(spec: BertSpec) -> dict[str, str]:
     return names
 
 
-def load_initial_weights(model: nn.Cell, spec: CnnSpec | BertSpec, weights: dict[str, np.ndarray]) -> None:
+def _decoder_names(spec) -> dict[str, str]:
+    """models.DecoderLM's cells carry the canonical names: each maps to itself ([out, in] weights as they are)."""
+    return {t.name: t.name for t in layout(spec)}
+
+
+def _names(spec) -> dict[str, str]:
+    """MindSpore parameter name -> canonical name (common.initial_weights)."""
+    if isinstance(spec, CnnSpec):
+        return _cnn_names(spec)
+    return _bert_names(spec) if isinstance(spec, BertSpec) else _decoder_names(spec)
+
+
+def load_initial_weights(model: nn.Cell, spec, weights: dict[str, np.ndarray]) -> None:
     """Set every parameter of `model` (trainable or not) from the canonical tensors; fails on any gap."""
-    names = _cnn_names(spec) if isinstance(spec, CnnSpec) else _bert_names(spec)
+    names = _names(spec)
     assigned, unmapped = set(), []
     for name, param in model.parameters_and_names():
         canon = names.get(name)
