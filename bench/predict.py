@@ -329,9 +329,13 @@ def run_published(console: Console, args) -> int:
     result = published_points.check()
     console.print(console_table("predicted against published GPU-cluster results", published_table.COLUMNS,
                                 published_table.rows(result)))
+    console.print(console_table("by GPU generation and by publisher", published_table.GROUP_COLUMNS,
+                                published_table.group_rows(result)))
     tables = max((len(t) for t in result["tables"].values()), default=0)
     console.print(f"{result['predicted']} points predicted, {result['refused']} refused: "
                   f"{published_points.error_line(result)} ({tables} tables of the H100)")
+    for g in result["groups"]:
+        console.print(f"{g['by']} {published_table.group_line(g)}")
     for g in result["rankings"]:
         rho = "n/a" if g["spearman"] is None else f"{g['spearman']:+.2f}"
         console.print(f"ranking {g['model']} on {g['devices']} x {g['hardware']}: Spearman {rho}; order of "

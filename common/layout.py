@@ -30,6 +30,9 @@ REFUSED = {
     "fp8": "fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling and casts are not "
            "counted)",
     "ep": "expert parallelism is not modelled: the bundled models are dense",
+    "zero2": "ZeRO-2 (the parameters whole on every data rank from the forward through the backward, gradients and "
+             "optimizer state sharded: torch FSDP's SHARD_GRAD_OP, fairscale's FSDP without reshard after forward) "
+             "is not modelled",
 }
 
 

@@ -100,10 +100,8 @@ def published_ranking(points: list | None = None) -> dict:
     plan for the same model, devices, batch, hardware and stack, and how much faster the plan predicts its pick."""
     out = []
     for point in published_points.all_points() if points is None else points:
-        try:
-            Layout.parse(point.layout, point.devices)
-        except ValueError:
-            continue   # refused by the model (fp8): --published says why
+        if published_points.refusal(point):
+            continue   # refused by the model (fp8, a stack or a device it does not know): --published says why
         plan = decoder_plan(point.model, point.devices, point.global_batch, point.hardware, point.stack,
                             point.seq_len, None, None, 1, point.layout)
         asked, pick = plan["asked"], plan["rows"][0] if plan["rows"] else None

@@ -9,7 +9,8 @@ from common.predict.hardware import tomllib
 from common.spec import Gemm, Linear, attention_flops, linear_gemms
 
 MODELS_DIR = Path(__file__).parent / "models"
-FFN_KINDS = ("gelu", "swiglu")
+FFN_KINDS = ("gelu", "relu", "swiglu")
+POSITIONS = ("learned", "rope", "alibi")
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ class DecoderSpec:
             per_token += (2 * v + (1 if dropout else 0)) * self.heads * s / t  # softmax out, its mask, dropped
         per_token += v * self.q_width / t              # the output projection's input (the context)
         per_token += v * h / shard                     # the FFN's input
-        per_token += (2 if self.ffn_kind == "gelu" else 4) * v * f / t   # GELU: its input, fc2's input
+        per_token += (4 if self.ffn_kind == "swiglu" else 2) * v * f / t   # GELU, ReLU: its input, fc2's input
         if dropout:                                    # SwiGLU: gate out, up out, silu(gate), the product
             per_token += 2 * h / shard                 # the two residual dropouts' masks
         return per_token * tokens
@@ -157,8 +158,9 @@ def load(name_or_file: str, seq_len: int | None = None) -> DecoderSpec:
         problems.append(f"ffn_kind {spec.ffn_kind!r} is not one of {', '.join(FFN_KINDS)}")
     if spec.hidden % spec.heads or spec.heads % spec.kv_heads:
         problems.append(f"hidden {spec.hidden}, heads {spec.heads}, kv_heads {spec.kv_heads} do not divide")
-    if spec.position not in ("learned", "rope") or spec.norm not in ("layernorm", "rmsnorm"):
-        problems.append(f"position {spec.position!r} (learned|rope) or norm {spec.norm!r} (layernorm|rmsnorm)")
+    if spec.position not in POSITIONS or spec.norm not in ("layernorm", "rmsnorm"):
+        problems.append(f"position {spec.position!r} ({'|'.join(POSITIONS)}) or norm {spec.norm!r} "
+                        "(layernorm|rmsnorm)")
     if problems:
         raise ValueError(f"--model {path}: {'; '.join(problems)}")
     return replace(spec, seq_len=seq_len) if seq_len else spec

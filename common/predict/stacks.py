@@ -47,8 +47,8 @@ class Stack:
 
 def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
     # LayerNorm x 2 (read, write: 4h each), bias-dropout-add x 2 (read two, write one: 6h each); FFN: bias-GELU
-    # (4f) or SwiGLU (reads gate and up, writes one: 6f).
-    ffn = 4 * spec.ffn if spec.ffn_kind == "gelu" else 6 * spec.ffn
+    # or a ReLU (4f) or SwiGLU (reads gate and up, writes one: 6f).
+    ffn = 6 * spec.ffn if spec.ffn_kind == "swiglu" else 4 * spec.ffn
     return 2 * 4 * spec.hidden + 2 * 6 * spec.hidden, ffn
 
 

@@ -1,0 +1,184 @@
+"""The published points as data (common/predict/published/*.toml): every file's points parse, every quote holds its
+figure as written and, where the quote is a table's row, the point's other fields as that row gives them; each point
+the model cannot predict is refused with every reason in one line; and --published's grouping by GPU generation and
+publisher, by hand. Unit tests only: no process is started."""
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+from matplotlib.collections import PathCollection
+
+from bench.reporting import published_plot
+from common.layout import Layout, Refused
+from common.predict import decoder, published, stacks
+from common.predict import hardware as hardware_files
+from common.predict.gpu_compute import compute_for
+
+NEW_FILES = {"megatron-lm-a100.toml": 10, "bigscience-bloom-a100.toml": 1, "metaseq-opt-a100.toml": 1,
+             "llm-foundry-mpt-a100.toml": 11, "llm-foundry-mpt-h100.toml": 38, "megatron-bridge-h100.toml": 3}
+
+
+def _points(name: str) -> list[published.Point]:
+    return published.load(published.PUBLISHED_DIR / name)
+
+
+def _cells(quote: str) -> list[str]:
+    """A quoted table row's cells (the text before the first '|' is its table's name, or nothing)."""
+    return [c.strip() for c in quote.split("|")[1:-1]] if quote.endswith("|") else \
+        [c.strip() for c in quote.split(" | ")]
+
+
+def as_written(point: published.Point) -> list[str]:
+    """The ways a source writes the figure: 5762, 5,762, 149.77; an MFU of 0.47 as 47%."""
+    forms = {f"{point.published:g}", f"{point.published:,g}"}
+    if point.metric == "mfu":
+        forms.add(f"{100 * point.published:g}%")
+    return sorted(forms)
+
+
+def test_every_file_s_points_parse_and_every_quote_holds_its_figure_as_written():
+    assert set(NEW_FILES) <= {p.name for p in published.PUBLISHED_DIR.glob("*.toml")}
+    for name, count in NEW_FILES.items():
+        assert len(_points(name)) == count, name
+    points = published.all_points()
+    assert len({p.name for p in points}) == len(points)                    # names are unique
+    assert len({p.source.split(": ")[0] for p in points}) >= 5
+    assert {published.generation(p.hardware) for p in points} >= {"A100", "H100"}
+    for p in points:
+        spec = decoder.load(p.model, p.seq_len)                              # the model and hardware exist
+        hardware_files.load(p.hardware)
+        assert p.devices >= 1 and p.global_batch >= 1 and p.published > 0 and p.quote and spec.layers
+        assert any(re.search(rf"(?<![\d.,]){re.escape(f)}(?![\d.]|,\d)", p.quote) for f in as_written(p)), \
+            (p.name, as_written(p), p.quote)
+
+
+def test_a_table_row_s_other_cells_are_the_point_s_fields():
+    # llm-foundry: # GPUs, MicroBatchSize, GlobalBatchSize, Throughput (T/s/GPU), and NumParams the model's count
+    for p in _points("llm-foundry-mpt-a100.toml") + _points("llm-foundry-mpt-h100.toml"):
+        cells = _cells(p.quote)
+        model, seq, gpus, mbs, gbs, per_gpu, shard, recompute, params = (cells[i] for i in (0, 1, 2, 7, 9, 12, 16,
+                                                                                              17, 19))
+        assert (p.model, int(seq), int(gpus), p.global_batch, int(per_gpu)) == \
+            (f"mpt-{model}", 2048, p.devices, int(gbs), p.published), p.name
+        layout = Layout.parse(p.layout.replace("-zero2", ""), p.devices)
+        assert (layout.micro_batch_size, layout.recompute == "full") == (int(mbs), recompute == "True"), p.name
+        assert ("zero2" in p.layout) == (shard == "SHARD_GRAD_OP"), p.name
+        assert decoder.load(p.model).param_count() == int(params), p.name
+    # Megatron-LM's A100 table: hidden, layers, parameters (billions), TP x PP, GPUs, batch, teraFLOP/s per GPU
+    for p in _points("megatron-lm-a100.toml"):
+        size, hidden, layers, billions, mp, gpus, batch, tflops = _cells(p.quote)[:8]
+        spec, layout = decoder.load(p.model), Layout.parse(p.layout, p.devices)
+        assert (spec.hidden, spec.layers, round(spec.param_count() / 1e9, 1)) == (int(hidden), int(layers),
+                                                                                   float(billions)), p.name
+        assert (layout.tp * layout.pp, p.devices, p.global_batch, p.published) == \
+            (int(mp), int(gpus), int(batch), float(tflops)), p.name
+    # Megatron-Bridge: #-GPUs, GBS, MBS, TP, PP, CP, VP, Tokens / sec / GPU
+    for p in _points("megatron-bridge-h100.toml"):
+        _, gpus, precision, gbs, mbs, seq, fsdp, tp, pp, cp, vp, _, _, per_gpu, _ = _cells(p.quote)
+        layout = Layout.parse(p.layout.replace("-fp8", ""), p.devices)          # fp8: refused, as the row says
+        assert (p.devices, p.global_batch, int(seq), precision, "fp8" in p.layout) == \
+            (int(gpus), int(gbs), 8192, "FP8-CS", True), p.name
+        assert (layout.tp, layout.pp, layout.cp, layout.micro_batch_size, p.published) == \
+            (int(tp), int(pp), int(cp), int(mbs), int(per_gpu)), p.name
+        assert (layout.virtual_stages if vp != "n/a" else "n/a", layout.fsdp > 1) == \
+            (int(vp) if vp != "n/a" else "n/a", fsdp != "0"), p.name
+
+
+def test_bloom_s_logged_teraflops_are_its_step_time_counted_as_megatron_deepspeed_counts():
+    (point,) = _points("bigscience-bloom-a100.toml")
+    spec = decoder.load(point.model)
+    assert spec.layer_params() == 2_466_437_120 and spec.vocab * spec.hidden == 3_596_615_680   # its README
+    # "elapsed time per iteration (s): 104.70 | ... | TFLOPs: 149.77" in the same log line
+    assert published.metric_of(point, spec, 104.70) == pytest.approx(149.77, rel=1e-4)
+    no_recompute = replace(point, layout=point.layout.replace("-rc", ""))
+    assert published.metric_of(no_recompute, spec, 104.70) == pytest.approx(149.77 * 3 / 4, rel=1e-4)
+
+
+def test_each_point_the_model_cannot_predict_is_refused_with_every_reason_in_one_line():
+    result = published.check()
+    rows = {r["name"]: r for r in result["points"]}
+    for p in published.all_points():
+        why, row = published.refusal(p), rows[p.name]
+        assert "\n" not in why and (row["refused"] if why else row["predicted"]) and row.get("refused", "") == why
+        if p.stack not in stacks.STACKS:
+            assert f"stack {p.stack!r} is not described" in why
+        if not hardware_files.load(p.hardware).compute:
+            assert f"--hardware {p.hardware}: no compute table" in why and "assume-mfu" not in why
+        if re.search(r"-(fp8|zero2)\b", p.layout):
+            assert "is not modelled" in why
+        if p.metric != "tokens_per_s_per_gpu" and p.flops not in published.FLOP_COUNTS:
+            assert "FLOP count is not known" in why
+    assert rows["OPT-175B, 992 A100"]["refused"].count("; ") == 3             # zero2, stack, table, FLOP count
+    assert all(rows[p.name]["predicted"] for name in ("megatron-lm-h100.toml", "torchtitan-llama3-h100.toml")
+               for p in _points(name) if "fp8" not in p.layout)                 # the 15 predicted before
+    assert result["predicted"] + result["refused"] == len(rows)
+    # a device's compute comes from compute_of: given one, an A100 point of a described stack is predicted
+    point = next(p for p in published.all_points() if p.stack == "megatron-te")
+    h100 = compute_for(hardware_files.load("h100-sxm-8"))
+    moved = replace(point, hardware="a100-sxm-8")
+    assert "no compute table" in published.predict_point(moved)["refused"]
+    assert published.predict_point(moved, lambda _hw: h100)["predicted"] > 0
+
+
+def test_the_grammar_refuses_zero2_and_the_decoder_format_takes_relu_and_alibi(tmp_path):
+    with pytest.raises(Refused, match="'fsdp8-zero2': ZeRO-2 .* is not modelled"):
+        Layout.parse("fsdp8-zero2", 8)
+    opt, bloom, gpt = decoder.load("opt-175b"), decoder.load("bloom-176b"), decoder.load("gpt3-175b")
+    assert (opt.ffn_kind, opt.position, bloom.position) == ("relu", "learned", "alibi")
+    assert bloom.embedding_params() == bloom.vocab * bloom.hidden               # ALiBi: no position table
+    relu = replace(gpt, ffn_kind="relu")                                         # a ReLU FFN moves GELU's bytes
+    assert relu.stored_activation_bytes(4096) == gpt.stored_activation_bytes(4096)
+    assert stacks.load("megatron-te").elementwise(relu) == stacks.load("megatron-te").elementwise(gpt)
+    bad = tmp_path / "m.toml"
+    bad.write_text(decoder.MODELS_DIR.joinpath("opt-175b.toml").read_text().replace('"learned"', '"sinusoidal"'))
+    with pytest.raises(ValueError, match=r"position 'sinusoidal' \(learned\|rope\|alibi\)"):
+        decoder.load(str(bad))
+
+
+def _row(name, generation, publisher, error=None, worst=None):
+    row = {"name": name, "generation": generation, "publisher": publisher, "metric": "tflops_per_gpu", "devices": 8,
+           "published": 100.0,
+           "predicted": None if error is None else 100.0 * (1 + error), "error": error, "stack": "s",
+           "layout_full": "dp8"}
+    if error is None:
+        row["refused"] = "why"
+    elif worst is not None:
+        row["worst_error"], row["error_by_table"] = worst, {"t": worst}
+    return row
+
+
+def test_the_points_are_grouped_by_gpu_generation_and_publisher_by_hand():
+    assert [published.generation(h) for h in ("a100-sxm-8", "h100-sxm-8", "h100-96gb-500w-8",
+                                               "cpu-loopback-2core")] == ["A100", "H100", "H100",
+                                                                           "cpu-loopback-2core"]
+    rows = [_row("a", "H100", "P", 0.10, worst=-0.30), _row("b", "A100", "Q", -0.20), _row("c", "H100", "Q", 0.04),
+            _row("d", "A100", "P"), _row("e", "H100", "P", -0.06, worst=0.08)]
+    groups = {(g["by"], g["group"]): g for g in published.groups(rows)}
+    assert list(groups) == [("generation", "A100"), ("generation", "H100"), ("publisher", "P"),
+                            ("publisher", "Q")]
+    assert groups["generation", "A100"] == {
+        "by": "generation", "group": "A100", "predicted": 1, "refused": 1, "median_abs_error": 0.20,
+        "max_abs_error": 0.20, "worst_median_abs_error": 0.20, "worst_max_abs_error": 0.20}
+    h100, p = groups["generation", "H100"], groups["publisher", "P"]
+    assert (h100["predicted"], h100["refused"]) == (3, 0)
+    assert h100["median_abs_error"] == pytest.approx(0.06) and h100["max_abs_error"] == pytest.approx(0.10)
+    assert h100["worst_median_abs_error"] == pytest.approx(0.08) and h100["worst_max_abs_error"] == 0.30
+    assert (p["predicted"], p["refused"], p["median_abs_error"], p["max_abs_error"]) == (2, 1, 0.08, 0.10)
+    assert published.groups([_row("d", "A100", "P")])[0]["median_abs_error"] is None
+    # the table: generation, then publisher, the file's order within; the group table and its lines
+    result = {"points": rows, "groups": published.groups(rows)}
+    assert [r[:3] for r in published_plot.rows(result)] == [["A100", "P", "d"], ["A100", "Q", "b"],
+                                                           ["H100", "P", "a"], ["H100", "P", "e"],
+                                                           ["H100", "Q", "c"]]
+    assert published_plot.rows(result)[0][5:] == ["refused", "", "", "why"]
+    assert published_plot.group_rows(result)[0] == ["generation", "A100", "1", "1", "20.0%", "20.0%", "20.0%",
+                                                    "20.0%"]
+    assert published_plot.group_line(groups["publisher", "Q"]).startswith("Q: 2 predicted, 0 refused; median")
+    assert published_plot.group_line({"group": "R", "predicted": 0, "refused": 2}) == "R: 0 predicted, 2 refused"
+    # the figure: one colour a generation
+    plot = published_plot.published_plot({**result, **published.error_summary(rows)})
+    colours = [tuple(c.get_facecolor()[0]) for ax in plot.figure.axes for c in ax.collections
+               if isinstance(c, PathCollection)]
+    assert len(colours) == 4 and len(set(colours)) == 2                  # b (A100); a, c, e (H100)
