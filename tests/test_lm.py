@@ -23,11 +23,12 @@ from common.data.wikitext import pack_causal, token_stream
 from common.final_params import FIELD as FINAL_PARAMS
 from common.final_params import compared, deviation
 from common.initial_weights import initial_weights, layout, trainable_count
+from common.layout import Layout
 from common.loop import run_loop
 from common.predict import decoder
 from common.predict.collectives import per_kind
 from common.predict.executed import collectives
-from common.predict.memory import value_bytes
+from common.predict.memory import activation_bytes, value_bytes
 from common.predict.validation import run_layout
 from common.results import validate_record
 from common.spec import (
@@ -237,3 +238,19 @@ def test_a_pipeline_of_the_decoder_is_cut_by_its_stage_costs():
     assert stage_split.stage_costs(tied, [2, 2], 8) == stage_split.stage_costs(mini, [2, 2], 8)
     assert stage_split.stage_costs(mini, [4], 8)[0] - stage_split.stage_costs(tied, [4], 8)[0] == pytest.approx(
         stage_split.OPTIMIZER_FLOPS_PER_PARAM * mini.vocab * mini.hidden)
+
+
+def test_the_decoder_s_last_stage_keeps_one_vocabulary_wide_tensor_per_micro_batch_in_flight():
+    """Worked by hand for llama-tiny's last stage, fp32, micro-batches of 2 sequences: per micro-batch in flight its
+    layer's stored values, the final norm's input and output (2 x 128 x 128 values a sequence) and log-softmax's
+    output (128 x 33,282 floats); and once, for the micro-batch whose loss runs backward, two more of those. GPipe
+    holds all 4 micro-batches of pp2-nmb4, 1F1B's last stage one."""
+    vocab = 4 * TINY.seq_len * TINY.vocab
+    per_micro_batch = 2 * (TINY.stored_activation_bytes(TINY.seq_len, value_bytes=4) + 4 * 2 * 128 * 128 + vocab)
+    gpipe, one_f_one_b = (Layout(pp=2, micro_batches=4, schedule=s) for s in ("gpipe", "1f1b"))
+    assert activation_bytes(TINY, gpipe, 1, 2, 4) == 4 * per_micro_batch + 2 * 2 * vocab
+    assert activation_bytes(TINY, one_f_one_b, 1, 2, 4) == per_micro_batch + 2 * 2 * vocab
+    # the first stage: its layer's values only, all 4 micro-batches under GPipe, 2 under 1F1B
+    first = 2 * TINY.stored_activation_bytes(TINY.seq_len, value_bytes=4)
+    assert activation_bytes(TINY, gpipe, 0, 2, 4) == 4 * first and activation_bytes(TINY, one_f_one_b, 0, 2, 4) == \
+        2 * first

@@ -147,17 +147,19 @@ def _decoder_activation_bytes(spec: DecoderSpec, layout: Layout, stage: int, mic
                               value_bytes: int) -> float:
     """The executed decoder LM (lm): each layer's stored values (DecoderSpec, flash attention: torch's CPU and CUDA
     SDPA keep the log-sum-exp, not the scores), or under --recompute its input and one layer's; on the last stage
-    the final norm's input and output, and the loss's three float32 vocabulary-wide tensors live at once in its
-    backward (log-softmax's output, the dense gradient nll_loss hands it, the logits' gradient)."""
+    per micro-batch in flight the final norm's input and output and log-softmax's float32 output, which its
+    backward keeps, and once, for the micro-batch whose loss runs backward, two more float32 vocabulary-wide
+    tensors (the dense gradient nll_loss hands log-softmax, the logits' gradient)."""
     s, h, tp = spec.seq_len, spec.hidden, layout.tp
     counts = stage_layer_counts(layout, spec.layers)
     stored = spec.stored_activation_bytes(s, tp, value_bytes=value_bytes)   # bytes per sequence
     per_sample = counts[stage] * (value_bytes * s * h if layout.recomputes else stored)
     if layout.recomputes and counts[stage]:
         per_sample += stored  # the one layer being recomputed
+    vocab = FLOAT * s * spec.vocab / (tp if layout.vocab_split else 1)   # one float32 logits-sized tensor
     if stage == layout.pp - 1:
-        per_sample += s * (value_bytes * 2 * h + FLOAT * 3 * spec.vocab / (tp if layout.vocab_split else 1))
-    return per_sample * micro_batch * in_flight(layout, stage)
+        per_sample += value_bytes * 2 * s * h + vocab
+    return (per_sample * in_flight(layout, stage) + (2 * vocab if stage == layout.pp - 1 else 0)) * micro_batch
 
 
 def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_batch: int) -> float:
