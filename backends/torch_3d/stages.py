@@ -19,24 +19,32 @@ from common.layout import Layout
 FIRST_INPUT = {"mlm": "input_ids", "lm": "input_ids", "cnn": "image"}
 
 
-class BertStage(nn.Module):
-    """The embeddings on the first stage, this stage's encoder layers, the MLM head on the last.
-    The last stage holds its own copy of the token embedding for the tied decoder; the trainer
-    sums the two copies' gradients so they stay equal."""
+class _Stage(nn.Module):
+    """A model cut to `layers`, the first and/or last stage of the pipeline or neither; each workload's stage
+    drops the parts of the model the stage does not hold."""
 
-    def __init__(self, model: BertMLM, layers: list[int], first: bool, last: bool):
+    def __init__(self, model: nn.Module, layers: list[int], first: bool, last: bool):
         super().__init__()
         self.first, self.last = first, last
         self.vocab_group = None  # the tensor-parallel group, once the vocabulary is split over it
         # A dict keeps the layers' names (layers.<i>) whichever stage holds them.
         model.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})
+        self.model = model
+
+
+class BertStage(_Stage):
+    """The embeddings on the first stage, this stage's encoder layers, the MLM head on the last.
+    The last stage holds its own copy of the token embedding for the tied decoder; the trainer
+    sums the two copies' gradients so they stay equal."""
+
+    def __init__(self, model: BertMLM, layers: list[int], first: bool, last: bool):
+        super().__init__(model, layers, first, last)
         if not first:
             model.position_embedding = model.segment_embedding = model.embeddings_norm = None
         if not last:
             model.head_dense = model.head_norm = model.head_bias = None
         if not (first or last):
             model.token_embedding = None
-        self.model = model
 
     def forward(self, x: torch.Tensor, padding_mask: torch.Tensor, mask_positions: torch.Tensor,
                 mask_ids: torch.Tensor, mask_weights: torch.Tensor) -> torch.Tensor:
@@ -58,25 +66,21 @@ class BertStage(nn.Module):
         return torch.stack([loss, correct])
 
 
-class DecoderStage(nn.Module):
+class DecoderStage(_Stage):
     """The token embedding on the first stage, this stage's decoder blocks, the final norm, output layer and
     next-token loss on the last (the output layer is untied: no copy to keep equal)."""
 
     def __init__(self, model: DecoderLM, layers: list[int], first: bool, last: bool):
-        super().__init__()
-        self.first, self.last = first, last
-        self.vocab_group = None  # the tensor-parallel group, once the vocabulary is split over it
-        model.layers = nn.ModuleDict({str(i): model.layers[i] for i in layers})
+        super().__init__(model, layers, first, last)
         if not first:
             model.token_embedding = None
         if not last:
             model.norm = model.output = None
-        self.model = model
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor, label_weights: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = self.model.token_embedding(x)
-        cos, sin = self.model.rope_cos[: x.shape[1]], self.model.rope_sin[: x.shape[1]]
+        cos, sin = self.model.rotary(x.shape[1])
         for layer in self.model.layers.values():
             x = layer(x, cos, sin)
         if not self.last:

@@ -209,10 +209,14 @@ class DecoderLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def rotary(self, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotary tables of the first `seq_len` positions (a pipeline stage's blocks read them too)."""
+        return self.rope_cos[:seq_len], self.rope_sin[:seq_len]
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """-> logits [B, S, vocab] at every position."""
         x = self.token_embedding(input_ids)
-        cos, sin = self.rope_cos[: input_ids.shape[1]], self.rope_sin[: input_ids.shape[1]]
+        cos, sin = self.rotary(input_ids.shape[1])
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.output(self.norm(x))
