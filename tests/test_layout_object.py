@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.errors import BadInput, Unsupported
-from common.layout import OPTION, Layout, cnn_layers, refuse_layout
+from common.layout import OPTION, Layout, LayoutOption, cnn_layers, refuse_layout
 from common.spec import BERT_SIZES, CNN, BertSpec
 
 TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]  # tiny: 2 layers, 2 heads, hidden 128; mini: 4 layers
@@ -202,3 +202,49 @@ def test_the_edges_a_first_pass_of_mutation_testing_found():
     assert auto.holds(1, MINI, 8) == "layers 3-3 + MLM head"   # mini's balanced split: 3 + 1 (tests/test_stage_split)
     assert auto.as_record(MINI, 8)["layers_per_stage"] == [3, 1]
     assert auto.as_record(MINI, 8)["per_rank"][1]["holds"] == "layers 3-3 + MLM head"
+
+
+@pytest.mark.parametrize("layout, asked", [
+    (Layout(fsdp=2), [("fsdp", "--fsdp 2")]),                       # shards alone: FSDP
+    (Layout(dp=2, fsdp=2), [("hsdp", "--fsdp 2")]),                 # shards under replicas: HSDP, never both
+    (Layout(cp=2), [("cp", "--context-parallel 2")]),
+    (Layout(pp=2, micro_batches=2), [("pp", "--pipeline-stages 2"), ("micro_batches", "--micro-batches 2")]),
+    (Layout(micro_batch_size=1), [("micro_batch_size", "--micro-batch-size 1")]),
+    (Layout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2),
+     [("pp", "--pipeline-stages 2"), ("micro_batches", "--micro-batches 2"),
+      ("interleaved", "--pipeline-schedule interleaved")]),
+    # either half of interleaving asks for it (validate refuses the half alone); with no flag, by its own name
+    (Layout(pp=2, schedule="interleaved"), [("pp", "--pipeline-stages 2"),
+                                            ("interleaved", "--pipeline-schedule interleaved")]),
+    (Layout(pp=2, virtual_stages=2), [("pp", "--pipeline-stages 2"), ("interleaved", "--interleaved")]),
+    (Layout(pp=2, micro_batches=2, schedule="1f1b"),
+     [("pp", "--pipeline-stages 2"), ("micro_batches", "--micro-batches 2"), ("1f1b", "--pipeline-schedule 1f1b")]),
+    (Layout(recompute="selective"), [("selective", "--recompute selective")]),
+    (Layout(recompute="full"), [("recompute", "--recompute full")]),
+    (Layout(tp=2, sp=True, zero1=True, tp_overlap=True, vocab_split=True),
+     [("tp", "--model-parallel 2"), ("sp", "--sequence-parallel"), ("zero1", "--zero1"),
+      ("tp_overlap", "--tp-overlap"), ("vocab_split", "--vocab-split")]),
+    (Layout(pp=2, stage_split="auto"), [("pp", "--pipeline-stages 2"), ("stage_split", "--stage-split auto")]),
+    (Layout(dp=8), []),
+])
+def test_what_a_layout_asks_of_a_backend_at_size_two(layout, asked):
+    """Each feature at the smallest size that asks it (2), in FEATURES' order, with the flag a refusal names."""
+    assert layout.features() == asked
+
+
+def test_a_switch_on_by_default_is_turned_off_by_its_no_flag_and_has_no_word():
+    """No option in OPTIONS is on by default today; LayoutOption says how one would be typed and named."""
+    on = LayoutOption("overlap", "--overlap", "overlap the collectives", True, token="ovl")
+    assert on.flag_for(False) == "--no-overlap" and on.flag_for(True) == ""
+    assert on.word_for(False) == "" and on.word_for(True) == ""
+    assert OPTION["sp"].word_for(True) == "sp" and OPTION["sp"].word_for(False) == ""
+    # a choice without a word of its own (interleaved: its vp<V> says it) is no word, not None
+    assert OPTION["schedule"].word_for("interleaved") == "" and OPTION["schedule"].word_for("1f1b") == "1f1b"
+    assert OPTION["recompute"].word_for("selective") == "sel" and OPTION["recompute"].word_for("none") == ""
+
+
+def test_micro_batches_of_a_given_size_are_whole():
+    """The batch over data ranks x the size, rounded down: 8 samples in micro-batches of 3 are 2 of them."""
+    assert Layout(micro_batch_size=3).micro_batches_at(8) == 2
+    assert repr(Layout(dp=2, micro_batch_size=2).micro_batches_at(16)) == "4"
+    assert Layout(pp=2, micro_batches=6).micro_batches_at(1000) == 6
