@@ -8,6 +8,7 @@ import pytest
 
 from common.initial_weights import layout as tensor_layout
 from common.layout import Layout
+from common.predict.decoder import DecoderSpec
 from common.predict.memory import (
     activation_bytes,
     evaluation_bytes,
@@ -134,3 +135,35 @@ def test_a_shard_is_whole_elements_and_recompute_keeps_one_split_layer():
     # whole, its split part halved (2 x (4 h + (4 h + 2 i) / 2) = 32), the embeddings' 2 s h = 8, the head's
     # 4 p h + 2 p V = 28: 80 values of 4 bytes
     assert activation_bytes(TOY, Layout(tp=2, recompute="full"), 0, 1) == 4 * (12 + 32 + 8 + 28)
+
+
+# A decoder small enough to count by hand: h 4, 2 heads of 2 (one key/value head), SwiGLU FFN 8, vocabulary 10,
+# 2 tokens a sequence, 2 layers. One layer keeps, per token in float32: the two norms' inputs 2 x 16, the QKV
+# input 16, Q, K and V 4 x (4 + 2 + 2), the log-sum-exp 4 x 2, the output projection's input 16, the FFN's input
+# 16, SwiGLU's four 8-wide values 4 x 4 x 8: 248 bytes, 496 a sequence.
+DECODER = DecoderSpec("toy-lm", layers=2, hidden=4, heads=2, kv_heads=1, ffn=8, ffn_kind="swiglu", vocab=10,
+                      seq_len=2, tied_embeddings=False)
+LOGITS = 4 * 2 * 10            # one float32 vocabulary-wide tensor a sequence
+LAST = 4 * 2 * 2 * 4 + LOGITS  # the final norm's input and output (2 x 2 tokens x 4) and log-softmax's output
+
+
+@pytest.mark.parametrize("layout, stage, value, expected", [
+    (Layout(), 0, 4, 3 * (2 * 496 + LAST + 2 * LOGITS)),                  # 3888: the loss's two tensors once
+    (Layout(recompute="full"), 0, 4, 3 * (2 * 4 * 2 * 4 + 496 + LAST + 2 * LOGITS)),   # inputs + one layer: 2592
+    (Layout(pp=2, micro_batches=4), 0, 4, 3 * 4 * 496),                   # GPipe: all 4 in flight, no loss
+    (Layout(pp=2, micro_batches=4), 1, 4, 3 * (4 * (496 + LAST) + 2 * LOGITS)),         # 8160
+    (Layout(pp=2, micro_batches=4, schedule="1f1b"), 0, 4, 3 * 2 * 496),  # 1F1B: pp - stage in flight
+    (Layout(pp=2, micro_batches=4, schedule="1f1b"), 1, 4, 3 * (496 + LAST + 2 * LOGITS)),  # 2400
+    # tp2: Q, K, V, the log-sum-exp, the context and SwiGLU split: 156 bytes a token, 312 a sequence
+    (Layout(tp=2), 0, 4, 3 * (2 * 312 + LAST + 2 * LOGITS)),              # 2784
+    (Layout(tp=2, vocab_split=True), 0, 4, 3 * (2 * 312 + 64 + 40 + 2 * 40)),   # the logits split too: 2424
+    # bf16 values: 128 bytes a token (the log-sum-exp stays float32), the logits' tensors stay float32
+    (Layout(), 0, 2, 3 * (2 * 256 + 2 * 2 * 2 * 4 + LOGITS + 2 * LOGITS)),     # 2352
+    # a stage left without layers (3 stages of 2 layers, which validate refuses) recomputes none
+    (Layout(pp=3, micro_batches=3, recompute="full"), 2, 4, 3 * (3 * LAST + 2 * LOGITS)),   # 1776
+])
+def test_the_executed_decoders_activations_by_hand(layout, stage, value, expected):
+    """Micro-batches of 3 sequences of the executed decoder LM (lm): its layers' stored values per micro-batch in
+    flight, the last stage's norm and log-softmax outputs with them, and once the loss's two float32 gradients."""
+    assert DECODER.stored_activation_bytes(2, 1, value_bytes=4) == 496
+    assert activation_bytes(DECODER, layout, stage, 3, value) == pytest.approx(expected, rel=1e-12)
