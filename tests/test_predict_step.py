@@ -375,3 +375,24 @@ def test_what_each_stage_holds_reaches_the_step():
     assert sharded.optimizer_s == pytest.approx(stage1 * 1e-9, rel=1e-12) and stage1 > 86 / 2
     # six micro-batches accumulated on one device: no pipeline, no bubble, exactly
     assert predict(TOY, Layout(micro_batches=6), 12, GPU, BASIS).bubble_s == 0.0
+
+
+def test_the_head_gradient_of_a_split_loss_travels_as_a_cpu_run_keeps_it_unless_told_the_device():
+    """collectives() without a device kind is a CPU run's: under bf16 autocast the head's output gradient (4
+    masked positions x hidden 2) goes in 2 bytes a value, 16 bytes; a CUDA run's LayerNorm output is float32."""
+    layout = Layout(tp=2, vocab_split=True)
+    assert collectives(TOY, layout, 4, 0, "torch_3d", 2)[-1].nbytes == 16
+    assert collectives(TOY, layout, 4, 0, "torch_3d", 2, "cuda")[-1].nbytes == 32
+
+
+@pytest.mark.parametrize("layout, flag", [
+    (Layout(cp=2), "--context-parallel 2"), (Layout(dp=2, fsdp=2), "--fsdp 2"), (Layout(zero1=True), "--zero1"),
+    (Layout(recompute="selective"), "--recompute selective"),
+])
+def test_what_torch_3d_does_not_execute_is_refused_in_one_line_naming_the_decoders_model(layout, flag):
+    message = (f"{layout.name}: {flag} is not modelled for the executed workloads (their step model counts what "
+               "torch_3d executes); the decoders' model does (bench.predict --model)")
+    for refuse in (lambda: predict(TOY, layout, 8, GPU, BASIS), lambda: memory_per_rank(TOY, layout, 8, None)):
+        with pytest.raises(ValueError) as err:
+            refuse()
+        assert str(err.value) == message
