@@ -9,6 +9,7 @@ from common.stats import (
     interval_of,
     point_throughput,
     ratio_interval,
+    spearman,
     throughput_draws,
     throughput_interval,
     verdict,
@@ -124,3 +125,17 @@ def test_the_seeds_are_fixed_and_every_step_can_be_drawn():
     assert throughput_draws([[1.0, 3.0]], 4, draws=300).max() == pytest.approx(4.0)  # both draws of step 0
     with pytest.raises(ValueError, match="^no run has measured step times$"):
         throughput_draws([], 32)
+
+
+def test_spearman_by_hand():
+    """Pearson's correlation of the ranks: [1, 2, 3] against [1, 3, 2] has rank deviations (-1, 0, 1) and (-1, 1, 0),
+    covariance 1 over variances 2: 0.5. Tied values share their average rank: [1, 1, 2, 3] ranks 1.5, 1.5, 3, 4,
+    deviations (-1, -1, 0.5, 1.5) against (-1.5, -0.5, 0.5, 1.5): 4.5 / sqrt(4.5 x 5) = 3 / sqrt(10)."""
+    assert spearman([1, 2, 3], [1, 3, 2]) == pytest.approx(0.5)
+    assert spearman([10, 20, 30], [3, 2, 1]) == pytest.approx(-1.0)
+    assert spearman([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(3 / 10 ** 0.5)
+    # two distinct ranks a side are enough: (-0.5, -0.5, 1) against (-1, 0.5, 0.5), 0.75 over variances 1.5
+    assert spearman([1, 1, 2], [1, 2, 2]) == pytest.approx(0.5)
+    # fewer than three pairs, pairs that do not match up, or either side constant: no figure
+    assert spearman([1, 2], [2, 1]) is None and spearman([1, 2, 3], [1, 2]) is None
+    assert spearman([4, 4, 4], [1, 2, 3]) is None and spearman([1, 2, 3], [4, 4, 4]) is None
