@@ -396,3 +396,29 @@ def test_what_torch_3d_does_not_execute_is_refused_in_one_line_naming_the_decode
         with pytest.raises(ValueError) as err:
             refuse()
         assert str(err.value) == message
+
+
+def test_the_executed_decoder_lm_from_a_measured_basis_by_hand():
+    """The lm workload timed from a 1-device run (tests/test_predict_memory.py's toy decoder, 2 tokens a sequence):
+    a layer's GEMMs 2 x 144 multiply-adds and causal attention's 16, 304; the untied output layer 2 x 10 x 4, 80;
+    388 parameters (the 10 x 4 table, 2 x (144 + 2 x 4), the final norm 4 and the 10 x 4 output layer)."""
+    from common.predict.work import Parts, parts
+    from tests.test_predict_memory import DECODER
+    assert parts(DECODER) == Parts(layer=304.0, layers=2, head_dense=0.0, head_vocab=80.0,
+                                   layer_recomputed=304.0 - 2 * 8 * 4)   # not w2's 64, which feeds only the add
+    one = predict(DECODER, Layout(), 4, GPU, BASIS)
+    assert one.compute_s == pytest.approx(4 * 688e-9) and one.optimizer_s == pytest.approx(388e-9)
+    # a pipeline sends 2 x 2 x 4 float32 hidden states each way, 2 micro-batches; no tied table to all-reduce
+    pipe = predict(DECODER, Layout(pp=2, micro_batches=2), 4, GPU, BASIS)
+    assert [(c.kind, c.dim, c.nbytes, c.calls) for c in pipe.collectives] == [("send_recv", "pp", 64, 4)] * 2
+    assert pipe.compute_s == pytest.approx(2 * 2 * 384e-9)   # the busier last stage: a layer and the output layer
+    # tp2 under --recompute: a pre-norm block's FFN all-reduce is not redone (1 more forward all-reduce a layer,
+    # not 2), and the recomputed forward is the layers' without w2: 2 x 240 / 2 / 3 more multiply-adds a sample
+    rc = predict(DECODER, Layout(tp=2, recompute="full"), 4, GPU, BASIS)
+    assert [(c.nbytes, c.calls) for c in rc.collectives] == [(128, 2 * 3), (128, 2 * 2)]
+    assert rc.compute_s == pytest.approx(4 * (384 + 80) * 1e-9)
+    # a basis measured with --recompute holds the recomputation in its time per multiply-add: of the 688 + 160
+    # it ran, the plain 688 share
+    measured_rc = replace(BASIS, recompute=True)
+    assert predict(DECODER, Layout(recompute="full"), 4, GPU, measured_rc).compute_s == pytest.approx(4 * 688e-9)
+    assert predict(DECODER, Layout(), 4, GPU, measured_rc).compute_s == pytest.approx(4 * 688e-9 * 688 / 848)
