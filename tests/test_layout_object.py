@@ -3,10 +3,12 @@ what each rank holds, the record it writes, and the flags it gives back (bench.r
 backend's refusal)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from common.errors import BadInput, Unsupported
-from common.layout import OPTION, Layout, LayoutOption, cnn_layers, refuse_layout
+from common.layout import OPTION, Layout, LayoutOption, Refused, check_name, cnn_layers, refuse_layout
 from common.spec import BERT_SIZES, CNN, BertSpec
 
 TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]  # tiny: 2 layers, 2 heads, hidden 128; mini: 4 layers
@@ -248,3 +250,55 @@ def test_micro_batches_of_a_given_size_are_whole():
     assert Layout(micro_batch_size=3).micro_batches_at(8) == 2
     assert repr(Layout(dp=2, micro_batch_size=2).micro_batches_at(16)) == "4"
     assert Layout(pp=2, micro_batches=6).micro_batches_at(1000) == 6
+
+
+@pytest.mark.parametrize("entry, devices, reason", [
+    ("dpxfsdp", 8, "'dpxfsdp': only one bare dp or fsdp may take the devices left"),
+    ("tp", 8, "'tp': only one bare dp or fsdp may take the devices left"),
+    ("dp", None, "'dp': a bare dp takes the devices the others leave: it needs a device count (bench.predict and "
+                 "bench.plan give one; a sweep's layouts give sizes)"),
+    ("pp2-nmb2-nmb4", None, "'pp2-nmb2-nmb4': 'nmb4' repeats an option already given or contradicts one"),
+    ("pp2-vp2-gpipe", None, "'pp2-vp2-gpipe': 'gpipe' repeats an option already given or contradicts one"),
+    ("tp2-tpo-tpo", None, "'tp2-tpo-tpo': 'tpo' repeats an option already given or contradicts one"),
+    ("pp2-gpipe-vp2", None, "'pp2-gpipe-vp2': vp<V> is interleaved 1F1B; it cannot be combined with gpipe"),
+    ("pp2-mbs2-nmb4", None, "'pp2-mbs2-nmb4': give the number of micro-batches (nmb<K>) or their size (mbs<B>), "
+                            "not both"),
+    ("cp2-sp", None, "'cp2-sp': 'sp' needs tensor parallelism (tp<N>)"),
+    ("pp2-split9", None, "'pp2-split9': 'split9': '9' is not even, auto or layers per stage (e.g. 3,1), each >= 1"),
+    ("tp2-fp8", None, "'tp2-fp8': fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling "
+                      "and casts are not counted)"),
+    ("ep4", None, "'ep4': expert parallelism is not modelled: the bundled models are dense"),
+    ("fsdp8-zero2", None, "'fsdp8-zero2': ZeRO-2 (the parameters whole on every data rank from the forward through "
+                          "the backward, gradients and optimizer state sharded: torch FSDP's SHARD_GRAD_OP, "
+                          "fairscale's FSDP without reshard after forward) is not modelled"),
+])
+def test_a_name_the_grammar_refuses_says_why_in_full(entry, devices, reason):
+    with pytest.raises(Refused) as err:
+        Layout.parse(entry, devices)
+    assert str(err.value) == reason
+    if "it needs a device count" in reason:   # a bare dp is a good name once a count is given
+        check_name(entry)
+        return
+    with pytest.raises(Refused, match="^" + re.escape(reason.split(":")[0])):   # whatever the device count
+        check_name(entry)
+
+
+@pytest.mark.parametrize("entry, devices, reason", [
+    ("tp3", 4, "'tp3' at 4 devices: the other dimensions (3) do not divide them"),
+    ("dp2xtp2", 8, "'dp2xtp2' uses 4 devices, not 8"),
+    ("tp2xfsdp2", 8, "'tp2xfsdp2' uses 4 devices, not 8"),   # a sized data dimension takes no more
+])
+def test_a_name_that_cannot_fill_the_devices_is_the_device_counts_objection_not_the_names(entry, devices, reason):
+    with pytest.raises(ValueError) as err:
+        Layout.parse(entry, devices)
+    assert str(err.value) == reason and not isinstance(err.value, Refused)
+    check_name(entry)   # the name itself is good
+
+
+@pytest.mark.parametrize("entry, devices, name", [
+    ("dp", 8, "dp8"), ("fsdpxtp2", 8, "fsdp4xtp2"), ("tp2", 8, "dp4xtp2"), ("tp2", 2, "tp2"),
+    ("pp2-vp2-1f1b", None, "pp2-nmb4-vp2"), ("pp2-1f1b-vp2", None, "pp2-nmb4-vp2"),  # vp<V> is interleaved 1F1B
+    ("pp2-mbs2", None, "pp2-mbs2"), ("pp3", None, "pp3-nmb6"),
+])
+def test_a_name_at_a_device_count(entry, devices, name):
+    assert Layout.parse(entry, devices).name == name
