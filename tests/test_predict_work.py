@@ -54,3 +54,14 @@ def test_a_stage_s_share_by_hand():
     one_two = Layout(pp=2, micro_batches=2, stage_split="1,2")
     assert stage_macs(TOY, one_two) == [LAYER, 2 * LAYER + HEAD_DENSE + HEAD_VOCAB]
     assert stage_macs(TOY, Layout(dp=4)) == stage_macs(TOY, Layout())  # dp divides the samples, not a sample
+
+
+def test_what_recompute_runs_again():
+    """--recompute runs each encoder layer's forward again, never the head; no backend recomputes the CNN; and
+    without --recompute nothing runs twice."""
+    rc = Layout(recompute="full")
+    assert stage_macs(TOY, rc, recomputed=True) == [3 * LAYER]
+    assert stage_macs(TOY, Layout(pp=2, micro_batches=2, recompute="full"), True) == [2 * LAYER, LAYER]
+    assert stage_macs(TOY, Layout(pp=2, micro_batches=2), True) == [0.0, 0.0]
+    assert stage_macs(CNN, rc, recomputed=True) == [0.0] == stage_macs(CNN, Layout(dp=2), recomputed=True)
+    assert stage_macs(CNN, rc) == [CNN.forward_macs()]
