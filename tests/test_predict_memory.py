@@ -167,3 +167,29 @@ def test_the_executed_decoders_activations_by_hand(layout, stage, value, expecte
     flight, the last stage's norm and log-softmax outputs with them, and once the loss's two float32 gradients."""
     assert DECODER.stored_activation_bytes(2, 1, value_bytes=4) == 496
     assert activation_bytes(DECODER, layout, stage, 3, value) == pytest.approx(expected, rel=1e-12)
+
+
+def test_micro_batches_in_flight_by_schedule():
+    """GPipe holds every micro-batch (of the layout's, or of those asked about); 1F1B pp - stage of them at most;
+    interleaved 1F1B on v chunks pp (1 + (pp - 1) / (pp v)): 2 x (1 + 1/4) = 2.5 for pp2 of 2 chunks, 4 x (1 + 3/8)
+    = 5.5 for pp4, never more than there are."""
+    assert in_flight(PP2, 0, micro_batches=6) == 6 and in_flight(Layout(), 0, micro_batches=6) == 1
+    assert in_flight(Layout(pp=4, micro_batches=2, schedule="1f1b"), 0) == 2
+    assert in_flight(Layout(pp=4, micro_batches=8, schedule="1f1b"), 1) == 3
+    interleaved = Layout(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2)
+    assert in_flight(interleaved, 0) == 2.5 and in_flight(interleaved, 1) == 2.5
+    assert in_flight(interleaved, 0, micro_batches=2) == 2
+    assert in_flight(Layout(pp=4, micro_batches=8, schedule="interleaved", virtual_stages=2), 0) == 5.5
+
+
+def test_an_evaluation_of_the_executed_decoder_keeps_one_layer_or_the_logits():
+    """Per sequence of 2 tokens, float32: a layer's 4h = 16 values and Q, K, V and three FFN-wide ones, (4 + 2 x 2
+    + 3 x 8) / tp; the last stage's logits and log-softmax 2 x 2 x V, the more of the two; batches of 5."""
+    assert evaluation_bytes(DECODER, Layout(), 0, 5) == 4 * 5 * 2 * (16 + 32)            # 96 > the logits' 40
+    wide = replace(DECODER, vocab=100)                                                   # logits 400 a sequence
+    assert evaluation_bytes(wide, Layout(), 0, 5) == 4 * 5 * 400
+    assert evaluation_bytes(wide, Layout(tp=2), 0, 5) == 4 * 5 * 400
+    assert evaluation_bytes(wide, Layout(tp=2, vocab_split=True), 0, 5) == 4 * 5 * 200
+    assert evaluation_bytes(DECODER, Layout(tp=2), 0, 5) == 4 * 5 * 2 * (16 + 16)
+    pp2 = Layout(pp=2, micro_batches=2)
+    assert evaluation_bytes(wide, pp2, 0, 5) == 4 * 5 * 96 and evaluation_bytes(wide, pp2, 1, 5) == 4 * 5 * 400
