@@ -302,3 +302,41 @@ def test_a_name_that_cannot_fill_the_devices_is_the_device_counts_objection_not_
 ])
 def test_a_name_at_a_device_count(entry, devices, name):
     assert Layout.parse(entry, devices).name == name
+
+
+def _decoder(**changes):
+    from dataclasses import replace
+
+    from common.predict.decoder import DecoderSpec
+    toy = DecoderSpec("toy-lm", layers=2, hidden=4, heads=2, kv_heads=1, ffn=8, ffn_kind="swiglu", vocab=10,
+                      seq_len=2, tied_embeddings=False)
+    return replace(toy, **changes)
+
+
+@pytest.mark.parametrize("layout, changes, message", [
+    (Layout(tp=3), {}, "tp3: toy-lm's 2 heads and FFN 8 must divide by tp 3"),
+    (Layout(tp=4), {"heads": 4, "ffn": 6}, "tp4: toy-lm's 4 heads and FFN 6 must divide by tp 4"),
+    (Layout(tp=4), {"heads": 4, "kv_heads": 3}, "tp4: 3 key/value heads cannot be split or replicated over tp 4"),
+    (Layout(tp=4, vocab_split=True), {"heads": 4}, "tp4-vocab: vocabulary 10 is not divisible by tp 4"),
+    (Layout(pp=4, micro_batches=4), {}, "pp4-nmb4: 2 layers cannot fill 4 pipeline chunks"),
+    (Layout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2), {},
+     "pp2-nmb2-vp2: 2 layers cannot fill 4 pipeline chunks"),
+    (Layout(pp=2, micro_batches=2, stage_split="1,1"), {},
+     "pp2-nmb2-split1+1: --stage-split 1,1: a decoder's layers are split evenly over its pipeline chunks"),
+    (Layout(cp=2), {}, "cp2: sequence 2 must split into 2 x cp 2 chunks"),
+])
+def test_a_decoder_layout_that_cannot_be_laid_out_is_named(layout, changes, message):
+    with pytest.raises(BadInput) as err:
+        layout.validate(_decoder(**changes), 8)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("layout, changes", [
+    (Layout(tp=2), {}),                                   # one key/value head replicated over tp 2
+    (Layout(tp=4), {"heads": 4, "kv_heads": 2}),          # two, each on two ranks
+    (Layout(tp=2), {"heads": 4, "kv_heads": 4}),          # four split two a rank
+    (Layout(tp=2, vocab_split=True), {}), (Layout(pp=2, micro_batches=2), {}), (Layout(cp=1), {}),
+    (Layout(micro_batch_size=2), {}), (Layout(micro_batches=2), {}),   # the decoders' model takes either alone
+])
+def test_a_decoder_layout_at_the_edge_of_each_rule_passes(layout, changes):
+    layout.validate(_decoder(**changes), 8)
