@@ -340,3 +340,18 @@ def test_a_decoder_layout_that_cannot_be_laid_out_is_named(layout, changes, mess
 ])
 def test_a_decoder_layout_at_the_edge_of_each_rule_passes(layout, changes):
     layout.validate(_decoder(**changes), 8)
+
+
+@pytest.mark.parametrize("layout, name", [
+    (Layout(dp=2, zero1=True), "dp2-zero1"), (Layout(dp=2, recompute="full", zero1=True), "dp2-rc-zero1"),
+    # a word whose dimension is missing says nothing (validate refuses it), and the words after it still speak
+    (Layout(sp=True, zero1=True), "1 device-zero1"),
+    (Layout(pp=2, micro_batch_size=2), "pp2-mbs2"),   # the size given: no nmb<K>
+    (Layout(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2, stage_split="3,1"),
+     "pp2-nmb4-vp2-split3+1"),
+    (Layout(cp=2, recompute="selective"), "cp2-sel"), (Layout(tp=2, sp=True, tp_overlap=True, vocab_split=True),
+                                                       "tp2-sp-tpo-vocab"),
+    (Layout(dp=2, fsdp=2, tp=2, pp=2, cp=2, micro_batches=2), "dp2xfsdp2xtp2xpp2xcp2-nmb2"),
+])
+def test_names_in_name_order(layout, name):
+    assert layout.name == name
