@@ -263,6 +263,8 @@ def test_micro_batches_of_a_given_size_are_whole():
     ("pp2-gpipe-vp2", None, "'pp2-gpipe-vp2': vp<V> is interleaved 1F1B; it cannot be combined with gpipe"),
     ("pp2-mbs2-nmb4", None, "'pp2-mbs2-nmb4': give the number of micro-batches (nmb<K>) or their size (mbs<B>), "
                             "not both"),
+    ("pp2-nmb2-mbs2", None, "'pp2-nmb2-mbs2': give the number of micro-batches (nmb<K>) or their size (mbs<B>), "
+                            "not both"),
     ("cp2-sp", None, "'cp2-sp': 'sp' needs tensor parallelism (tp<N>)"),
     ("pp2-split9", None, "'pp2-split9': 'split9': '9' is not even, auto or layers per stage (e.g. 3,1), each >= 1"),
     ("tp2-fp8", None, "'tp2-fp8': fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling "

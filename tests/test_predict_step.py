@@ -422,3 +422,29 @@ def test_the_executed_decoder_lm_from_a_measured_basis_by_hand():
     measured_rc = replace(BASIS, recompute=True)
     assert predict(DECODER, Layout(recompute="full"), 4, GPU, measured_rc).compute_s == pytest.approx(4 * 688e-9)
     assert predict(DECODER, Layout(), 4, GPU, measured_rc).compute_s == pytest.approx(4 * 688e-9 * 688 / 848)
+
+
+def test_a_step_put_together_from_its_stages_by_hand():
+    """Two stages of 4 micro-batches over 2 virtual chunks: per micro-batch stage 0 computes 3 and waits 1 inside
+    (4), stage 1 computes 5 and waits 1 (6); interleaved 1F1B takes (4 + 6) / 2 + (4 - 1/2) x 6 = 26; after it the
+    slower tail, stage 1's 1 + 3 + 0.25 against stage 0's 2 + 0.5 + 1; 10 of overhead."""
+    from common.predict.prediction import Stages
+    from common.predict.step import _step
+
+    def stages():
+        made = Stages(micro_batches=4, overhead=10.0, seq_len=7)
+        made.add(compute=3.0, inside=1.0, after_comm=2.0, after_other=0.5, optimizer=1.0, parts={"attention": 1.0})
+        made.add(compute=5.0, inside=1.0, recompute=0.5, after_comm=1.0, after_other=3.0, optimizer=0.25,
+                 parts={"attention": 2.0})
+        return made
+    interleaved = Layout(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2)
+    p = _step(stages(), interleaved, 8)
+    assert p.step_s == 10 + 26 + 4.25 and p.bubble_s == 26 - 4 * 6
+    assert (p.compute_s, p.comm_exposed_s, p.optimizer_s, p.recompute_s) == (4 * 5, 4 * 1 + 2, 1.0, 4 * 0.5)
+    assert p.idle_per_stage == [(26 - 4 * 4) / (26 + 2), (26 - 4 * 6) / (26 + 2)]
+    assert p.parts_s["attention"] == 2.0 and p.tokens_per_s == 8 * 7 / p.step_s
+    # the same stages under plain 1F1B: sum + (m - 1) x max = 10 + 18
+    assert _step(stages(), Layout(pp=2, micro_batches=4, schedule="1f1b"), 8).step_s == 10 + 28 + 4.25
+    # the schedule interleaves, not the chunk count alone (a layout validate refuses, costed as asked)
+    chunks = Layout(pp=2, micro_batches=4, schedule="1f1b", virtual_stages=2)
+    assert _step(stages(), chunks, 8).step_s == 10 + 28 + 4.25
