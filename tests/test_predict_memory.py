@@ -100,6 +100,7 @@ def test_activations_by_hand():
     # the CNN: each conv's output and its BatchNorm and ReLU copies, then the fully connected inputs
     maps = sum(3 * size * size * c for size, c in zip((26, 24, 10, 8), (16, 32, 64, 128)))
     assert activation_bytes(CNN, Layout(), 0, 2) == 4 * 2 * (maps + 2048 + 1024 + 128)
+    assert activation_bytes(CNN, Layout(), 0, 2, value_bytes=2) == 2 * 2 * (maps + 2048 + 1024 + 128)  # autocast
 
 
 def test_an_evaluation_keeps_one_layer_or_the_logits():
