@@ -194,3 +194,16 @@ def test_an_evaluation_of_the_executed_decoder_keeps_one_layer_or_the_logits():
     assert evaluation_bytes(DECODER, Layout(tp=2), 0, 5) == 4 * 5 * 2 * (16 + 16)
     pp2 = Layout(pp=2, micro_batches=2)
     assert evaluation_bytes(wide, pp2, 0, 5) == 4 * 5 * 96 and evaluation_bytes(wide, pp2, 1, 5) == 4 * 5 * 400
+
+
+def test_the_mlm_head_keeps_its_values_at_each_masked_position():
+    """8 tokens a sequence mask ceil(0.15 x 8) = 2 positions: the head keeps 4 p h = 16 values and the logits and
+    their softmax 2 p V = 40, against the first stage's embeddings 2 s h = 32; one layer on each stage of pp2,
+    GPipe's 2 micro-batches of 1 in flight, float32: the last stage holds 4 x 2 x (56 - 32) = 192 bytes more."""
+    toy8 = BertSpec("toy8", layers=2, hidden=2, heads=1, intermediate=4, seq_len=8, vocab_size=10)
+    assert toy8.max_predictions == 2
+    pp2 = Layout(pp=2, micro_batches=2)
+    assert activation_bytes(toy8, pp2, 1, 1) - activation_bytes(toy8, pp2, 0, 1) == 4 * 2 * (16 + 40 - 32)
+    # the logits split over tp2: half of 2 p V
+    assert activation_bytes(toy8, Layout(tp=2), 0, 1) - activation_bytes(toy8, Layout(tp=2, vocab_split=True), 0, 1) \
+        == 4 * 20
