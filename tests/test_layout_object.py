@@ -357,3 +357,13 @@ def test_a_decoder_layout_at_the_edge_of_each_rule_passes(layout, changes):
 ])
 def test_names_in_name_order(layout, name):
     assert layout.name == name
+
+
+def test_what_each_rank_of_a_decoder_holds_in_words():
+    pp2 = Layout(pp=2, micro_batches=2)
+    assert pp2.holds(0, _decoder(), 4) == "embeddings + layers 0-0"
+    assert pp2.holds(1, _decoder(), 4) == "layers 1-1 + norm + output layer"
+    assert Layout(fsdp=2, tp=2, vocab_split=True).holds(3, _decoder(), 4) == \
+        "embeddings + layers 0-1 + norm + output layer, heads, FFN and vocabulary shard 2/2, parameters and " \
+        "optimizer state shard 2/2"
+    assert pp2.as_record(_decoder(), 8)["layers_per_stage"] == [1, 1]
