@@ -367,3 +367,7 @@ def test_what_each_rank_of_a_decoder_holds_in_words():
         "embeddings + layers 0-1 + norm + output layer, heads, FFN and vocabulary shard 2/2, parameters and " \
         "optimizer state shard 2/2"
     assert pp2.as_record(_decoder(), 8)["layers_per_stage"] == [1, 1]
+
+
+def test_a_layout_accumulates_its_micro_batches_once_without_grad_accum():
+    assert Layout(pp=2, micro_batches=4).accumulation() == 4 and Layout().accumulation() == 1

@@ -283,3 +283,12 @@ def test_a_basis_counts_the_state_of_its_own_backend_and_says_whether_it_recompu
         pytest.approx(torch_state.optimizer - keras_state.optimizer, abs=1e-3)
     assert not torch_basis.recompute
     assert from_records(TINY, [_one(layout={"dp": 1, "recompute": True})]).recompute is True
+
+
+def test_two_repeats_pool_the_probes_copies_over_the_repeats_median():
+    """Two repeats of the main reference, one probed (copies at 2.0 and 2.2 s): its copies' median 2.1 over the
+    two repeats' median step, (1.0 + 1.2) / 2 = 1.1; the one run alone: the probe's own slowdown."""
+    probe = {"processes": 2, "step_s_p50": [2.0, 2.2], "slowdown": 1.5, "run_ids": ["c0", "c1"]}
+    probed, other = _one("a", step=1.0, co_run=probe), _one("b", step=1.2)
+    assert co_run_slowdown([probed], [probed, other]) == (pytest.approx(2.1 / 1.1), "a")
+    assert co_run_slowdown([probed], [probed]) == (1.5, "a")

@@ -207,3 +207,11 @@ def test_the_mlm_head_keeps_its_values_at_each_masked_position():
     # the logits split over tp2: half of 2 p V
     assert activation_bytes(toy8, Layout(tp=2), 0, 1) - activation_bytes(toy8, Layout(tp=2, vocab_split=True), 0, 1) \
         == 4 * 20
+
+
+def test_an_evaluation_of_the_mlm_keeps_the_logits_of_each_masked_position():
+    """8 tokens mask 2 positions: the logits and their softmax 2 p V = 400 a sequence over a 100-word vocabulary,
+    more than a layer's s (4h + (2h + 2i)/tp) = 8 x 20 = 160; batches of 5, float32."""
+    toy8 = BertSpec("toy8", layers=2, hidden=2, heads=1, intermediate=4, seq_len=8, vocab_size=100)
+    assert evaluation_bytes(toy8, Layout(), 0, 5) == 4 * 5 * 400
+    assert evaluation_bytes(toy8, Layout(pp=2, micro_batches=2), 0, 5) == 4 * 5 * 160
