@@ -6,7 +6,7 @@ import pytest
 from common.errors import BadInput
 from common.layout import Layout
 from common.spec import BERT_SIZES, BertSpec
-from common.stage_split import OPTIMIZER_FLOPS_PER_PARAM, balanced_split, parse_split, stage_costs
+from common.stage_split import OPTIMIZER_FLOPS_PER_PARAM, balanced_split, parse_split, stage_costs, tied_table
 
 # h 2, intermediate 4, 2 positions, vocabulary 10: small enough to count by hand.
 TOY = BertSpec("toy", layers=3, hidden=2, heads=1, intermediate=4, seq_len=2, vocab_size=10)
@@ -106,3 +106,17 @@ def test_the_edges_a_first_pass_of_mutation_testing_found():
     thin = BertSpec("thin", layers=5, hidden=2, heads=1, intermediate=8, seq_len=4, vocab_size=1000)
     assert max(stage_costs(thin, [2, 2, 1], 0)) == max(stage_costs(thin, [1, 3, 1], 0))
     assert balanced_split(thin, 3, 0) == [2, 2, 1]
+
+
+def test_a_decoders_stage_costs_and_its_tied_table_by_hand():
+    """The toy decoder LM (tests/test_predict_memory.py's): a layer 304 multiply-adds a sequence and 152 parameters,
+    the 10 x 4 token table, the output layer 80 multiply-adds and, untied, 4 + 40 parameters. Only a tied decoder's
+    last stage holds a copy of the table; an untied one's output layer is its head's own."""
+    from dataclasses import replace
+
+    from tests.test_predict_memory import DECODER
+    tied = replace(DECODER, tied_embeddings=True)
+    assert tied_table(DECODER) == 0 and tied_table(tied) == 10 * 4
+    assert stage_costs(DECODER, [1, 1], 1) == [6 * 304 + 500 * (152 + 40), 6 * (304 + 80) + 500 * (152 + 44)]
+    assert stage_costs(tied, [1, 1], 1) == [6 * 304 + 500 * (152 + 40), 6 * (304 + 80) + 500 * (152 + 4 + 40)]
+    assert stage_costs(tied, [2], 1) == [6 * (2 * 304 + 80) + 500 * (40 + 2 * 152 + 4)]   # one stage: no copy
