@@ -187,6 +187,9 @@ def test_what_a_record_says_of_its_run():
     assert eval_batch(_one(eval={"samples_evaluated": 10 * batch})) == batch
     assert eval_batch(_one(eval={"samples_evaluated": 8})) == 8
     assert eval_batch(_one(eval={"samples_evaluated": 40}, layout={"dp": 2})) == 20
+    # a shard rounds up (41 over 2: 21), and a record without a layout is one data rank's
+    assert eval_batch(_one(eval={"samples_evaluated": 41}, layout={"dp": 2})) == 21
+    assert eval_batch({"workload": "mlm", "eval": {"samples_evaluated": 9}}) == 9
     assert background_load({"device_kind": "cuda", "load": {"other_busy_cores": 3.0}}) == 0.0
     assert background_load({"device_kind": "cpu", "devices": 2, "threads_per_device": 2,
                             "load": {"loadavg_1m_after": 3.0}}) == 0.0  # below the run's own 4 threads
