@@ -25,11 +25,15 @@ TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]  # tiny: 2 layers, 2 heads, 
     (Layout(pp=2, micro_batches=2, schedule="interleaved"), MINI, 8, 1, "--pipeline-schedule interleaved with "
                                                                         "--virtual-stages 1: an interleaved"),
     (Layout(pp=2, micro_batches=3, schedule="interleaved", virtual_stages=2), MINI, 6, 1,
-     "interleaved 1F1B needs the 3 micro-batches to be a multiple of the 2 stages"),
+     "interleaved 1F1B needs the 3 micro-batches to be a multiple of the 2 stages (as Megatron requires)"),
     (Layout(pp=2, micro_batches=2, schedule="interleaved", virtual_stages=2), TINY, 8, 1,
      "2 layers cannot fill 4 pipeline stages"),
-    (Layout(sp=True), TINY, 8, 1, "--sequence-parallel, --tp-overlap and --vocab-split need tensor parallelism"),
-    (Layout(fsdp=2, zero1=True), TINY, 8, 1, "--zero1 with --fsdp: ZeRO-1 shards the optimizer of plain data"),
+    (Layout(sp=True), TINY, 8, 1, "--sequence-parallel, --tp-overlap and --vocab-split need tensor parallelism "
+                                  "(--model-parallel)"),
+    (Layout(tp_overlap=True), TINY, 8, 1, "--sequence-parallel, --tp-overlap and --vocab-split need tensor"),
+    (Layout(vocab_split=True), TINY, 8, 1, "--sequence-parallel, --tp-overlap and --vocab-split need tensor"),
+    (Layout(fsdp=2, zero1=True), TINY, 8, 1, "--zero1 with --fsdp: ZeRO-1 shards the optimizer of plain data "
+                                             "parallelism; FSDP already shards it"),
     (Layout(micro_batch_size=2), TINY, 8, 1, "--micro-batch-size 2: the MLM's runs take the number of micro-batches"),
     (Layout(micro_batches=2, micro_batch_size=2), TINY, 8, 1, "--micro-batches 2 and --micro-batch-size 2: give"),
     (Layout(cp=3), TINY, 6, 1, "sequence 128 does not split into 2 x context parallel 3 chunks"),
@@ -69,6 +73,7 @@ def test_a_combination_that_cannot_be_laid_out_is_named(layout, spec, batch, acc
     (Layout(pp=2, micro_batches=2, stage_split="3,1"), MINI, 8), (Layout(pp=2, micro_batches=2, stage_split="auto"),
                                                                     MINI, 8),
     (Layout(tp=2, pp=7, micro_batches=7), CNN, 7), (Layout(pp=4, micro_batches=4), MINI, 4),
+    (Layout(dp=2, zero1=True), TINY, 8),
 ])
 def test_a_layout_at_the_edge_of_each_rule_passes(layout, spec, batch):
     layout.validate(spec, batch)
