@@ -376,3 +376,14 @@ def test_what_each_rank_of_a_decoder_holds_in_words():
 
 def test_a_layout_accumulates_its_micro_batches_once_without_grad_accum():
     assert Layout(pp=2, micro_batches=4).accumulation() == 4 and Layout().accumulation() == 1
+
+
+def test_the_cnn_and_a_short_sequence_refuse_in_their_own_words():
+    with pytest.raises(BadInput) as err:
+        Layout(micro_batch_size=2).validate(CNN, 8)
+    assert str(err.value) == ("--micro-batch-size 2: the CNN's runs take the number of micro-batches "
+                              "(--micro-batches); their size follows from --batch-size")
+    six = BertSpec("six", layers=2, hidden=8, heads=2, intermediate=8, seq_len=6, vocab_size=10)
+    with pytest.raises(BadInput, match=r"^sequence 6 does not split into 2 x context parallel 2 chunks$"):
+        Layout(cp=2).validate(six, 8)   # 6 tokens in 4 chunks: no
+    Layout(cp=3).validate(six, 6)       # in 6: one each
