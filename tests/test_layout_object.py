@@ -4,6 +4,7 @@ backend's refusal)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -387,3 +388,15 @@ def test_the_cnn_and_a_short_sequence_refuse_in_their_own_words():
     with pytest.raises(BadInput, match=r"^sequence 6 does not split into 2 x context parallel 2 chunks$"):
         Layout(cp=2).validate(six, 8)   # 6 tokens in 4 chunks: no
     Layout(cp=3).validate(six, 6)       # in 6: one each
+
+
+def test_an_auto_split_is_placed_at_the_samples_of_one_pipeline():
+    """base BERT in 5 stages balances as 2, 3, 3, 3, 1 at 2 sequences a pipeline, as 2, 2, 3, 3, 2 from 4; a batch
+    of 8 over 4 replicas is 2 a pipeline; a given split is kept."""
+    base = BERT_SIZES["base"]
+    auto = Layout(pp=5, micro_batches=5, stage_split="auto")
+    assert auto.placed(base, 8).stage_split == "2,2,3,3,2"
+    assert replace(auto, dp=4).placed(base, 8).stage_split == "2,3,3,3,1"
+    given = Layout(pp=2, micro_batches=2, stage_split="3,1")
+    assert given.placed(MINI, 8) is given and Layout(pp=2, micro_batches=2).placed(MINI, 8).stage_split == "even"
+    assert [Layout(dp=2, fsdp=2).coordinates(r)["data"] for r in range(4)] == [0, 1, 2, 3]

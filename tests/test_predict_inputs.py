@@ -143,6 +143,7 @@ def test_the_co_run_slowdown_comes_from_whichever_reference_carries_the_probe():
     probe = {"processes": 2, "step_s_p50": [1.03, 1.05], "slowdown": 1.04, "run_ids": ["c0", "c1"]}
     basis = from_records(TINY, [_one("k4", accumulation_=4, step=1.6), _one("k1", step=1.0, co_run=probe)])
     assert basis.co_run == 1.04 and "side by side x1.040 (co-run probe of k1)" in basis.label
+    assert basis.label.startswith("compute measured: torch_3d 1-device run k4 (cpu), per-micro-batch cost from k1")
     assert co_run_slowdown([_one("k1")]) == (1.0, None) and from_records(TINY, [_one("k1")]).co_run == 1.0
     assert processes(2, 1, 4) == 2 and processes(8, 2, 2) == 2 and processes(16, 4, 8) == 4
     assert processes(2, 2, 2) == 0 and processes(8, 1, 1) == 0     # fewer than two fit, or no run of two
@@ -169,6 +170,7 @@ def test_tensor_parallel_s_shares_come_from_the_1_device_run_s_profile():
     assert shares.run_id == "prof"
     basis = from_records(TINY, [record])
     assert basis.compute_shares == shares and ", matmuls 50% of its compute (profile)" in basis.label
+    assert basis.label.startswith("compute measured: torch_3d 1-device run prof (cpu), matmuls 50%")
     assert ComputeShares.from_record(_one()) is None and from_records(TINY, [_one()]).compute_shares is None
     assert ComputeShares.from_record(_one(backend_metrics={"attribution": _profiled({"optimizer": 1.0})})) is None
 
