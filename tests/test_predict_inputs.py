@@ -217,6 +217,9 @@ def test_an_assumed_mfu_on_each_peak_it_can_rest_on(tmp_path):
     assert filed.s_per_mac_sample == pytest.approx(6 / (0.5 * 600e12)) and "achievable peak (hardware file)" in \
         filed.label and "600 TFLOP/s" in filed.label
     assert from_mfu(0.5, mine, "fp32").s_per_param == pytest.approx(28 / 2000e9)
+    # the rate it assumes (a decoder is then timed by the compute table's path, not as a measured run) and the
+    # precision asked, kept for the activations' bytes
+    assert (filed.flops_per_s, filed.precision) == (0.5 * 6e14, "amp")
     cpu = hardware_files.load("cpu-loopback-2core")
     with pytest.raises(ValueError, match="--assume-mfu: no fp32 peak is known for"):
         from_mfu(0.5, cpu, "fp32")
