@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -388,6 +389,8 @@ def test_a_launch_returns_the_exit_code_with_the_output_in_the_log(tmp_path):
     assert rc == 3 and log.read_text() == "out\nerr\n"
     assert launch(Namespace(timeout=60.0), _sh("exit 0"), log, "r", tmp_path / "r.json") == 0
     assert log.read_text() == ""
+    # --timeout 0.1 s allows 0.1 s + the harness's margin: a run of 0.2 s is not cut short
+    assert launch(Namespace(timeout=0.1), _sh("sleep 0.2; exit 5"), log, "r", tmp_path / "r.json") == 5
 
 
 def test_a_run_past_its_timeout_is_stopped_and_reads_as_none(tmp_path):
@@ -703,9 +706,14 @@ class BenchRun:
     def __init__(self, fail: tuple[int, ...] = (), layout: bool = False):
         self.commands, self.fail, self.layout = [], fail, layout
 
+    @staticmethod
+    def options(cmd: list[str]) -> dict[str, str]:
+        start = cmd.index("bench.run") + 1  # after srun's own options, if any
+        return dict(zip(cmd[start::2], cmd[start + 1::2]))
+
     def __call__(self, args, cmd, log: Path, run_id: str, result: Path):
         self.commands.append(cmd)
-        opt = dict(zip(cmd[3::2], cmd[4::2]))
+        opt = self.options(cmd)
         devices = int(opt["--devices"])
         log.write_text(f"bench.run {run_id}\n")
         if devices in self.fail:
@@ -715,12 +723,15 @@ class BenchRun:
                           f"2026-01-01T00:00:{len(self.commands):02d}+00:00", sweep_id=opt["--sweep-id"],
                           sweep_command=opt["--sweep-command"], data="synthetic", scaling="strong", seed=0,
                           strategy="DDP", framework="torch", framework_version="2", device_kind="cpu", virtual=True,
-                          threads_per_device=2, global_batch=4, per_device_batch=4 // devices, config={"grad_accum": 1})
+                          threads_per_device=2, global_batch=4, per_device_batch=4 // devices,
+                          config={"grad_accum": int(opt["--grad-accum"])}, host={"name": "h", "cores": 8})
         record.update(status="ok", measured_steps=3, samples_per_s=sps, step_times_s=[4 / sps] * 3,
                       step_time_s=dict.fromkeys(("mean", "p50", "p90", "min", "max"), 4 / sps) | {"std": 0.0},
-                      data_wait_fraction=0.01, duration_s=1.0, params=1000, flops_per_sample=6000)
+                      data_wait_fraction=0.01, duration_s=1.0, params=1000, flops_per_sample=6000,
+                      tokens_per_s=sps * 128 if opt["--workload"] == "mlm" else None)
         if self.layout:
-            record["layout"] = asdict(Layout(dp=devices))
+            record["layout"] = asdict(Layout(pp=2, micro_batches=2) if "--pipeline-stages" in opt
+                                      else Layout(dp=devices))
         write_record(record, Path(args.out))
         return 0
 
@@ -768,7 +779,8 @@ def test_a_sweep_runs_its_plan_records_a_bad_run_once_and_prints_its_tables(tmp_
     assert len(pd.read_csv(out / "summary.csv")) == 5
     said = _flat(stderr)
     assert said.startswith(f"{sweep_id}: 6 runs (3 rows x 2 repeats), 2 thread(s) per virtual CPU device ")
-    assert "torch_ddp cnn N=1, repeat 2/2 " in said  # the progress bar's last run
+    # the progress bar at its end: the last run, a bar, runs done of all, the time taken
+    assert re.search(r" torch_ddp cnn N=1, repeat 2/2 ━+ 6/6 0:00:0\d ", said), said
     assert said.endswith(f" 5 runs in 0 s; records in {out / 'runs'}, summary {out / 'summary.csv'}, intervals "
                          f"{out / f'intervals-{sweep_id}.csv'}")
 
@@ -778,9 +790,20 @@ def test_a_one_repeat_sweep_prints_no_intervals_and_records_a_dead_run_as_failed
     monkeypatch.setattr(compare, "launch", stand_in)
     out = tmp_path / "out"
     monkeypatch.setattr(compare, "default_threads_per_device", lambda n: {2: 3}[n])  # cores / the largest count
+    probe = Probe(CoRun(processes=2, step_s_p50=[0.11, 0.13], slowdown=1.2, run_ids=["c0", "c1"]))
+    from bench import co_run
+    monkeypatch.setattr(co_run, "probe", probe)
     code, stdout, stderr = run_in_process("bench.compare", "--gpus", "1,2", "--backends", "torch_ddp,torch_dp",
-                                          "--workloads", "cnn", "--device-kind", "cpu", "--out", str(out))
+                                          "--workloads", "cnn", "--device-kind", "cpu", "--co-run-probe",
+                                          "--out", str(out))
     assert code == 0, stderr
+    # each backend's 1-device run, again as 2 processes (8 cores / 2 threads, at most the sweep's 2 devices)
+    ones = {r["backend"]: r["run_id"] for r in load_records(out) if r["devices"] == 1}
+    assert [(c["reference"], c["k"]) for c in probe.calls] == [(ones["torch_ddp"], 2), (ones["torch_dp"], 2)]
+    assert [BenchRun.options(c["command"])["--backend"] for c in probe.calls] == ["torch_ddp", "torch_dp"]
+    assert all(c["command"][-7:-5] == ["--out", "FOLDER"] and c["stop"] is stop_run for c in probe.calls)
+    assert f"co-run probe of {ones['torch_dp']}: 2 copies side by side took a median 120 ms a step against 100 ms " \
+        "alone: x1.200" in _flat(stderr)
     assert [(dict(zip(c[3::2], c[4::2]))["--backend"], dict(zip(c[3::2], c[4::2]))["--devices"],
              dict(zip(c[3::2], c[4::2]))["--threads-per-device"]) for c in stand_in.commands] == [
         ("torch_ddp", "1", "3"), ("torch_ddp", "2", "3"), ("torch_dp", "1", "3"), ("torch_dp", "2", "3")]
@@ -791,24 +814,51 @@ def test_a_one_repeat_sweep_prints_no_intervals_and_records_a_dead_run_as_failed
     assert len(_rows(stdout)) == 5
     said = _flat(stderr)
     sweep_id = load_records(out)[0]["sweep_id"]
-    assert said.startswith(f"{sweep_id}: 4 runs, 3 thread(s) per virtual CPU device torch_dp cnn N=2 ")
+    assert said.startswith(f"{sweep_id}: 4 runs, 3 thread(s) per virtual CPU device ")
+    assert " torch_dp cnn N=2 " in said
     assert said.endswith(f" 4 runs in 0 s; records in {out / 'runs'}, summary {out / 'summary.csv'}")
 
 
-def test_a_layout_sweep_prints_the_layout_table(tmp_path, monkeypatch):
+def test_a_layout_sweep_runs_each_layout_with_its_flags_and_prints_the_layout_table(tmp_path, monkeypatch):
     stand_in = BenchRun(layout=True)
     monkeypatch.setattr(compare, "launch", stand_in)
     out = tmp_path / "out"
-    code, stdout, stderr = run_in_process("bench.compare", "--layouts", "dp2", "--backends", "torch_ddp",
-                                          "--workloads", "cnn", "--batch-size", "4", "--threads-per-device", "1",
+    code, stdout, stderr = run_in_process("bench.compare", "--layouts", "dp2,pp2-nmb2", "--backends", "torch_3d",
+                                          "--workloads", "mlm", "--batch-size", "4", "--threads-per-device", "1",
                                           "--device-kind", "cpu", "--out", str(out))
     assert code == 0, stderr
     sweep_id = load_records(out)[0]["sweep_id"]
     assert sweep_id.startswith("layouts-")
-    assert [dict(zip(c[3::2], c[4::2]))["--scaling"] for c in stand_in.commands] == ["strong", "strong"]
+    runs = [BenchRun.options(c) for c in stand_in.commands]
+    assert [(o["--devices"], o["--grad-accum"], o.get("--pipeline-stages"), o.get("--micro-batches"), o["--scaling"])
+            for o in runs] == [("1", "1", None, None, "strong"), ("1", "2", None, None, "strong"),
+                               ("2", "1", None, None, "strong"), ("2", "1", "2", "2", "strong")]
     assert _rows(stdout)[0] == ["workload", "backend", "layout", "N", "status", "samples/s",
                                 "efficiency vs 1 device", "note"]
+    # 60 samples/s on 2 devices against 40 on 1 (the pipeline's reference accumulating its 2 micro-batches)
     assert [row[2:7] for row in _rows(stdout)[1:]] == [["1 device", "1", "ok", "40.0", "1.00"],
-                                                      ["dp2", "2", "ok", "60.0", "0.75"]]
-    assert f"{sweep_id}: 2 runs, 1 thread(s) per virtual CPU device torch_ddp cnn dp2 (N=2, accumulating 1) " \
+                                                      ["1 device, 2 micro-batches", "1", "ok", "40.0", "1.00"],
+                                                      ["dp2", "2", "ok", "60.0", "0.75"],
+                                                      ["pp2-nmb2", "2", "ok", "60.0", "0.75"]]
+    assert f"{sweep_id}: 4 runs, 1 thread(s) per virtual CPU device torch_3d mlm pp2-nmb2 (N=2, accumulating 1) " \
         in _flat(stderr)
+
+
+def test_a_sweep_under_srun_runs_job_steps_and_records_its_own_command_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.delenv("SLURM_CPUS_ON_NODE", raising=False)
+    argv = ["--gpus", "1", "--backends", "torch_ddp", "--workloads", "cnn", "--srun", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", ["bench/compare.py", *argv])  # as `python -m bench.compare` leaves it
+    stand_in = BenchRun()
+    monkeypatch.setattr(compare, "launch", stand_in)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        assert compare.main() == 0
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert [c[:5] for c in stand_in.commands] == [["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                                                   "--kill-on-bad-exit=0"]]
+    assert BenchRun.options(stand_in.commands[0])["--sweep-command"] == "python -m bench.compare " + " ".join(argv)
+    assert load_records(tmp_path)[0]["run_id"].split("-")[3] == "n2"  # the world: 2 nodes x 1 device
