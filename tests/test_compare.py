@@ -625,8 +625,8 @@ PLAN = [("cnn", "torch_ddp", 1, None, 1), ("cnn", "torch_ddp", 3, None, 1), ("cn
 def test_the_probe_runs_the_one_device_run_again_as_the_sweep_s_largest_count_the_cores_hold(tmp_path, monkeypatch):
     from bench import co_run
 
-    path = _reference(tmp_path, host={"cores": 12}, threads_per_device=2)
-    probe = Probe(CoRun(processes=6, step_s_p50=[0.12, 0.15, 0.13, 0.2, 0.3, 0.11], slowdown=1.4,
+    path = _reference(tmp_path, host={"cores": 12}, threads_per_device=2, step_time_s={"p50": 0.6})
+    probe = Probe(CoRun(processes=6, step_s_p50=[0.8, 1.0, 0.9, 1.2, 1.5, 0.7], slowdown=1.4,
                         run_ids=[f"c{i}" for i in range(6)]))
     monkeypatch.setattr(co_run, "probe", probe)
     args = _args("--out", str(tmp_path), "--steps", "9")
@@ -643,13 +643,13 @@ def test_the_probe_runs_the_one_device_run_again_as_the_sweep_s_largest_count_th
                         "--sweep-id", "SID"]
     assert cmd[cmd.index("--steps") + 1] == "9"
     assert cmd[-7:] == ["--out", "FOLDER", "--skip-eval", "--profile", "0", "--breakdown-steps", "0"]
-    # the median of the six medians, (0.13 + 0.15) / 2 = 140 ms, against 100 ms alone
+    # the median of the six medians, (0.9 + 1.0) / 2 = 950 ms, against 600 ms alone
     assert _flat(console.export_text()) == \
-        "co-run probe of r1: 6 copies side by side took a median 140 ms a step against 100 ms alone: x1.400"
+        "co-run probe of r1: 6 copies side by side took a median 950 ms a step against 600 ms alone: x1.400"
     record = json.loads(path.read_text())
-    assert record["co_run"] == {"processes": 6, "step_s_p50": [0.12, 0.15, 0.13, 0.2, 0.3, 0.11], "slowdown": 1.4,
+    assert record["co_run"] == {"processes": 6, "step_s_p50": [0.8, 1.0, 0.9, 1.2, 1.5, 0.7], "slowdown": 1.4,
                                 "run_ids": ["c0", "c1", "c2", "c3", "c4", "c5"]}
-    assert record["status"] == "ok" and record["step_time_s"] == {"p50": 0.1}
+    assert record["status"] == "ok" and record["step_time_s"] == {"p50": 0.6}
 
 
 def test_the_probe_of_a_layout_reference_runs_its_accumulation(tmp_path, monkeypatch):
