@@ -522,7 +522,8 @@ def test_the_layout_table_names_each_layout_with_its_efficiency_against_its_one_
                _layout_record(2, "dp2", 1, 60.0), _layout_record(3, "pp2-nmb4-1f1b", 1, 48.0),
                _layout_record(4, "tp2-vocab", 1, None, "unsupported",
                               "--vocab-split: torch_3d does not split the embedding's vocabulary yet"),
-               _layout_record(5, "dp2xtp2", 1, None, "failed", "worker rank 3 exited with signal 9")]
+               _layout_record(5, "dp2xtp2", 1, None, "failed", "worker rank 3 exited with signal 9"),
+               _layout_record(6, "dp16", 1, None, "invalid", "16 devices: not here")]
     console = _console()
     print_layout_table(console, records)
     text = console.export_text()
@@ -537,8 +538,9 @@ def test_the_layout_table_names_each_layout_with_its_efficiency_against_its_one_
         ["mlm", "torch_3d", "pp2-nmb4-1f1b", "2", "ok", "48.0", "0.75", ""],
         ["mlm", "torch_3d", "tp2-vocab", "2", "unsupported", "", "",
          "--vocab-split: torch_3d does not split the embedding's vocabulary yet"],
-        ["mlm", "torch_3d", "dp2xtp2", "4", "failed", "", "", "worker rank 3 exited with signal 9"]]
-    assert [_sides(text, i) for i in range(2)] == ["=LL=L==L", "L=L=LRRR"]
+        ["mlm", "torch_3d", "dp2xtp2", "4", "failed", "", "", "worker rank 3 exited with signal 9"],
+        ["mlm", "torch_3d", "dp16", "16", "invalid", "", "", "16 devices: not here"]]
+    assert [_sides(text, i) for i in range(2)] == ["=LLRL==L", "L=LRLRRR"]
 
 
 def _interval(backend: str, devices: int, sps: tuple[float, float, float], eff=(None, None, None), busy=0,
