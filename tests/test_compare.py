@@ -761,6 +761,8 @@ def test_a_sweep_runs_its_plan_records_a_bad_run_once_and_prints_its_tables(tmp_
                        "data-parallel replicas x 1 micro-batches")]
     assert sorted(p.name for p in (out / "logs" / sweep_id).iterdir()) == \
         sorted(f"{r['run_id']}.log" for r in records if r["status"] == "ok")
+    # off a terminal the tables are drawn 160 columns wide, whatever the terminal's width says (COLUMNS)
+    assert max(len(line) for line in stdout.splitlines()) == 160
     tables = _rows(stdout)
     # the sweep table, one row a run: 60 samples/s on 2 devices against 40 on 1 is 60 / (2 x 40) = 0.75
     assert [row[:7] for row in tables[:6]] == [
@@ -864,3 +866,34 @@ def test_a_sweep_under_srun_runs_job_steps_and_records_its_own_command_line(tmp_
                                                    "--kill-on-bad-exit=0"]]
     assert BenchRun.options(stand_in.commands[0])["--sweep-command"] == "python -m bench.compare " + " ".join(argv)
     assert load_records(tmp_path)[0]["run_id"].split("-")[3] == "n2"  # the world: 2 nodes x 1 device
+
+
+class Cancelling(BenchRun):
+    """bench.run's part until the signal: the run numbered `at` is stopped by it (launch raises SweepCancelled,
+    its record written or not)."""
+
+    def __init__(self, at: int, written: bool):
+        super().__init__()
+        self.at, self.written = at, written
+
+    def __call__(self, args, cmd, log, run_id, result):
+        if len(self.commands) == self.at:
+            self.commands.append(cmd)
+            raise SweepCancelled(Cancelled(signal.SIGTERM), run_id, self.written)
+        return super().__call__(args, cmd, log, run_id, result)
+
+
+def test_a_sweep_cut_by_a_signal_keeps_the_finished_runs_and_exits_128_plus_the_signal(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+    stand_in = Cancelling(at=1, written=False)
+    monkeypatch.setattr(compare, "launch", stand_in)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_in_process("bench.compare", "--gpus", "1,2", "--backends", "torch_ddp",
+                                          "--workloads", "cnn", "--threads-per-device", "1", "--device-kind", "cpu",
+                                          "--out", str(out))
+    assert code == 143 and stdout == ""
+    cut = BenchRun.options(stand_in.commands[1])["--run-id"]
+    assert _flat(stderr).endswith(f" bench.compare: cancelled by SIGTERM: run {cut} stopped with its workers, no "
+                                  f"record written; 1 of 2 runs not done; kept 1 record(s) of finished runs in "
+                                  f"{out / 'runs'}")
+    assert len(pd.read_csv(out / "summary.csv")) == 1 and len(load_records(out)) == 1
