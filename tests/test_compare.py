@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import signal
 import subprocess
@@ -587,6 +588,19 @@ def test_a_cancelled_sweep_says_what_it_cut_and_what_it_kept(tmp_path):
         f"cancelled by SIGTERM: no run was in progress; 2 of 4 runs not done; kept 2 record(s) of finished runs in "
         f"{tmp_path / 'runs'}"]
     assert (tmp_path / "summary.csv").is_file()
+
+
+def test_the_cancelled_line_is_one_line_on_a_narrow_terminal(tmp_path):
+    console = Console(record=True, width=40, file=io.StringIO())
+    cancelled(Cancelled(signal.SIGINT), tmp_path, [], 3, console)
+    assert console.export_text().count("\n") == 1
+
+
+def test_a_run_is_started_in_a_session_of_its_own(tmp_path):
+    # a terminal's Ctrl-C reaches only the sweep, which passes it on (launch)
+    log = tmp_path / "r.log"
+    assert launch(Namespace(timeout=60.0), _sh("ps -o sid= -p $$"), log, "r", tmp_path / "r.json") == 0
+    assert int(log.read_text()) != os.getsid(0)
 
 
 def test_a_sweep_cancelled_before_any_run_finished_writes_no_summary(tmp_path):
