@@ -9,6 +9,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from rich.console import Console
 
@@ -280,6 +281,144 @@ def test_report_draws_the_layout_figure_from_the_records(tmp_path):
     column = header.index("scaling efficiency")
     assert sorted(row[column] for row in rows) == ["", "", "0.75", "0.75", "1.00", "1.00"]
     assert "nothing to plot against devices" in markdown
+
+
+
+def _figure_row(run_id: str, layout: str, devices: int, sps: float | None, reference: float, started: str,
+                status: str = "ok", workload: str = "mlm", backend: str = "torch_3d", host: str | None = "h",
+                global_batch: int = 8) -> dict:
+    """One row of layout_frame, as layout_plot reads it."""
+    return {"run_id": run_id, "layout": layout, "workload": workload, "status": status, "samples_per_s": sps,
+            "devices": devices, "backend": backend, "host": host, "global_batch": global_batch,
+            "started_at": started, "reference_samples_per_s": reference}
+
+
+def _state(*mib_per_part) -> dict:
+    return dict(zip(("params", "grads", "optimizer"), (v * MIB for v in mib_per_part)))
+
+
+NAN = float("nan")
+# Out of order on purpose: the figure sorts by devices then layout; the second dp2 run (07:03) replaces the first.
+FIGURE_ROWS = [
+    _figure_row("pp", "pp2", 2, 48.0, NAN, "07:04"),                     # no 1-device run: no ideal tick
+    _figure_row("dp-old", "dp2", 2, 50.0, 40.0, "07:01"),
+    _figure_row("one", "1 device", 1, 40.0, 40.0, "07:00"),
+    _figure_row("tp", "tp2", 2, 30.0, 40.0, "07:05"),
+    _figure_row("dp", "dp2", 2, 60.0, 40.0, "07:03"),
+    _figure_row("failed", "fsdp2", 2, None, 40.0, "07:06", status="failed"),
+    _figure_row("nan", "dp2xtp2", 4, None, 40.0, "07:07"),              # ok but measured nothing: no bar
+    _figure_row("cnn", "dp2", 2, 500.0, 400.0, "07:08", workload="cnn"),
+]
+FIGURE_RECORDS = {
+    "one": {"peak_memory_per_rank": [300 * MIB], "backend_metrics": {"state_bytes_per_rank": [_state(18, 18, 36)]}},
+    "dp-old": {"peak_memory_per_rank": [1 * MIB, 1 * MIB]},
+    "dp": {"peak_memory_per_rank": [310 * MIB, 312 * MIB], "peak_memory_bytes": 999 * MIB,
+           "backend_metrics": {"state_bytes_per_rank": [_state(9, 9, 18), _state(18, 18, 36)]}},
+    "pp": {"peak_memory_bytes": 200 * MIB},       # one number only: the process's
+    "tp": {"peak_memory_per_rank": None, "peak_memory_bytes": None, "backend_metrics": {}},
+}
+
+
+def test_the_layout_figure_draws_the_latest_ok_run_of_each_layout():
+    """layout_plot from hand-made rows, read back from matplotlib: samples/s bars with N x the 1-device run as a
+    tick, then per layout the most loaded device's peak (a bar, each rank a dot) beside its state (a bar)."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.markers import MarkerStyle
+
+    from bench.reporting.layout_plot import layout_plot
+    from tests.test_predict import matplotlib_small
+
+    plot = layout_plot("mlm", pd.DataFrame(FIGURE_ROWS), FIGURE_RECORDS, "the caption")
+    assert (plot.slug, plot.title, plot.caption) == ("mlm-layouts", "mlm: layouts", "the caption")
+    labels = ["1 device", "dp2", "pp2", "tp2"]
+    assert plot.data == {
+        "samples/s": [("1 device", 40.0), ("dp2", 60.0), ("pp2", 48.0), ("tp2", 30.0)],
+        "ideal samples/s": [("1 device", 40.0), ("dp2", 80.0), ("tp2", 80.0)],
+        "peak memory max (MiB)": [("1 device", 300.0), ("dp2", 312.0), ("pp2", 200.0), ("tp2", 0.0)],
+        "peak memory per rank (MiB)": [("1 device", [300.0]), ("dp2", [310.0, 312.0]), ("pp2", [200.0]),
+                                       ("tp2", [])],
+        "params+grads+optimizer max (MiB)": [("1 device", 72.0), ("dp2", 72.0)]}
+    fig = plot.figure
+    assert tuple(fig.get_size_inches()) == (8.0, 5.2) and type(fig.get_layout_engine()).__name__ == \
+        "ConstrainedLayoutEngine"
+    assert fig.get_suptitle() == "mlm: throughput and memory per device by layout"
+    speed, memory = fig.axes
+    assert [ax.get_subplotspec().get_geometry() for ax in (speed, memory)] == [(1, 2, 0, 0), (1, 2, 1, 1)]
+    blue, orange = to_rgba("#1f77b4"), to_rgba("#ff7f0e")
+
+    bars = speed.patches
+    assert [(b.get_x() + b.get_width() / 2, b.get_height()) for b in bars] == [(0, 40), (1, 60), (2, 48), (3, 30)]
+    assert all(b.get_facecolor() == blue for b in bars)
+    assert [c.get_label() for c in speed.containers] == ["samples/s, all devices"]
+    [ideal] = speed.collections
+    assert [tuple(p) for p in ideal.get_offsets()] == [(0, 40), (1, 80), (3, 80)]
+    assert list(ideal.get_sizes()) == [900] and ideal.get_zorder() == 3 and ideal.get_label() == "N x 1-device run"
+    assert tuple(ideal.get_facecolors()[0]) == to_rgba("grey")
+    tick = MarkerStyle("_")      # a flat tick, as wide as a bar
+    assert ideal.get_paths()[0].vertices.tolist() == tick.get_path().transformed(tick.get_transform()).vertices.tolist()
+    assert speed.get_ylabel() == "samples/s, all devices"
+    assert speed.yaxis.get_major_formatter()(12345.6, 0) == "12,346"
+
+    peak_bars, state_bars = memory.patches[:4], memory.patches[4:]
+    # Side by side: the peak left of each tick, the state right of it.
+    assert [(b.get_x(), b.get_width(), b.get_height()) for b in peak_bars] == [
+        (pytest.approx(i - 0.4), pytest.approx(0.4), h) for i, h in enumerate([300, 312, 200, 0])]
+    assert [(b.get_x(), b.get_width(), b.get_height()) for b in state_bars] == [
+        (pytest.approx(0, abs=1e-12), pytest.approx(0.4), 72), (pytest.approx(1), pytest.approx(0.4), 72)]
+    assert all(b.get_facecolor() == blue for b in peak_bars) and all(b.get_facecolor() == orange for b in state_bars)
+    assert [c.get_label() for c in memory.containers] == ["peak, most loaded device",
+                                                          "params + grads + optimizer, most loaded rank"]
+    dots = memory.collections
+    assert [[tuple(p) for p in d.get_offsets()] for d in dots] == [
+        [(-0.2, 300)], [(0.8, 310), (0.8, 312)], [(1.8, 200)], []]
+    # One legend entry for the dots ("_child..": matplotlib's name for an artist left out of the legend).
+    assert [d.get_label() for d in dots] == ["peak, each rank", "_child5", "_child6", "_child7"]
+    assert all(list(d.get_sizes()) == [10] and d.get_zorder() == 3 for d in dots)
+    assert all(tuple(d.get_facecolors()[0]) == to_rgba("black") for d in dots[:3])
+    assert memory.get_ylabel() == "MiB per device"
+
+    for ax in (speed, memory):
+        ticks = ax.get_xticklabels()
+        assert list(ax.get_xticks()) == [0, 1, 2, 3] and [t.get_text() for t in ticks] == labels
+        assert all(t.get_rotation() == 30 and t.get_ha() == "right" for t in ticks)
+        assert all(t.get_fontsize() == pytest.approx(matplotlib_small()) for t in ticks)
+        assert ax.get_ylim()[0] == 0
+        assert all(line.get_visible() and line.get_alpha() == 0.3 for line in ax.get_ygridlines())
+        assert not any(line.get_visible() for line in ax.get_xgridlines())
+    [legend] = fig.legends
+    # Each panel's entries in matplotlib's order (collections before bars), the speed panel's first.
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "N x 1-device run", "samples/s, all devices", "peak, each rank", "peak, most loaded device",
+        "params + grads + optimizer, most loaded rank"]
+    assert legend._ncols == 3 and legend._outside_loc == "lower" and legend._loc == 8  # below, centred
+    assert all(t.get_fontsize() == pytest.approx(matplotlib_small()) for t in legend.get_texts())
+
+
+def test_the_layout_figure_names_what_tells_two_bars_apart_and_grows_with_them():
+    from bench.reporting.layout_plot import layout_plot
+
+    rows = [_figure_row("a", "dp2", 2, 60.0, NAN, "07:00"),
+            _figure_row("b", "dp2", 2, 50.0, NAN, "07:01", backend="keras_jax"),
+            _figure_row("c", "dp2", 2, 40.0, NAN, "07:02", host=None),
+            _figure_row("d", "dp2", 2, 30.0, NAN, "07:03", global_batch=16)]
+    records = {i: {"peak_memory_per_rank": [MIB]} for i in "abcd"}
+    plot = layout_plot("mlm", pd.DataFrame(rows), records, "c")
+    first, second, hostless, bigger = [label for label, _ in plot.data["samples/s"]]
+    assert (first, second, bigger) == (
+        "dp2 · torch_3d · h · batch 8", "dp2 · keras_jax · h · batch 8", "dp2 · torch_3d · h · batch 16")
+    # A run without a host is told apart too (the frame holds no host as a missing value).
+    assert hostless.startswith("dp2 · torch_3d · ") and hostless.endswith(" · batch 8") and hostless != first
+    assert "ideal samples/s" not in plot.data and plot.data["params+grads+optimizer max (MiB)"] == []
+    assert [c.get_label() for c in plot.figure.axes[0].collections] == []        # no tick without a reference
+    assert tuple(plot.figure.get_size_inches()) == (8.0, 5.2)
+    # Two runs of one host and backend: only the layout names a bar; past five bars the figure widens, to 16 in.
+    six = [_figure_row(f"r{i}", f"pp{i}", 2, 10.0 * i, NAN, f"07:0{i}") for i in range(6)]
+    plot = layout_plot("mlm", pd.DataFrame(six), {f"r{i}": {} for i in range(6)}, "c")
+    assert [label for label, _ in plot.data["samples/s"]] == [f"pp{i}" for i in range(6)]
+    assert tuple(plot.figure.get_size_inches()) == (pytest.approx(9.6), 5.2)
+    eleven = [_figure_row(f"r{i}", f"pp{i:02d}", 2, 10.0, NAN, "07:00") for i in range(11)]
+    plot = layout_plot("mlm", pd.DataFrame(eleven), {f"r{i}": {} for i in range(11)}, "c")
+    assert tuple(plot.figure.get_size_inches()) == (16, 5.2)
 
 
 # ----------------------------------------------------------------------------- parity
