@@ -252,6 +252,76 @@ def test_layout_table_holds_each_layout_with_its_reference_and_reason():
     assert table["dp2xtp2"]["samples/s"] == "" and table["dp2xtp2"]["efficiency vs 1 device"] == ""
 
 
+def test_layout_frame_holds_each_layout_run_beside_its_reference_sorted_for_the_table():
+    records = layout_records()
+    plain = {**records[2], "run_id": "20261123T0800Z-plain-dp2", "sweep_id": "sweep-plain",
+             "layout": {**records[2]["layout"]}}                  # plain data parallel, outside a layout sweep
+    alone = {**records[3], "run_id": "20261123T0900Z-alone-pp2", "sweep_id": None, "host": None,
+             "started_at": None, "data": None, "device_kind": None}      # splits the model: a layout run anyway
+    frame = layout_frame([alone, plain, *records])
+    assert list(frame.columns) == ["run_id", "layout", "sweep_id", "host", "backend", "workload", "data", "devices",
+                                   "device_kind", "global_batch", "accumulation", "status", "samples_per_s",
+                                   "started_at", "reference_samples_per_s", "efficiency"]
+    rows = frame.drop(columns=["run_id"]).to_dict("records")
+    # The sweep without an id first; in a sweep by devices, then layout.
+    assert [(r["sweep_id"], r["layout"], r["devices"]) for r in rows] == [
+        ("", "pp2-nmb4-1f1b", 2), (SWEEP, "1 device", 1), (SWEEP, "1 device, 4 micro-batches", 1),
+        (SWEEP, "dp2", 2), (SWEEP, "pp2-nmb4-1f1b", 2), (SWEEP, "tp2-vocab", 2), (SWEEP, "dp2xtp2", 4)]
+    assert list(frame.run_id)[0] == alone["run_id"] and plain["run_id"] not in set(frame.run_id)
+    first, *_, dp2, pp2, _, failed = rows
+    assert [pd.isna(first[k]) for k in ("host", "data", "device_kind")] == [True] * 3 and first["started_at"] == ""
+    assert pd.isna(first["reference_samples_per_s"]) and pd.isna(first["efficiency"])    # no 1-device run: its sweep
+    host = records[0]["host"]["name"]
+    assert dp2 == {"layout": "dp2", "sweep_id": SWEEP, "host": host, "backend": "torch_3d", "workload": "mlm",
+                   "data": "real", "devices": 2, "device_kind": "cpu", "global_batch": 8, "accumulation": 1,
+                   "status": "ok", "samples_per_s": 60.0, "started_at": "2026-11-23T07:02:00+00:00",
+                   "reference_samples_per_s": 40.0, "efficiency": 0.75}
+    assert (pp2["accumulation"], pp2["reference_samples_per_s"], pp2["efficiency"]) == (4, 32.0, 0.75)
+    assert failed["status"] == "failed" and pd.isna(failed["samples_per_s"])
+    # Several backends at one layout: side by side, in backend order.
+    other = [{**r, "run_id": r["run_id"] + "-jax", "backend": "keras_jax"} for r in records]
+    both = layout_frame(other + records)
+    assert list(zip(both.layout, both.backend))[:4] == [("1 device", "keras_jax"), ("1 device", "torch_3d"),
+                                                        ("1 device, 4 micro-batches", "keras_jax"),
+                                                        ("1 device, 4 micro-batches", "torch_3d")]
+
+
+def test_layout_table_cells_for_what_a_record_leaves_out_or_adds():
+    records = layout_records()
+    state = {"params": 2 * MIB, "grads": 2 * MIB, "optimizer": 4 * MIB}
+    odd = {**records[2], "run_id": "20261123T0710Z-odd", "sweep_id": f"{LAYOUT_SWEEP_PREFIX}other",
+           "oversubscribed": True, "mfu_achievable": None, "peak_memory_per_rank": None,
+           "peak_memory_bytes": 5 * MIB,
+           "memory": {"process_peak_per_rank": [5 * MIB, 5 * MIB], "training_per_rank": [MIB, None],
+                      "method": "growth of VmHWM", "processes_share": True},
+           "backend_metrics": {"state_bytes_per_rank": [state, state], "compile_s": 12.345,
+                               "comm_per_step": [_comm(0, 0) | {"broadcast": {"bytes": MIB, "calls": 1,
+                                                                              "time_s": None}},
+                                                 _comm(0, 0)]}}
+    quiet = {**records[2], "run_id": "20261123T0711Z-quiet", "sweep_id": f"{LAYOUT_SWEEP_PREFIX}quiet",
+             "backend_metrics": {"comm_per_step": [_comm(0, 0), _comm(0, 0)]}, "memory": None}
+    failed = {**records[5], "error": None}
+    by_id = {r["run_id"]: r for r in (odd, quiet, failed)}
+    columns, rows = layout_table(layout_frame([odd, quiet, failed]), by_id, "mlm")
+    table = {row[-1] if row[3] == "ok" else "failed": dict(zip(columns, row)) for row in rows}
+    assert set(table) == {"failed", "oversubscribed: devices x threads > cores; no 1-device run of this "
+                          "configuration (the same global batch and micro-batches) in its sweep",
+                          "no 1-device run of this configuration (the same global batch and micro-batches) in "
+                          "its sweep"}
+    [odd_row] = [row for key, row in table.items() if key.startswith("oversubscribed")]
+    assert odd_row["MFU (measured peak)"] == "" and odd_row["compile (s)"] == "12.3"
+    assert (odd_row["peak memory max (MiB)"], odd_row["peak memory per rank (MiB)"]) == ("5.0", "5.0")
+    assert odd_row["training memory per rank (MiB)"] == "1.0, ? (per process)"
+    assert odd_row["params+grads+optimizer per rank (MiB)"] == "2.0+2.0+4.0, 2.0+2.0+4.0"
+    # Kinds that moved no bytes are left out; one the list does not know comes last, its bytes on each rank.
+    assert odd_row["communication per step per rank (MiB)"] == "broadcast 1, 0"
+    [quiet_row] = [row for key, row in table.items() if key.startswith("no 1-device")]
+    assert quiet_row["communication per step per rank (MiB)"] == "none"
+    assert quiet_row["training memory per rank (MiB)"] == "" and quiet_row["compile (s)"] == ""
+    assert table["failed"]["reason / notes"] == "" and table["failed"]["peak memory max (MiB)"] == ""
+    assert table["failed"]["communication per step per rank (MiB)"] == ""
+
+
 def test_report_draws_the_layout_figure_from_the_records(tmp_path):
     records = layout_records()
     for r in records:
@@ -419,6 +489,80 @@ def test_the_layout_figure_names_what_tells_two_bars_apart_and_grows_with_them()
     eleven = [_figure_row(f"r{i}", f"pp{i:02d}", 2, 10.0, NAN, "07:00") for i in range(11)]
     plot = layout_plot("mlm", pd.DataFrame(eleven), {f"r{i}": {} for i in range(11)}, "c")
     assert tuple(plot.figure.get_size_inches()) == (16, 5.2)
+
+
+
+LAYOUT_INTRO = (
+    "Each layout trains the same global batch; efficiency is samples/s / (N x samples/s of the 1-device run of the "
+    "same global batch and micro-batches). Memory per rank is each process's measured peak; params+grads+optimizer "
+    "is counted from the shards each rank holds. The analytic bubble is (stages - 1) / (micro-batches + stages - 1), "
+    "the measured one each stage's idle share of a step. Communication is bytes per step per rank of the collectives "
+    "issued, by kind.")
+
+
+def test_the_layout_section_is_its_table_and_a_figure_of_the_ok_runs():
+    from bench.reporting.compose import layout_section
+    from bench.reporting.document import Heading, Image, Table, Text
+
+    records = layout_records()
+    for r in records:
+        r["host"] = {**r["host"], "name": "a-host"}
+    records[2]["host"] = {**records[2]["host"], "name": "b-host"}
+    records[3]["framework_version"] = "2.14.0"
+    records[5]["host"] = {**records[5]["host"], "name": "failed-host"}     # a failed run: not in the figure
+    by_id = {r["run_id"]: r for r in records}
+    frame = layout_frame(records)
+    blocks, plots = layout_section("mlm", frame, by_id)
+    assert blocks[:3] == [Heading("Layouts of `mlm`", 3), Text(LAYOUT_INTRO),
+                          Table(*layout_table(frame, by_id, "mlm"))]
+    [image] = blocks[3:]
+    caption = "Machines: a-host, b-host. Global batch: 8. Frameworks: torch 2.13.0, torch 2.14.0."
+    assert (image.path, image.title, image.caption) == ("plots/mlm-layouts.png", "mlm: layouts", caption)
+    assert isinstance(image, Image) and image.png[:8] == b"\x89PNG\r\n\x1a\n"
+    [plot] = plots
+    assert (plot.slug, plot.caption) == ("mlm-layouts", caption)
+    assert [label for label, _ in plot.data["samples/s"]] == [  # two hosts: each bar names its own
+        "1 device · a-host", "1 device, 4 micro-batches · a-host", "dp2 · b-host", "pp2-nmb4-1f1b · a-host"]
+    # No layout run of the workload: no section; no ok run: the table alone.
+    assert layout_section("cnn", frame, by_id) == ([], [])
+    failed = [r for r in records if r["status"] != "ok"]
+    blocks, plots = layout_section("mlm", layout_frame(failed), by_id)
+    assert [type(b).__name__ for b in blocks] == ["Heading", "Text", "Table"] and plots == []
+    assert [row[0] for row in blocks[2].rows] == ["tp2-vocab", "dp2xtp2"]
+
+
+def test_a_workload_whose_runs_are_all_layouts_has_its_table_and_no_device_figures():
+    from bench.reporting.compose import workload_section
+    from bench.reporting.document import Heading, Table, Text
+    from bench.reporting.tables import workload_table
+    from common.results import summary_frame
+
+    records = layout_records()
+    by_id = {r["run_id"]: r for r in records}
+    frame = summary_frame(records)
+    above, columns, rows = workload_table(frame, by_id, "mlm")
+    assert above.startswith("Same in every row: ")
+    assert workload_section("mlm", frame, by_id, []) == ([
+        Heading("Workload `mlm`", 2), Text(above), Table(columns, rows),
+        Text("No ok run with measured steps (outside layout sweeps): nothing to plot against devices.")], [])
+
+
+def test_absent_backends_are_those_of_the_workload_with_no_ok_run_and_no_line():
+    from types import SimpleNamespace
+
+    from bench.reporting.compose import absent_backends
+
+    frame = pd.DataFrame([("cnn", "torch_ddp", "ok"), ("cnn", "tf_mirrored", "failed"),
+                          ("cnn", "tf_mirrored", "unsupported"), ("cnn", "tf_mirrored", "failed"),
+                          ("cnn", "torch_3d", "ok"), ("cnn", "torch_3d", "failed"),     # drawn in the layout figure
+                          ("cnn", "mindspore_auto", "invalid"), ("mlm", "keras_jax", "failed")],
+                         columns=["workload", "backend", "status"])
+    drawn = [SimpleNamespace(key=SimpleNamespace(backend="torch_ddp"))]
+    assert absent_backends(frame, "cnn", drawn) == ["mindspore_auto (1 invalid)",
+                                                    "tf_mirrored (2 failed, 1 unsupported)"]
+    assert absent_backends(frame, "mlm", drawn) == ["keras_jax (1 failed)"]
+    assert absent_backends(frame, "cnn", drawn + [SimpleNamespace(key=SimpleNamespace(backend="tf_mirrored")),
+                                                  SimpleNamespace(key=SimpleNamespace(backend="mindspore_auto"))]) == []
 
 
 # ----------------------------------------------------------------------------- parity
