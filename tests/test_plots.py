@@ -131,6 +131,7 @@ def test_throughput_of_a_token_workload_is_in_tokens_and_panels_split_machines()
     assert (left.get_title(), right.get_title()) == ("g · cuda", "h · cpu")     # panels sorted by machine
     assert _points(_lines(left)["a"]) == [(1, 1280.0), (2, 2304.0)]
     assert list(right.get_xticks()) == [1, 4] and left.get_ylabel() == "tokens/s, all devices"
+    assert not left.get_shared_y_axes().joined(left, right)     # machines orders of magnitude apart
     # Alone on its panel, each line is a plain line; one panel of real devices needs no title.
     assert (_lines(left)["a"].get_linewidth(), _lines(left)["a"].get_markersize()) == (1.2, 5)
     [ax] = plots.throughput_plot("mlm", [one], "c").figure.axes
@@ -283,6 +284,7 @@ def test_time_to_accuracy_reads_from_zero_on_both_axes():
     assert (top.get_title(), bottom.get_title()) == ("g · cuda · N = 1", "h · cpu · N = 1")
     assert top.get_ylim() == bottom.get_ylim() == (0, pytest.approx(40.8))
     assert top.get_ylabel() == bottom.get_ylabel() == "perplexity"
+    assert top.get_shared_y_axes().joined(top, bottom)
     # No evaluation anywhere: the metric is called accuracy and nothing is drawn.
     plot = plots.time_to_accuracy_plot("cnn", [_series("a", {1: _run(1, 1.0)})], "c")
     assert plot.data == {} and plot.figure.get_suptitle() == "cnn: accuracy against wall-clock training time"

@@ -544,3 +544,38 @@ def test_the_header_says_where_the_runs_come_from_and_what_a_configuration_is(mo
     for folder, filters in ((runs[3:], "--sweep two"), (runs, "")):
         assert compose.header(runs[3:], "out", filters, 0, folder)[4] == Text(
             "Every sweep of the folder; `bench.report --sweep ID` reports one.")
+
+
+def test_the_report_is_the_header_then_each_workload_then_the_sections_across_workloads(monkeypatch):
+    """build_report's order, and what each part is given: the layout runs leave the device-count lines for
+    the layout section; `folder` (default: the records) feeds the sweep index."""
+    from bench.reporting import compose
+    from tests.test_layouts import layout_records
+
+    def part(name):
+        return lambda *args: [Text(name)]
+
+    monkeypatch.setattr(compose, "header", lambda records, results, filters, skipped, folder: [
+        Text(f"header {len(records)} {results} {filters!r} {skipped} {len(folder)}")])
+    monkeypatch.setattr(compose, "workload_section", lambda w, frame, by_id, series: (
+        [Text(f"{w}: {len(frame)} rows, {len(by_id)} records, lines {[s.key.backend for s in series]}")], [f"{w}-1"]))
+    monkeypatch.setattr(compose, "layout_section", lambda w, frame, by_id: (
+        [Text(f"{w} layouts: {len(frame)}")] if len(frame[frame.workload == w]) else [],
+        [f"{w}-layouts"] if len(frame[frame.workload == w]) else []))
+    monkeypatch.setattr(compose, "repeats_section", lambda records: ([Text(f"repeats {len(records)}")], ["r"]))
+    for name in ("calibration_blocks", "breakdown_blocks", "attribution_blocks"):
+        monkeypatch.setattr(compose, name, part(name))
+    for name in ("validation_blocks", "published_blocks", "plan_blocks"):
+        monkeypatch.setattr(compose, name, lambda results, name=name: [Text(f"{name} {results!r}")])
+    records = _two_core_sweep() + layout_records()
+    blocks, plots = compose.build_report(records, "res", "--workload x", 3)
+    assert [b.text for b in blocks] == [
+        "header 18 res '--workload x' 3 18",
+        "cnn: 18 rows, 18 records, lines ['tf_mirrored', 'torch_ddp', 'torch_dp']",
+        "mlm: 18 rows, 18 records, lines []",
+        "mlm layouts: 6",
+        "repeats 18", "calibration_blocks", "breakdown_blocks", "validation_blocks PosixPath('res')",
+        "published_blocks PosixPath('res')", "attribution_blocks", "plan_blocks PosixPath('res')"]
+    assert plots == {"cnn": ["cnn-1"], "mlm": ["mlm-1", "mlm-layouts"], "repeats": ["r"]}
+    blocks, _ = compose.build_report(records[:12], "res", folder=records)
+    assert blocks[0].text == "header 12 res '' 0 18"
