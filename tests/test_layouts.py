@@ -486,6 +486,11 @@ def test_the_layout_figure_names_what_tells_two_bars_apart_and_grows_with_them()
     plot = layout_plot("mlm", pd.DataFrame(six), {f"r{i}": {} for i in range(6)}, "c")
     assert [label for label, _ in plot.data["samples/s"]] == [f"pp{i}" for i in range(6)]
     assert tuple(plot.figure.get_size_inches()) == (pytest.approx(9.6), 5.2)
+    # Runs of one bar started in the same second: of the latest second's, the one the frame lists last.
+    same_second = [_figure_row(f"r{i:02d}", "dp2", 2, float(i), NAN, "07:00" if i % 2 else "07:01")
+                   for i in range(40)]
+    plot = layout_plot("mlm", pd.DataFrame(same_second), {f"r{i:02d}": {} for i in range(40)}, "c")
+    assert plot.data["samples/s"] == [("dp2", 38.0)]
     eleven = [_figure_row(f"r{i}", f"pp{i:02d}", 2, 10.0, NAN, "07:00") for i in range(11)]
     plot = layout_plot("mlm", pd.DataFrame(eleven), {f"r{i}": {} for i in range(11)}, "c")
     assert tuple(plot.figure.get_size_inches()) == (16, 5.2)
