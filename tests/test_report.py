@@ -579,3 +579,24 @@ def test_the_report_is_the_header_then_each_workload_then_the_sections_across_wo
     assert plots == {"cnn": ["cnn-1"], "mlm": ["mlm-1", "mlm-layouts"], "repeats": ["r"]}
     blocks, _ = compose.build_report(records[:12], "res", folder=records)
     assert blocks[0].text == "header 12 res '' 0 18"
+
+
+def test_a_workload_that_never_scaled_has_no_efficiency_figure(monkeypatch):
+    from bench.reporting.compose import figure_caption, workload_section
+    from bench.reporting.plots import Plot
+    from bench.reporting.series import build_series
+    from common.results import summary_frame
+
+    monkeypatch.setattr(Plot, "png", lambda self: self.slug.encode())      # what is drawn, not its pixels
+
+    records = [r for r in _two_core_sweep() if r["devices"] == 1 and r["status"] == "ok"]
+    frame = summary_frame(records)
+    series = build_series(records, frame)["cnn"]
+    blocks, plots = workload_section("cnn", frame, {r["run_id"]: r for r in records}, series)
+    assert [p.slug for p in plots] == ["cnn-throughput", "cnn-step-time", "cnn-loss", "cnn-time-to-accuracy"]
+    assert [(b.path, b.png) for b in blocks if isinstance(b, Image)] == [(f"plots/{p.slug}.png", p.slug.encode())
+                                                                        for p in plots]
+    # Every backend drawn: nothing named as absent.
+    caption = figure_caption("cnn", series)
+    assert caption.startswith("Data: real MNIST. Frameworks: x 1. ") and "Not drawn" not in caption
+    assert plots[0].caption == caption and all(p.absent == [] for p in plots)
