@@ -486,6 +486,7 @@ def test_the_layout_figure_names_what_tells_two_bars_apart_and_grows_with_them()
     plot = layout_plot("mlm", pd.DataFrame(six), {f"r{i}": {} for i in range(6)}, "c")
     assert [label for label, _ in plot.data["samples/s"]] == [f"pp{i}" for i in range(6)]
     assert tuple(plot.figure.get_size_inches()) == (pytest.approx(9.6), 5.2)
+    assert plot.figure.axes[1].get_ylim()[0] == 0      # no memory measured: still from zero, not below
     # Runs of one bar started in the same second: of the latest second's, the one the frame lists last.
     same_second = [_figure_row(f"r{i:02d}", "dp2", 2, float(i), NAN, "07:00" if i % 2 else "07:01")
                    for i in range(40)]
