@@ -103,6 +103,7 @@ def test_throughput_draws_each_series_with_its_ideal_line_on_a_log2_device_axis(
                             "ideal: N x the series' 1-device figure"]
     handles = fig.legends[0].legend_handles
     assert (handles[0].get_color(), handles[0].get_marker(), handles[0].get_linestyle()) == (BLUE, "o", "-")
+    assert (handles[2].get_color(), handles[2].get_marker(), handles[2].get_linestyle()) == (RED, "s", "--")
     assert handles[3].get_color() == "grey" and handles[3].get_alpha() == 0.7
 
 
@@ -117,6 +118,11 @@ def test_the_legend_below_takes_as_many_columns_as_its_longest_label_leaves_room
     fig = plots.efficiency_plot("cnn", four, "c").figure
     assert fig.legends[0]._ncols == 3
     assert tuple(plots.throughput_plot("cnn", four, "c").figure.get_size_inches()) == (14, 4.4)
+    # 14 in = 1540 px: a 120-character label takes 770 px, two columns; one more character, one column.
+    for length, columns in ((120, 2), (121, 1)):
+        named = [_series(name * length, {1: _run(1, 10.0), 2: _run(2, 19.0)}, panel=f"m{i}")
+                 for i, name in enumerate("abcd")]
+        assert plots.throughput_plot("cnn", named, "c").figure.legends[0]._ncols == columns
     # One long label: one column, never none.
     wide = [_series("x" * 200, {1: _run(1, 10.0), 2: _run(2, 19.0)})]
     assert plots.efficiency_plot("cnn", wide, "c").figure.legends[0]._ncols == 1
