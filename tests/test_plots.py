@@ -343,7 +343,7 @@ def test_step_time_boxes_the_measured_steps_or_ranges_the_statistics():
     assert [_points(m) for m in means] == [[(pytest.approx(-0.2), pytest.approx(105.0))],
                                            [(pytest.approx(0.8), pytest.approx(210.0))],
                                            [(pytest.approx(1.2), pytest.approx(315.0))]]
-    assert all(m.get_markersize() == 3 for m in means)
+    assert all((m.get_marker(), m.get_color(), m.get_markersize()) == ("o", "black", 3) for m in means)
     assert list(ax.get_xticks()) == [0, 1] and [t.get_text() for t in ax.get_xticklabels()] == ["N = 1", "N = 4"]
     assert ax.get_xlim() == (-0.6, pytest.approx(1.6)) and ax.get_ylim()[0] == 0
     assert ax.get_ylabel() == "step time (ms)" and ax.get_title() == ""
