@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from matplotlib.colors import to_rgba
 from matplotlib.font_manager import FontProperties
-from matplotlib.ticker import NullLocator
+from matplotlib.ticker import MaxNLocator, NullLocator
 
 from bench.reporting import plots
 from bench.reporting.series import Series
@@ -238,6 +238,8 @@ def test_loss_has_a_panel_per_device_count_and_a_row_per_model_size():
     assert only.get_markevery() == (0, 1) and only.get_linewidth() == 1.2
     assert one.get_ylabel() == "training loss" and two.get_ylabel() == ""
     assert one.get_xlabel() == two.get_xlabel() == "optimizer step"
+    assert all(isinstance(ax.xaxis.get_major_locator(), MaxNLocator) and ax.xaxis.get_major_locator()._integer
+               for ax in (one, two))                                     # steps are whole numbers
     assert all(g.get_visible() and g.get_alpha() == 0.3 for g in one.get_ygridlines())
     assert one.get_shared_y_axes().joined(one, two)
     assert _legend(fig) == ["a", "b"]
@@ -339,6 +341,7 @@ def test_step_time_boxes_the_measured_steps_or_ranges_the_statistics():
         [(pytest.approx(0.8), pytest.approx(160.0)), (pytest.approx(0.8), pytest.approx(300.0))],
         [(pytest.approx(1.2), pytest.approx(240.0)), (pytest.approx(1.2), pytest.approx(450.0))]]
     assert [tuple(c.get_colors()[0]) for c in ranges] == [to_rgba(BLUE), to_rgba(RED)]
+    assert [list(c.get_linewidths()) for c in ranges] == [[1], [1]]
     means = lines[6:]
     assert [_points(m) for m in means] == [[(pytest.approx(-0.2), pytest.approx(105.0))],
                                            [(pytest.approx(0.8), pytest.approx(210.0))],
