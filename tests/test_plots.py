@@ -275,7 +275,8 @@ def test_time_to_accuracy_reads_from_zero_on_both_axes():
     assert (one.get_title(), two.get_title()) == ("N = 1", "N = 2")
     assert one.title.get_fontsize() == FontProperties(size="medium").get_size_in_points()
     la, lb = one.get_lines()
-    assert (la.get_label(), _points(la), lb.get_label(), _points(lb)) == ("a", [(10, 0.2), (20, 0.4)], "b", [(12, 0.25)])
+    assert (la.get_label(), _points(la)) == ("a", [(10, 0.2), (20, 0.4)])
+    assert (lb.get_label(), _points(lb)) == ("b", [(12, 0.25)])
     assert (la.get_linewidth(), lb.get_linewidth(), lb.get_color(), lb.get_marker(), lb.get_linestyle()) == \
         (3, 1.2, RED, "s", ":")
     for ax in (one, two):
