@@ -600,3 +600,23 @@ def test_a_workload_that_never_scaled_has_no_efficiency_figure(monkeypatch):
     caption = figure_caption("cnn", series)
     assert caption.startswith("Data: real MNIST. Frameworks: x 1. ") and "Not drawn" not in caption
     assert plots[0].caption == caption and all(p.absent == [] for p in plots)
+
+
+def test_a_figure_caption_names_the_data_and_frameworks_and_what_the_lines_share(monkeypatch):
+    from types import SimpleNamespace
+
+    from bench.reporting import compose
+
+    runs = {1: {"data": "real", "framework": "torch", "framework_version": "2.4.1"},
+            2: {"data": "synthetic", "framework": "torch", "framework_version": "2.4.1"}}
+    series = [SimpleNamespace(runs=runs), SimpleNamespace(runs={4: {"data": "real", "framework": "jax",
+                                                                  "framework_version": "0.4"}})]
+    shared = {"": ""}
+    monkeypatch.setattr(compose, "describe_lines", lambda lines: shared[""] if lines == series else None)
+    assert compose.figure_caption("cnn", series) == ("Data: real MNIST, synthetic MNIST. Frameworks: jax 0.4, "
+                                                     "torch 2.4.1.")
+    # A workload without a named dataset: the data as recorded; lines that share nothing: no sentence for it.
+    assert compose.figure_caption("vit", series) == "Data: real, synthetic. Frameworks: jax 0.4, torch 2.4.1."
+    shared[""] = "Same in every line: host a."
+    assert compose.figure_caption("vit", series) == ("Data: real, synthetic. Frameworks: jax 0.4, torch 2.4.1. "
+                                                     "Same in every line: host a.")
