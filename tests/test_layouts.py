@@ -252,6 +252,17 @@ def test_layout_table_holds_each_layout_with_its_reference_and_reason():
     assert table["dp2xtp2"]["samples/s"] == "" and table["dp2xtp2"]["efficiency vs 1 device"] == ""
 
 
+def test_a_run_is_a_layout_run_in_a_layout_sweep_or_where_its_layout_splits_the_model():
+    from bench.reporting.layouts import in_layout_table
+
+    records = layout_records()
+    dp2, pp2 = records[2]["layout"], records[3]["layout"]
+    assert [in_layout_table({"sweep_id": "sweep-x", "layout": layout}) for layout in (None, {}, dp2, pp2)] == [
+        False, False, False, True]
+    assert [in_layout_table({"sweep_id": sweep, "layout": None}) for sweep in (None, SWEEP, "x-layouts-")] == [
+        False, True, False]
+
+
 def test_layout_frame_holds_each_layout_run_beside_its_reference_sorted_for_the_table():
     records = layout_records()
     plain = {**records[2], "run_id": "20261123T0800Z-plain-dp2", "sweep_id": "sweep-plain",

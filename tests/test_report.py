@@ -593,6 +593,13 @@ def test_a_workload_that_never_scaled_has_no_efficiency_figure(monkeypatch):
     frame = summary_frame(records)
     series = build_series(records, frame)["cnn"]
     blocks, plots = workload_section("cnn", frame, {r["run_id"]: r for r in records}, series)
+    # Two backends without an ok run: each named, in the caption and in the figures.
+    failed = [{**r, "run_id": f"{r['run_id']}-{backend}", "backend": backend, "status": "failed"}
+              for r in records[:1] for backend in ("keras_jax", "mindspore_auto")]
+    both = summary_frame(records + failed)
+    _, named = workload_section("cnn", both, {r["run_id"]: r for r in records + failed}, series)
+    assert named[0].caption.endswith(" Not drawn, no ok run: keras_jax (1 failed); mindspore_auto (1 failed).")
+    assert named[0].absent == ["keras_jax (1 failed)", "mindspore_auto (1 failed)"]
     assert [p.slug for p in plots] == ["cnn-throughput", "cnn-step-time", "cnn-loss", "cnn-time-to-accuracy"]
     assert [(b.path, b.png) for b in blocks if isinstance(b, Image)] == [(f"plots/{p.slug}.png", p.slug.encode())
                                                                         for p in plots]
