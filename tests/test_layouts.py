@@ -9,6 +9,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from rich.console import Console
 
@@ -251,6 +252,87 @@ def test_layout_table_holds_each_layout_with_its_reference_and_reason():
     assert table["dp2xtp2"]["samples/s"] == "" and table["dp2xtp2"]["efficiency vs 1 device"] == ""
 
 
+def test_a_run_is_a_layout_run_in_a_layout_sweep_or_where_its_layout_splits_the_model():
+    from bench.reporting.layouts import in_layout_table
+
+    records = layout_records()
+    dp2, pp2 = records[2]["layout"], records[3]["layout"]
+    assert [in_layout_table({"sweep_id": "sweep-x", "layout": layout}) for layout in (None, {}, dp2, pp2)] == [
+        False, False, False, True]
+    assert [in_layout_table({"sweep_id": sweep, "layout": None}) for sweep in (None, SWEEP, "x-layouts-")] == [
+        False, True, False]
+
+
+def test_layout_frame_holds_each_layout_run_beside_its_reference_sorted_for_the_table():
+    records = layout_records()
+    plain = {**records[2], "run_id": "20261123T0800Z-plain-dp2", "sweep_id": "sweep-plain",
+             "layout": {**records[2]["layout"]}}                  # plain data parallel, outside a layout sweep
+    alone = {**records[3], "run_id": "20261123T0900Z-alone-pp2", "sweep_id": None, "host": None,
+             "started_at": None, "data": None, "device_kind": None}      # splits the model: a layout run anyway
+    frame = layout_frame([alone, plain, *records])
+    assert list(frame.columns) == ["run_id", "layout", "sweep_id", "host", "backend", "workload", "data", "devices",
+                                   "device_kind", "global_batch", "accumulation", "status", "samples_per_s",
+                                   "started_at", "reference_samples_per_s", "efficiency"]
+    rows = frame.drop(columns=["run_id"]).to_dict("records")
+    # The sweep without an id first; in a sweep by devices, then layout.
+    assert [(r["sweep_id"], r["layout"], r["devices"]) for r in rows] == [
+        ("", "pp2-nmb4-1f1b", 2), (SWEEP, "1 device", 1), (SWEEP, "1 device, 4 micro-batches", 1),
+        (SWEEP, "dp2", 2), (SWEEP, "pp2-nmb4-1f1b", 2), (SWEEP, "tp2-vocab", 2), (SWEEP, "dp2xtp2", 4)]
+    assert list(frame.run_id)[0] == alone["run_id"] and plain["run_id"] not in set(frame.run_id)
+    first, *_, dp2, pp2, _, failed = rows
+    assert [pd.isna(first[k]) for k in ("host", "data", "device_kind")] == [True] * 3 and first["started_at"] == ""
+    assert pd.isna(first["reference_samples_per_s"]) and pd.isna(first["efficiency"])    # no 1-device run: its sweep
+    host = records[0]["host"]["name"]
+    assert dp2 == {"layout": "dp2", "sweep_id": SWEEP, "host": host, "backend": "torch_3d", "workload": "mlm",
+                   "data": "real", "devices": 2, "device_kind": "cpu", "global_batch": 8, "accumulation": 1,
+                   "status": "ok", "samples_per_s": 60.0, "started_at": "2026-11-23T07:02:00+00:00",
+                   "reference_samples_per_s": 40.0, "efficiency": 0.75}
+    assert (pp2["accumulation"], pp2["reference_samples_per_s"], pp2["efficiency"]) == (4, 32.0, 0.75)
+    assert failed["status"] == "failed" and pd.isna(failed["samples_per_s"])
+    # Several backends at one layout: side by side, in backend order.
+    other = [{**r, "run_id": r["run_id"] + "-jax", "backend": "keras_jax"} for r in records]
+    both = layout_frame(other + records)
+    assert list(zip(both.layout, both.backend))[:4] == [("1 device", "keras_jax"), ("1 device", "torch_3d"),
+                                                        ("1 device, 4 micro-batches", "keras_jax"),
+                                                        ("1 device, 4 micro-batches", "torch_3d")]
+
+
+def test_layout_table_cells_for_what_a_record_leaves_out_or_adds():
+    records = layout_records()
+    state = {"params": 2 * MIB, "grads": 2 * MIB, "optimizer": 4 * MIB}
+    odd = {**records[2], "run_id": "20261123T0710Z-odd", "sweep_id": f"{LAYOUT_SWEEP_PREFIX}other",
+           "oversubscribed": True, "mfu_achievable": None, "peak_memory_per_rank": None,
+           "peak_memory_bytes": 5 * MIB,
+           "memory": {"process_peak_per_rank": [5 * MIB, 5 * MIB], "training_per_rank": [MIB, None],
+                      "method": "growth of VmHWM", "processes_share": True},
+           "backend_metrics": {"state_bytes_per_rank": [state, state], "compile_s": 12.345,
+                               "comm_per_step": [_comm(0, 0) | {"broadcast": {"bytes": MIB, "calls": 1,
+                                                                              "time_s": None}},
+                                                 _comm(0, 0)]}}
+    quiet = {**records[2], "run_id": "20261123T0711Z-quiet", "sweep_id": f"{LAYOUT_SWEEP_PREFIX}quiet",
+             "backend_metrics": {"comm_per_step": [_comm(0, 0), _comm(0, 0)]}, "memory": None}
+    failed = {**records[5], "error": None}
+    by_id = {r["run_id"]: r for r in (odd, quiet, failed)}
+    columns, rows = layout_table(layout_frame([odd, quiet, failed]), by_id, "mlm")
+    table = {row[-1] if row[3] == "ok" else "failed": dict(zip(columns, row)) for row in rows}
+    assert set(table) == {"failed", "oversubscribed: devices x threads > cores; no 1-device run of this "
+                          "configuration (the same global batch and micro-batches) in its sweep",
+                          "no 1-device run of this configuration (the same global batch and micro-batches) in "
+                          "its sweep"}
+    [odd_row] = [row for key, row in table.items() if key.startswith("oversubscribed")]
+    assert odd_row["MFU (measured peak)"] == "" and odd_row["compile (s)"] == "12.3"
+    assert (odd_row["peak memory max (MiB)"], odd_row["peak memory per rank (MiB)"]) == ("5.0", "5.0")
+    assert odd_row["training memory per rank (MiB)"] == "1.0, ? (per process)"
+    assert odd_row["params+grads+optimizer per rank (MiB)"] == "2.0+2.0+4.0, 2.0+2.0+4.0"
+    # Kinds that moved no bytes are left out; one the list does not know comes last, its bytes on each rank.
+    assert odd_row["communication per step per rank (MiB)"] == "broadcast 1, 0"
+    [quiet_row] = [row for key, row in table.items() if key.startswith("no 1-device")]
+    assert quiet_row["communication per step per rank (MiB)"] == "none"
+    assert quiet_row["training memory per rank (MiB)"] == "" and quiet_row["compile (s)"] == ""
+    assert table["failed"]["reason / notes"] == "" and table["failed"]["peak memory max (MiB)"] == ""
+    assert table["failed"]["communication per step per rank (MiB)"] == ""
+
+
 def test_report_draws_the_layout_figure_from_the_records(tmp_path):
     records = layout_records()
     for r in records:
@@ -280,6 +362,224 @@ def test_report_draws_the_layout_figure_from_the_records(tmp_path):
     column = header.index("scaling efficiency")
     assert sorted(row[column] for row in rows) == ["", "", "0.75", "0.75", "1.00", "1.00"]
     assert "nothing to plot against devices" in markdown
+
+
+
+def _figure_row(run_id: str, layout: str, devices: int, sps: float | None, reference: float, started: str,
+                status: str = "ok", workload: str = "mlm", backend: str = "torch_3d", host: str | None = "h",
+                global_batch: int = 8) -> dict:
+    """One row of layout_frame, as layout_plot reads it."""
+    return {"run_id": run_id, "layout": layout, "workload": workload, "status": status, "samples_per_s": sps,
+            "devices": devices, "backend": backend, "host": host, "global_batch": global_batch,
+            "started_at": started, "reference_samples_per_s": reference}
+
+
+def _state(*mib_per_part) -> dict:
+    return dict(zip(("params", "grads", "optimizer"), (v * MIB for v in mib_per_part)))
+
+
+NAN = float("nan")
+# Out of order on purpose: the figure sorts by devices then layout; the second dp2 run (07:03) replaces the first.
+FIGURE_ROWS = [
+    _figure_row("pp", "pp2", 2, 48.0, NAN, "07:04"),                     # no 1-device run: no ideal tick
+    _figure_row("dp-old", "dp2", 2, 50.0, 40.0, "07:01"),
+    _figure_row("one", "1 device", 1, 40.0, 40.0, "07:00"),
+    _figure_row("tp", "tp2", 2, 30.0, 40.0, "07:05"),
+    _figure_row("dp", "dp2", 2, 60.0, 40.0, "07:03"),
+    _figure_row("failed", "fsdp2", 2, None, 40.0, "07:06", status="failed"),
+    _figure_row("nan", "dp2xtp2", 4, None, 40.0, "07:07"),              # ok but measured nothing: no bar
+    _figure_row("cnn", "dp2", 2, 500.0, 400.0, "07:08", workload="cnn"),
+]
+FIGURE_RECORDS = {
+    "one": {"peak_memory_per_rank": [300 * MIB], "backend_metrics": {"state_bytes_per_rank": [_state(18, 18, 36)]}},
+    "dp-old": {"peak_memory_per_rank": [1 * MIB, 1 * MIB]},
+    "dp": {"peak_memory_per_rank": [310 * MIB, 312 * MIB], "peak_memory_bytes": 999 * MIB,
+           "backend_metrics": {"state_bytes_per_rank": [_state(9, 9, 18), _state(18, 18, 36)]}},
+    "pp": {"peak_memory_bytes": 200 * MIB},       # one number only: the process's
+    "tp": {"peak_memory_per_rank": None, "peak_memory_bytes": None, "backend_metrics": {}},
+}
+
+
+def test_the_layout_figure_draws_the_latest_ok_run_of_each_layout():
+    """layout_plot from hand-made rows, read back from matplotlib: samples/s bars with N x the 1-device run as a
+    tick, then per layout the most loaded device's peak (a bar, each rank a dot) beside its state (a bar)."""
+    from matplotlib.colors import to_rgba
+    from matplotlib.markers import MarkerStyle
+
+    from bench.reporting.layout_plot import layout_plot
+    from tests.test_predict import matplotlib_small
+
+    plot = layout_plot("mlm", pd.DataFrame(FIGURE_ROWS), FIGURE_RECORDS, "the caption")
+    assert (plot.slug, plot.title, plot.caption) == ("mlm-layouts", "mlm: layouts", "the caption")
+    labels = ["1 device", "dp2", "pp2", "tp2"]
+    assert plot.data == {
+        "samples/s": [("1 device", 40.0), ("dp2", 60.0), ("pp2", 48.0), ("tp2", 30.0)],
+        "ideal samples/s": [("1 device", 40.0), ("dp2", 80.0), ("tp2", 80.0)],
+        "peak memory max (MiB)": [("1 device", 300.0), ("dp2", 312.0), ("pp2", 200.0), ("tp2", 0.0)],
+        "peak memory per rank (MiB)": [("1 device", [300.0]), ("dp2", [310.0, 312.0]), ("pp2", [200.0]),
+                                       ("tp2", [])],
+        "params+grads+optimizer max (MiB)": [("1 device", 72.0), ("dp2", 72.0)]}
+    fig = plot.figure
+    assert tuple(fig.get_size_inches()) == (8.0, 5.2) and type(fig.get_layout_engine()).__name__ == \
+        "ConstrainedLayoutEngine"
+    assert fig.get_suptitle() == "mlm: throughput and memory per device by layout"
+    speed, memory = fig.axes
+    assert [ax.get_subplotspec().get_geometry() for ax in (speed, memory)] == [(1, 2, 0, 0), (1, 2, 1, 1)]
+    blue, orange = to_rgba("#1f77b4"), to_rgba("#ff7f0e")
+
+    bars = speed.patches
+    assert [(b.get_x() + b.get_width() / 2, b.get_height()) for b in bars] == [(0, 40), (1, 60), (2, 48), (3, 30)]
+    assert all(b.get_facecolor() == blue for b in bars)
+    assert [c.get_label() for c in speed.containers] == ["samples/s, all devices"]
+    [ideal] = speed.collections
+    assert [tuple(p) for p in ideal.get_offsets()] == [(0, 40), (1, 80), (3, 80)]
+    assert list(ideal.get_sizes()) == [900] and ideal.get_zorder() == 3 and ideal.get_label() == "N x 1-device run"
+    assert tuple(ideal.get_facecolors()[0]) == to_rgba("grey")
+    tick = MarkerStyle("_")      # a flat tick, as wide as a bar
+    assert ideal.get_paths()[0].vertices.tolist() == tick.get_path().transformed(tick.get_transform()).vertices.tolist()
+    assert speed.get_ylabel() == "samples/s, all devices"
+    assert speed.yaxis.get_major_formatter()(12345.6, 0) == "12,346"
+
+    peak_bars, state_bars = memory.patches[:4], memory.patches[4:]
+    # Side by side: the peak left of each tick, the state right of it.
+    assert [(b.get_x(), b.get_width(), b.get_height()) for b in peak_bars] == [
+        (pytest.approx(i - 0.4), pytest.approx(0.4), h) for i, h in enumerate([300, 312, 200, 0])]
+    assert [(b.get_x(), b.get_width(), b.get_height()) for b in state_bars] == [
+        (pytest.approx(0, abs=1e-12), pytest.approx(0.4), 72), (pytest.approx(1), pytest.approx(0.4), 72)]
+    assert all(b.get_facecolor() == blue for b in peak_bars) and all(b.get_facecolor() == orange for b in state_bars)
+    assert [c.get_label() for c in memory.containers] == ["peak, most loaded device",
+                                                          "params + grads + optimizer, most loaded rank"]
+    dots = memory.collections
+    assert [[tuple(p) for p in d.get_offsets()] for d in dots] == [
+        [(-0.2, 300)], [(0.8, 310), (0.8, 312)], [(1.8, 200)], []]
+    # One legend entry for the dots ("_child..": matplotlib's name for an artist left out of the legend).
+    assert [d.get_label() for d in dots] == ["peak, each rank", "_child5", "_child6", "_child7"]
+    assert all(list(d.get_sizes()) == [10] and d.get_zorder() == 3 for d in dots)
+    assert all(tuple(d.get_facecolors()[0]) == to_rgba("black") for d in dots[:3])
+    assert memory.get_ylabel() == "MiB per device"
+
+    for ax in (speed, memory):
+        ticks = ax.get_xticklabels()
+        assert list(ax.get_xticks()) == [0, 1, 2, 3] and [t.get_text() for t in ticks] == labels
+        assert all(t.get_rotation() == 30 and t.get_ha() == "right" for t in ticks)
+        assert all(t.get_fontsize() == pytest.approx(matplotlib_small()) for t in ticks)
+        assert ax.get_ylim()[0] == 0
+        assert all(line.get_visible() and line.get_alpha() == 0.3 for line in ax.get_ygridlines())
+        assert not any(line.get_visible() for line in ax.get_xgridlines())
+    [legend] = fig.legends
+    # Each panel's entries in matplotlib's order (collections before bars), the speed panel's first.
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "N x 1-device run", "samples/s, all devices", "peak, each rank", "peak, most loaded device",
+        "params + grads + optimizer, most loaded rank"]
+    assert legend._ncols == 3 and legend._outside_loc == "lower" and legend._loc == 8  # below, centred
+    assert all(t.get_fontsize() == pytest.approx(matplotlib_small()) for t in legend.get_texts())
+
+
+def test_the_layout_figure_names_what_tells_two_bars_apart_and_grows_with_them():
+    from bench.reporting.layout_plot import layout_plot
+
+    rows = [_figure_row("a", "dp2", 2, 60.0, NAN, "07:00"),
+            _figure_row("b", "dp2", 2, 50.0, NAN, "07:01", backend="keras_jax"),
+            _figure_row("c", "dp2", 2, 40.0, NAN, "07:02", host=None),
+            _figure_row("d", "dp2", 2, 30.0, NAN, "07:03", global_batch=16)]
+    records = {i: {"peak_memory_per_rank": [MIB]} for i in "abcd"}
+    plot = layout_plot("mlm", pd.DataFrame(rows), records, "c")
+    first, second, hostless, bigger = [label for label, _ in plot.data["samples/s"]]
+    assert (first, second, bigger) == (
+        "dp2 · torch_3d · h · batch 8", "dp2 · keras_jax · h · batch 8", "dp2 · torch_3d · h · batch 16")
+    # A run without a host is told apart too (the frame holds no host as a missing value).
+    assert hostless.startswith("dp2 · torch_3d · ") and hostless.endswith(" · batch 8") and hostless != first
+    assert "ideal samples/s" not in plot.data and plot.data["params+grads+optimizer max (MiB)"] == []
+    assert [c.get_label() for c in plot.figure.axes[0].collections] == []        # no tick without a reference
+    assert tuple(plot.figure.get_size_inches()) == (8.0, 5.2)
+    # Two runs of one host and backend: only the layout names a bar; past five bars the figure widens, to 16 in.
+    six = [_figure_row(f"r{i}", f"pp{i}", 2, 10.0 * i, NAN, f"07:0{i}") for i in range(6)]
+    plot = layout_plot("mlm", pd.DataFrame(six), {f"r{i}": {} for i in range(6)}, "c")
+    assert [label for label, _ in plot.data["samples/s"]] == [f"pp{i}" for i in range(6)]
+    assert tuple(plot.figure.get_size_inches()) == (pytest.approx(9.6), 5.2)
+    assert plot.figure.axes[1].get_ylim()[0] == 0      # no memory measured: still from zero, not below
+    # Runs of one bar started in the same second: of the latest second's, the one the frame lists last.
+    same_second = [_figure_row(f"r{i:02d}", "dp2", 2, float(i), NAN, "07:00" if i % 2 else "07:01")
+                   for i in range(40)]
+    plot = layout_plot("mlm", pd.DataFrame(same_second), {f"r{i:02d}": {} for i in range(40)}, "c")
+    assert plot.data["samples/s"] == [("dp2", 38.0)]
+    eleven = [_figure_row(f"r{i}", f"pp{i:02d}", 2, 10.0, NAN, "07:00") for i in range(11)]
+    plot = layout_plot("mlm", pd.DataFrame(eleven), {f"r{i}": {} for i in range(11)}, "c")
+    assert tuple(plot.figure.get_size_inches()) == (16, 5.2)
+
+
+
+LAYOUT_INTRO = (
+    "Each layout trains the same global batch; efficiency is samples/s / (N x samples/s of the 1-device run of the "
+    "same global batch and micro-batches). Memory per rank is each process's measured peak; params+grads+optimizer "
+    "is counted from the shards each rank holds. The analytic bubble is (stages - 1) / (micro-batches + stages - 1), "
+    "the measured one each stage's idle share of a step. Communication is bytes per step per rank of the collectives "
+    "issued, by kind.")
+
+
+def test_the_layout_section_is_its_table_and_a_figure_of_the_ok_runs():
+    from bench.reporting.compose import layout_section
+    from bench.reporting.document import Heading, Image, Table, Text
+
+    records = layout_records()
+    for r in records:
+        r["host"] = {**r["host"], "name": "a-host"}
+    records[2]["host"] = {**records[2]["host"], "name": "b-host"}
+    records[3]["framework_version"] = "2.14.0"
+    records[5]["host"] = {**records[5]["host"], "name": "failed-host"}     # a failed run: not in the figure
+    by_id = {r["run_id"]: r for r in records}
+    frame = layout_frame(records)
+    blocks, plots = layout_section("mlm", frame, by_id)
+    assert blocks[:3] == [Heading("Layouts of `mlm`", 3), Text(LAYOUT_INTRO),
+                          Table(*layout_table(frame, by_id, "mlm"))]
+    [image] = blocks[3:]
+    caption = "Machines: a-host, b-host. Global batch: 8. Frameworks: torch 2.13.0, torch 2.14.0."
+    assert (image.path, image.title, image.caption) == ("plots/mlm-layouts.png", "mlm: layouts", caption)
+    assert isinstance(image, Image) and image.png[:8] == b"\x89PNG\r\n\x1a\n"
+    [plot] = plots
+    assert (plot.slug, plot.caption) == ("mlm-layouts", caption)
+    assert [label for label, _ in plot.data["samples/s"]] == [  # two hosts: each bar names its own
+        "1 device · a-host", "1 device, 4 micro-batches · a-host", "dp2 · b-host", "pp2-nmb4-1f1b · a-host"]
+    # No layout run of the workload: no section; no ok run: the table alone.
+    assert layout_section("cnn", frame, by_id) == ([], [])
+    failed = [r for r in records if r["status"] != "ok"]
+    blocks, plots = layout_section("mlm", layout_frame(failed), by_id)
+    assert [type(b).__name__ for b in blocks] == ["Heading", "Text", "Table"] and plots == []
+    assert [row[0] for row in blocks[2].rows] == ["tp2-vocab", "dp2xtp2"]
+
+
+def test_a_workload_whose_runs_are_all_layouts_has_its_table_and_no_device_figures():
+    from bench.reporting.compose import workload_section
+    from bench.reporting.document import Heading, Table, Text
+    from bench.reporting.tables import workload_table
+    from common.results import summary_frame
+
+    records = layout_records()
+    by_id = {r["run_id"]: r for r in records}
+    frame = summary_frame(records)
+    above, columns, rows = workload_table(frame, by_id, "mlm")
+    assert above.startswith("Same in every row: ")
+    assert workload_section("mlm", frame, by_id, []) == ([
+        Heading("Workload `mlm`", 2), Text(above), Table(columns, rows),
+        Text("No ok run with measured steps (outside layout sweeps): nothing to plot against devices.")], [])
+
+
+def test_absent_backends_are_those_of_the_workload_with_no_ok_run_and_no_line():
+    from types import SimpleNamespace
+
+    from bench.reporting.compose import absent_backends
+
+    frame = pd.DataFrame([("cnn", "torch_ddp", "ok"), ("cnn", "tf_mirrored", "failed"),
+                          ("cnn", "tf_mirrored", "unsupported"), ("cnn", "tf_mirrored", "failed"),
+                          ("cnn", "torch_3d", "ok"), ("cnn", "torch_3d", "failed"),     # drawn in the layout figure
+                          ("cnn", "mindspore_auto", "invalid"), ("mlm", "keras_jax", "failed")],
+                         columns=["workload", "backend", "status"])
+    drawn = [SimpleNamespace(key=SimpleNamespace(backend="torch_ddp"))]
+    assert absent_backends(frame, "cnn", drawn) == ["mindspore_auto (1 invalid)",
+                                                    "tf_mirrored (2 failed, 1 unsupported)"]
+    assert absent_backends(frame, "mlm", drawn) == ["keras_jax (1 failed)"]
+    assert absent_backends(frame, "cnn", drawn + [SimpleNamespace(key=SimpleNamespace(backend="tf_mirrored")),
+                                                  SimpleNamespace(key=SimpleNamespace(backend="mindspore_auto"))]) == []
 
 
 # ----------------------------------------------------------------------------- parity

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from bench.reporting.compose import build_report
-from bench.reporting.document import Image, to_markdown
+from bench.reporting.document import Heading, Image, Table, Text, to_markdown
+from common.config_key import NO_REFERENCE
 from common.record import skeleton
 from common.results import load_records, validate_record, write_record
 from tests.conftest import run_cli, run_in_process
@@ -367,6 +368,21 @@ def test_figures_do_not_mislead(tmp_path):
         assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1 and ax.get_xlim()[0] == 0
     captions = [b.caption for b in blocks if isinstance(b, Image)]
     assert captions and all("Not drawn, no ok run: mindspore_auto (3 failed)." in c for c in captions)
+    # Each figure under the workload's table, in the order drawn, its PNG the plot's own (its size tells it).
+    images = [b for b in blocks if isinstance(b, Image)]
+    assert [(b.path, b.title, struct.unpack(">II", b.png[16:24])) for b in images] == [
+        ("plots/cnn-throughput.png", "cnn: throughput", (825, 484)),
+        ("plots/cnn-efficiency.png", "cnn: scaling efficiency", (825, 484)),
+        ("plots/cnn-step-time.png", "cnn: step-time distribution", (825, 484)),
+        ("plots/cnn-loss.png", "cnn: loss curves", (1518, 484)),
+        ("plots/cnn-time-to-accuracy.png", "cnn: time to accuracy", (1518, 484))]
+    assert images[0].caption.startswith("Data: real MNIST. Frameworks: x 1. Same in every line: host host-a, ")
+    assert images[0].caption.endswith(". torch_dp: strategy/mode torch_dp. Not drawn, no ok run: mindspore_auto "
+                                      "(3 failed).")
+    assert [b.caption for b in images] == [p.caption for p in plots["cnn"]]
+    start = blocks.index(Heading("Workload `cnn`", 2))
+    assert isinstance(blocks[start + 1], Text) and isinstance(blocks[start + 2], Table)
+    assert blocks[start + 3:start + 8] == images
     if os.environ.get("PARBENCH_KEEP_FIGURES"):  # to look at them
         for plot in plots["cnn"]:
             Path(os.environ["PARBENCH_KEEP_FIGURES"], f"{plot.slug}.png").write_bytes(plot.png())
@@ -400,3 +416,214 @@ def test_one_gpu_run_shares_a_panel_with_the_virtual_runs_it_anchors():
         assert [n for n, _ in drawn[f"_virtual: {label}"]] == [2, 4]
     [row] = [row for row in _md_tables(to_markdown(blocks))["cnn"] if row["N"] == "4" and row["backend"] == "torch_dp"]
     assert row["MFU"] == "6.0%" and row["MFU (measured peak)"] == "12.0%"
+
+
+def test_markdown_renders_each_block_and_escapes_what_would_break_a_table():
+    from bench.reporting.document import markdown_table
+
+    blocks = [Heading("parbench report", 1), Heading("Workload `cnn`", 3), Text("Runs: `a|b`."),
+              Table(["run", "reason"], [["r1", "a | b\\c\nnext"], ["r2", 7]]),
+              Image("plots/cnn-loss.png", "cnn: loss", "Data: real.", b"\x89PNG")]
+    assert to_markdown(blocks) == (
+        "# parbench report\n\n### Workload `cnn`\n\nRuns: `a|b`.\n\n"
+        "| run | reason |\n|---|---|\n| r1 | a \\| b\\\\c next |\n| r2 | 7 |\n\n"
+        "![cnn: loss](plots/cnn-loss.png)\n\n*Data: real.*\n")
+    assert markdown_table(["a|b", "c"], []) == "| a\\|b | c |\n|---|---|"
+    assert to_markdown([]) == "\n"
+
+
+def test_html_renders_each_block_self_contained_and_marks_failed_rows():
+    from bench.reporting.html import CSS, to_html
+
+    blocks = [Heading("Workload `cnn` <1>", 2), Text("A `code` and `more` & text"),
+              Table(["run_id", "status", "peak_memory"], [["r<1>", "failed", 1.5], ["r2", "ok", None]]),
+              Table(["a_b"], [["x"]]),
+              Image("plots/cnn-loss.png", 'cnn: "loss"', "Data: `real`.", b"\x89PNG\r\n")]
+    assert to_html(blocks, "parbench <report>") == (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>parbench &lt;report&gt;</title>'
+        f"<style>{CSS}</style></head><body>\n"
+        "<h2>Workload <code>cnn</code> &lt;1&gt;</h2>\n"
+        "<p>A <code>code</code> and <code>more</code> &amp; text</p>\n"
+        "<table><thead><tr><th>run_<wbr>id</th><th>status</th><th>peak_<wbr>memory</th></tr></thead><tbody>"
+        '<tr class="failed"><td>r&lt;1&gt;</td><td>failed</td><td>1.5</td></tr>'
+        '<tr class="ok"><td>r2</td><td>ok</td><td>None</td></tr></tbody></table>\n'
+        "<table><thead><tr><th>a_<wbr>b</th></tr></thead><tbody><tr><td>x</td></tr></tbody></table>\n"
+        '<figure><img alt="cnn: &quot;loss&quot;" src="data:image/png;base64,iVBORw0K">'
+        "<figcaption>Data: <code>real</code>.</figcaption></figure>\n"
+        "</body></html>\n")
+    # The status column found wherever it is.
+    assert '<tr class="unsupported"><td>unsupported</td>' in to_html([Table(["status"], [["unsupported"]])], "t")
+
+
+def _machine_record(name: str | None, backend: str = "torch_ddp", **fields) -> dict:
+    host = {"name": name, "cpu": "AMD EPYC 9454", "cores": 96, "gpus": ["NVIDIA H100", "NVIDIA H100", "NVIDIA A100"],
+            "os": "Linux-6.8", "python": "3.11.7"} if name == "b" else \
+        {"name": name, "cpu": "Xeon", "cores": 16, "gpus": [], "os": "Linux-6.1", "python": "3.10.4"}
+    return {"host": host if name else None, "backend": backend, "workload": "cnn", "status": "ok", **fields}
+
+
+def test_the_header_tables_name_each_machine_software_and_dataset_once():
+    from bench.reporting.compose import _data, _hardware, _software
+
+    records = [
+        _machine_record("b", device_kind="cuda", devices_description="2 x H100", framework="torch",
+                        framework_version="2.4.1", git_sha="abc", versions={"torch": "2.4.1", "numpy": "2.1"},
+                        data="real"),
+        _machine_record("b", device_kind="cuda", virtual=True, devices_description="4 on one H100",
+                        framework="torch", framework_version="2.4.1", git_sha="abc",
+                        versions={"numpy": "2.1", "torch": "2.4.1"}, data="real"),
+        _machine_record("a", backend="tf_mirrored", workload="mlm", devices_description=None, data="synthetic"),
+        _machine_record(None, backend="jax", workload="lm"),
+        _machine_record("a", backend="tf_mirrored", workload="mlm", device_kind="", data="synthetic",
+                        devices_description="", framework="tensorflow", framework_version=None),
+    ]
+    hardware = _hardware(records)
+    assert hardware.columns == ["host", "CPU", "cores", "GPUs", "OS", "Python", "device kinds", "devices used"]
+    assert hardware.rows == [
+        ["None", "", "", "none", "", "", "unknown", ""],
+        ["a", "Xeon", "16", "none", "Linux-6.1", "3.10.4", "unknown", ""],
+        ["b", "AMD EPYC 9454", "96", "NVIDIA A100, NVIDIA H100", "Linux-6.8", "3.11.7", "cuda, cuda (virtual)",
+         "2 x H100; 4 on one H100"]]
+    software = _software(records)
+    assert software.columns == ["host", "backend", "framework", "parbench commit", "packages"]
+    assert software.rows == [
+        ["None", "jax", "not started", "None", ""],
+        ["a", "tf_mirrored", "not started", "None", ""],
+        ["a", "tf_mirrored", "tensorflow", "None", ""],
+        ["b", "torch_ddp", "torch 2.4.1", "abc", "numpy 2.1, torch 2.4.1"]]
+    data = _data(records)
+    assert data.columns == ["workload", "dataset", "data", "runs"]
+    assert data.rows == [["cnn", "MNIST", "real", "2"], ["lm", "WikiText-2", "unknown", "1"],
+                         ["mlm", "WikiText-2", "synthetic", "2"]]
+    assert _data([{"workload": "vit", "data": "real"}]).rows == [["vit", "?", "real", "1"]]
+
+
+class _Now:
+    @staticmethod
+    def now(zone):
+        from datetime import datetime
+        return datetime(2026, 11, 28, 9, 30, 15, 123456, tzinfo=zone)
+
+
+DEFINITIONS = (
+    "A configuration is everything a run was asked to do but its device count: backend, strategy or mode, workload, "
+    "model size, precision, batch (per device under weak scaling, global under strong), micro-batches, layout and "
+    "its options, compile mode, data, device kind, host, threads per device and scaling mode. Scaling efficiency is "
+    "samples/s(N) / (N x samples/s(1)) against the latest ok 1-device run of the same configuration in the same "
+    "sweep (a layout that splits the model: of its global batch and micro-batches on one device); where there is "
+    f"none the cell says \"{NO_REFERENCE}\". A table row is the latest run of a configuration and device count in "
+    "its sweep; a line in a figure joins the runs of one configuration in one sweep.")
+
+
+def test_the_header_says_where_the_runs_come_from_and_what_a_configuration_is(monkeypatch):
+    from bench.reporting import compose
+
+    monkeypatch.setattr(compose, "datetime", _Now)
+    runs = [_machine_record("a", status=s, sweep_id=sweep, started_at=f"2026-11-2{i}T10:00:00+00:00", run_id=str(i))
+            for i, (s, sweep) in enumerate([("ok", "sweep-one"), ("failed", "sweep-one"), ("ok", "sweep-one"),
+                                            ("invalid", "sweep-two")])]
+    blocks = compose.header(runs[:3], "results", "", 0, runs[:3])
+    assert blocks[:3] == [
+        Heading("parbench report", 1),
+        Text("Generated 2026-11-28T09:30:15+00:00 from 3 run records in `results/runs` (2 ok, 1 failed, "
+             "0 unsupported, 0 invalid)."),
+        Text(DEFINITIONS)]
+    assert blocks[3:5] == [Heading("Sweeps", 2), Text("Every sweep of the folder; `bench.report --sweep ID` reports "
+                                                      "one.")]
+    assert blocks[5].rows[0][0] == "one"
+    assert blocks[6:] == [Heading("Hardware", 2), compose._hardware(runs[:3]), Heading("Software", 2),
+                          compose._software(runs[:3]), Heading("Data", 2), compose._data(runs[:3])]
+    # Filtered out of a folder of two sweeps: the report names its sweep, and the files it skipped.
+    blocks = compose.header(runs[3:], "out", "--sweep two", 2, runs)
+    assert blocks[1] == Text("Generated 2026-11-28T09:30:15+00:00 from 1 run records in `out/runs` (0 ok, 0 failed, "
+                             "0 unsupported, 1 invalid). Filters: --sweep two. 2 file(s) in `runs/` skipped: not a "
+                             "valid run record.")
+    assert blocks[4] == Text("Every sweep of the folder; `bench.report --sweep ID` reports one. This report: two.")
+    assert [row[0] for row in blocks[5].rows] == ["one", "two"]
+    # One sweep in the folder, or no filter: nothing to name.
+    for folder, filters in ((runs[3:], "--sweep two"), (runs, "")):
+        assert compose.header(runs[3:], "out", filters, 0, folder)[4] == Text(
+            "Every sweep of the folder; `bench.report --sweep ID` reports one.")
+
+
+def test_the_report_is_the_header_then_each_workload_then_the_sections_across_workloads(monkeypatch):
+    """build_report's order, and what each part is given: the layout runs leave the device-count lines for
+    the layout section; `folder` (default: the records) feeds the sweep index."""
+    from bench.reporting import compose
+    from tests.test_layouts import layout_records
+
+    def part(name):
+        return lambda *args: [Text(name)]
+
+    monkeypatch.setattr(compose, "header", lambda records, results, filters, skipped, folder: [
+        Text(f"header {len(records)} {results} {filters!r} {skipped} {len(folder)}")])
+    monkeypatch.setattr(compose, "workload_section", lambda w, frame, by_id, series: (
+        [Text(f"{w}: {len(frame)} rows, {len(by_id)} records, lines {[s.key.backend for s in series]}")], [f"{w}-1"]))
+    monkeypatch.setattr(compose, "layout_section", lambda w, frame, by_id: (
+        [Text(f"{w} layouts: {len(frame)}")] if len(frame[frame.workload == w]) else [],
+        [f"{w}-layouts"] if len(frame[frame.workload == w]) else []))
+    monkeypatch.setattr(compose, "repeats_section", lambda records: ([Text(f"repeats {len(records)}")], ["r"]))
+    for name in ("calibration_blocks", "breakdown_blocks", "attribution_blocks"):
+        monkeypatch.setattr(compose, name, part(name))
+    for name in ("validation_blocks", "published_blocks", "plan_blocks"):
+        monkeypatch.setattr(compose, name, lambda results, name=name: [Text(f"{name} {results!r}")])
+    records = _two_core_sweep() + layout_records()
+    blocks, plots = compose.build_report(records, "res", "--workload x", 3)
+    assert [b.text for b in blocks] == [
+        "header 18 res '--workload x' 3 18",
+        "cnn: 18 rows, 18 records, lines ['tf_mirrored', 'torch_ddp', 'torch_dp']",
+        "mlm: 18 rows, 18 records, lines []",
+        "mlm layouts: 6",
+        "repeats 18", "calibration_blocks", "breakdown_blocks", "validation_blocks PosixPath('res')",
+        "published_blocks PosixPath('res')", "attribution_blocks", "plan_blocks PosixPath('res')"]
+    assert plots == {"cnn": ["cnn-1"], "mlm": ["mlm-1", "mlm-layouts"], "repeats": ["r"]}
+    blocks, _ = compose.build_report(records[:12], "res", folder=records)
+    assert blocks[0].text == "header 12 res '' 0 18"
+
+
+def test_a_workload_that_never_scaled_has_no_efficiency_figure(monkeypatch):
+    from bench.reporting.compose import figure_caption, workload_section
+    from bench.reporting.plots import Plot
+    from bench.reporting.series import build_series
+    from common.results import summary_frame
+
+    monkeypatch.setattr(Plot, "png", lambda self: self.slug.encode())      # what is drawn, not its pixels
+
+    records = [r for r in _two_core_sweep() if r["devices"] == 1 and r["status"] == "ok"]
+    frame = summary_frame(records)
+    series = build_series(records, frame)["cnn"]
+    blocks, plots = workload_section("cnn", frame, {r["run_id"]: r for r in records}, series)
+    # Two backends without an ok run: each named, in the caption and in the figures.
+    failed = [{**r, "run_id": f"{r['run_id']}-{backend}", "backend": backend, "status": "failed"}
+              for r in records[:1] for backend in ("keras_jax", "mindspore_auto")]
+    both = summary_frame(records + failed)
+    _, named = workload_section("cnn", both, {r["run_id"]: r for r in records + failed}, series)
+    assert named[0].caption.endswith(" Not drawn, no ok run: keras_jax (1 failed); mindspore_auto (1 failed).")
+    assert named[0].absent == ["keras_jax (1 failed)", "mindspore_auto (1 failed)"]
+    assert [p.slug for p in plots] == ["cnn-throughput", "cnn-step-time", "cnn-loss", "cnn-time-to-accuracy"]
+    assert [(b.path, b.png) for b in blocks if isinstance(b, Image)] == [(f"plots/{p.slug}.png", p.slug.encode())
+                                                                        for p in plots]
+    # Every backend drawn: nothing named as absent.
+    caption = figure_caption("cnn", series)
+    assert caption.startswith("Data: real MNIST. Frameworks: x 1. ") and "Not drawn" not in caption
+    assert plots[0].caption == caption and all(p.absent == [] for p in plots)
+
+
+def test_a_figure_caption_names_the_data_and_frameworks_and_what_the_lines_share(monkeypatch):
+    from types import SimpleNamespace
+
+    from bench.reporting import compose
+
+    runs = {1: {"data": "real", "framework": "torch", "framework_version": "2.4.1"},
+            2: {"data": "synthetic", "framework": "torch", "framework_version": "2.4.1"}}
+    series = [SimpleNamespace(runs=runs), SimpleNamespace(runs={4: {"data": "real", "framework": "jax",
+                                                                  "framework_version": "0.4"}})]
+    shared = {"": ""}
+    monkeypatch.setattr(compose, "describe_lines", lambda lines: shared[""] if lines == series else None)
+    assert compose.figure_caption("cnn", series) == ("Data: real MNIST, synthetic MNIST. Frameworks: jax 0.4, "
+                                                     "torch 2.4.1.")
+    # A workload without a named dataset: the data as recorded; lines that share nothing: no sentence for it.
+    assert compose.figure_caption("vit", series) == "Data: real, synthetic. Frameworks: jax 0.4, torch 2.4.1."
+    shared[""] = "Same in every line: host a."
+    assert compose.figure_caption("vit", series) == ("Data: real, synthetic. Frameworks: jax 0.4, torch 2.4.1. "
+                                                     "Same in every line: host a.")
