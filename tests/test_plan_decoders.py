@@ -4,6 +4,7 @@ placed in that ranking or refused in one line; a published run's layout is ranke
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -34,6 +35,58 @@ def test_the_space_holds_every_kind_of_layout_the_model_costs_and_nothing_it_ref
     assert not any(lay.zero1 and lay.fsdp > 1 for lay in space)
     # torch's eager stack has no tensor-parallel overlap: the space leaves it out rather than predict it refused
     assert not any(lay.tp_overlap for lay in decoders.candidates(LLAMA, 16, 32, stacks.load("torch-eager"), 8))
+
+
+def _names(space, tp: int, cp: int, pp: int) -> set[str]:
+    return {lay.name for lay in space if (lay.tp, lay.cp, lay.pp) == (tp, cp, pp)}
+
+
+def test_eight_devices_four_a_node_give_the_space_counted_by_hand():
+    """4 layers, global batch 4, 8 devices, 4 a node: tp and cp from 1, 2, 4 (tp x cp = 16 does not divide 8), pp
+    up to the 4 layers (not 8), and no dp8 (batch 4). A group's count: micro-batch sizes (powers of 2 dividing the
+    batch a replica takes) x schedules (pp 1: gpipe; pp 2: gpipe, 1f1b, vp2; pp 4: gpipe, 1f1b) x 3 recomputes x
+    sp and vocab split with tp > 1 (4) x the data split (dp and fsdp over each divisor, dp > 1 also with zero1):
+    data 4 gives 4 splits, 2 gives 3, 1 gives 1."""
+    eager = list(decoders.candidates(replace(LLAMA, layers=4), 8, 4, stacks.load("torch-eager"), 4))
+    by_group = {(1, 1, 2): 1 * 3 * 3 * 4, (1, 1, 4): 2 * 2 * 3 * 3, (1, 2, 1): 1 * 1 * 3 * 4,
+                (1, 2, 2): 2 * 3 * 3 * 3, (1, 2, 4): 3 * 2 * 3, (1, 4, 1): 2 * 1 * 3 * 3, (1, 4, 2): 3 * 3 * 3,
+                (2, 1, 1): 1 * 1 * 3 * 4 * 4, (2, 1, 2): 2 * 3 * 3 * 4 * 3, (2, 1, 4): 3 * 2 * 3 * 4,
+                (2, 2, 1): 2 * 1 * 3 * 4 * 3, (2, 2, 2): 3 * 3 * 3 * 4, (2, 4, 1): 3 * 3 * 4,
+                (4, 1, 1): 2 * 1 * 3 * 4 * 3, (4, 1, 2): 3 * 3 * 3 * 4, (4, 2, 1): 3 * 3 * 4}
+    assert Counter((lay.tp, lay.cp, lay.pp) for lay in eager) == by_group
+    assert len(eager) == len({lay.name for lay in eager}) == 969
+    assert {lay.recompute for lay in eager} == {"none", "selective", "full"}
+    assert not any(lay.sp or lay.vocab_split for lay in eager if lay.tp == 1)   # both split what tp splits
+    schedules, recomputes = ("", "-1f1b"), ("", "-sel", "-rc")
+    assert _names(eager, 1, 2, 4) == {f"pp4xcp2-mbs{b}{s}{r}" for b in (1, 2, 4) for s in schedules for r in recomputes}
+    assert _names(eager, 1, 1, 4) == {f"{d}xpp4-mbs{b}{s}{r}{z}" for b in (1, 2) for s in schedules for r in recomputes
+                                      for d, z in (("dp2", ""), ("dp2", "-zero1"), ("fsdp2", ""))}
+    assert _names(eager, 4, 2, 1) == {f"tp4xcp2-mbs{b}{r}{sp}{v}" for b in (1, 2, 4) for r in recomputes
+                                      for sp in ("", "-sp") for v in ("", "-vocab")}
+    assert _names(eager, 1, 1, 2) == {f"{d}xpp2-mbs1{s}{r}{z}" for s in ("", "-1f1b", "-vp2") for r in recomputes
+                                      for d, z in (("dp4", ""), ("dp4", "-zero1"), ("dp2xfsdp2", ""), ("fsdp4", ""))}
+    # A stack that overlaps tensor-parallel communication: every tp > 1 layout with and without it.
+    te = list(decoders.candidates(replace(LLAMA, layers=4), 8, 4, stacks.load("megatron-te"), 4))
+    assert len(te) == 969 + sum(n for (tp, _, _), n in by_group.items() if tp > 1) == 1737
+    overlapped = [lay for lay in te if (lay.tp, lay.cp, lay.pp) == (2, 2, 1) and lay.tp_overlap]
+    assert sorted(replace(lay, tp_overlap=False).name for lay in overlapped) == sorted(_names(eager, 2, 2, 1))
+
+
+def test_six_devices_four_a_node_leave_out_what_does_not_divide_six():
+    """tp x cp of 4 (1x4, 2x2, 4x1) and 8 do not divide 6: with 4 layers, tp and cp of 1 or 2 times pp of 1, 2, 3
+    (not 6) give what is left, and the other factor of 6 is the data split."""
+    space = list(decoders.candidates(replace(LLAMA, layers=4), 6, 6, stacks.load("torch-eager"), 4))
+    assert {(lay.tp, lay.cp, lay.pp, lay.dp * lay.fsdp) for lay in space} == {
+        (1, 1, 1, 6), (1, 1, 2, 3), (1, 1, 3, 2), (1, 2, 1, 3), (1, 2, 3, 1), (2, 1, 1, 3), (2, 1, 3, 1)}
+
+
+def test_the_micro_batch_sizes_and_the_interleaved_stages_stop_at_their_bounds():
+    """2 devices, one a node, 144 layers, batch 64: a replica's batch of 64 or 32 takes micro-batches 1 to 16 (not
+    32); a 2-stage pipeline interleaves v chunks where 2v divides 144, v from 2 up to 8 (not 9)."""
+    space = list(decoders.candidates(replace(LLAMA, layers=144), 2, 64, stacks.load("torch-eager"), 1))
+    assert {(lay.pp, lay.micro_batch_size) for lay in space} == {(pp, b) for pp in (1, 2) for b in (1, 2, 4, 8, 16)}
+    assert {(lay.pp, lay.schedule, lay.virtual_stages) for lay in space} == {
+        (1, "gpipe", 1), (2, "gpipe", 1), (2, "1f1b", 1), *((2, "interleaved", v) for v in (2, 3, 4, 6, 8))}
 
 
 def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
