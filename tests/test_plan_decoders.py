@@ -260,3 +260,10 @@ def test_a_decoder_plan_document_by_hand():
     tight = decoders.decoder_plan("llama3-8b", 8, 24, "h100-sxm-8", "torch-compile", 2048, 20, None, 1,
                                   "fsdp8-mbs3-rc")["asked"]
     assert (tight["fit"], tight["rank"]) == ("does not fit", 0)
+    assert tight["explanation"] == ""   # nothing to say against the pick of a plan it has no place in
+
+
+def test_an_assumed_mfu_is_the_decoder_plan_s_compute():
+    plan = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, None, 0.2, 1)
+    assert plan["basis"] == ("compute ASSUMED: MFU 0.2 of h100-sxm-8's bf16 datasheet peak 989.5 TFLOP/s "
+                             "(no measured record)")
