@@ -193,6 +193,35 @@ def test_a_stack_refuses_in_one_line_what_its_code_does_not_run_and_the_plan_nev
                                                             hw.memory_bytes)[0])
 
 
+def test_a_published_ranking_row_is_its_plans_asked_layout_against_the_pick(monkeypatch):
+    """Each point the model predicts (a refused one skipped, the rest still ranked) planned at its own model,
+    devices, batch, hardware, stack and sequence, its layout asked, one row shown; the row from that plan: the
+    published layout, its rank and fit, the layouts that fit, the pick and how much faster (0.75 s / 0.5 s - 1)."""
+    points = {p.name: p for p in published.all_points()}
+    refused = points["BLOOM 176B, 384 A100"]   # its stack is not described, a100-sxm-8 has no compute table
+    ok = [points["torchtitan 8B FSDP, 8 H100"], points["megatron 1.7B, 48 H100"]]
+    planned = []
+
+    def plan(model, devices, batch, hardware, stack, seq_len, memory_gib, mfu, top, asked):
+        planned.append((model, devices, batch, hardware, stack, seq_len, memory_gib, mfu, top, asked))
+        fits = len(planned) == 1
+        return {"asked": {"layout": "dp8-mbs1", "rank": 3 if fits else 0, "fit": "fits" if fits else "does not fit",
+                          "step_s": 0.75, "memory_per_rank_max": 3 * GIB},
+                "rows": [{"layout": "tp8-mbs1", "step_s": 0.5}, {"layout": "pp8-mbs1", "step_s": 0.6}] if fits else [],
+                "candidates": {"fit": 17 if fits else 0}}
+    monkeypatch.setattr(decoders, "decoder_plan", plan)
+    monkeypatch.setattr(published, "all_points", lambda: [refused, *ok])
+    assert decoders.published_ranking() == {"points": [
+        {"point": ok[0].name, "published_layout": "dp8-mbs1", "rank": 3, "fit": "fits", "fitting": 17,
+         "pick": "tp8-mbs1", "pick_faster": 0.5, "published_memory_gib": 3.0},
+        {"point": ok[1].name, "published_layout": "dp8-mbs1", "rank": 0, "fit": "does not fit", "fitting": 0,
+         "pick": None, "pick_faster": None, "published_memory_gib": 3.0}]}
+    assert planned == [(p.model, p.devices, p.global_batch, p.hardware, p.stack, p.seq_len, None, None, 1, p.layout)
+                       for p in ok]
+    # Points given: those alone.
+    assert [r["point"] for r in decoders.published_ranking([ok[1]])["points"]] == [ok[1].name]
+
+
 def test_the_published_ranking_table_by_hand():
     result = {"points": [
         {"point": "a 8B, 8 H100", "published_layout": "fsdp8-mbs2", "rank": 3, "fitting": 1234, "pick": "fsdp8-mbs1",
