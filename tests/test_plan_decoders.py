@@ -292,7 +292,8 @@ def test_a_decoder_plan_document_by_hand():
     assert tight["explanation"] == ""   # nothing to say against the pick of a plan it has no place in
 
 
-def test_an_assumed_mfu_is_the_decoder_plan_s_compute():
-    plan = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, None, 0.2, 1)
+def test_an_assumed_mfu_is_the_decoder_plan_s_compute_and_a_bare_fsdp_takes_the_devices():
+    plan = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, None, 0.2, 1, "fsdp-mbs1")
     assert plan["basis"] == ("compute ASSUMED: MFU 0.2 of h100-sxm-8's bf16 datasheet peak 989.5 TFLOP/s "
                              "(no measured record)")
+    assert plan["asked"]["layout"] == "fsdp2-mbs1"
