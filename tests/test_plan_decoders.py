@@ -292,6 +292,19 @@ def test_a_decoder_plan_document_by_hand():
     assert tight["explanation"] == ""   # nothing to say against the pick of a plan it has no place in
 
 
+def test_a_layout_outside_the_space_ranks_ahead_of_the_layouts_it_ties():
+    # pp2-nmb4 names pp2-mbs2's run by its count (4 micro-batches of 2 in the batch of 8): outside the space, which
+    # names sizes, and predicted the same step; it takes the first rank of the layouts as fast as it.
+    plan = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, 200, None, 1, "pp2-nmb4")
+    hw = hardware_files.load("h100-sxm-8")
+    rows, _ = decoders.plan(replace(LLAMA, seq_len=2048), 2, 8, hw, stacks.load("torch-compile"), compute_for(hw),
+                            200 * GIB)
+    same = next(r for r in rows if r.layout.name == "pp2-mbs2")
+    ties = [r.rank for r in rows if r.rank and r.step_s == same.step_s]
+    assert plan["asked"]["step_s"] == same.step_s and len(ties) > 1
+    assert plan["asked"]["rank"] == min(ties) == 1 + sum(1 for r in rows if r.rank and r.step_s < same.step_s)
+
+
 def test_an_assumed_mfu_is_the_decoder_plan_s_compute_and_a_bare_fsdp_takes_the_devices():
     plan = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, None, 0.2, 1, "fsdp-mbs1")
     assert plan["basis"] == ("compute ASSUMED: MFU 0.2 of h100-sxm-8's bf16 datasheet peak 989.5 TFLOP/s "
