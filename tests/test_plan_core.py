@@ -77,6 +77,7 @@ def test_a_layout_is_nameable_when_its_name_reads_back_as_itself():
     assert nameable(Layout(pp=2, micro_batches=4, stage_split="1,1"))
     assert not nameable(Layout(tp=2, schedule="1f1b"))        # tp2: no pipeline, the name drops 1f1b
     assert not nameable(Layout(tp=2, stage_split="auto"))     # nor a split of stages there are not
+    assert not nameable(Layout())   # one device: "1 device" is a description, no layout name reads it back
 
 
 def test_the_placement_is_the_layers_each_stage_holds():
