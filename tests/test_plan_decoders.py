@@ -303,6 +303,9 @@ def test_a_layout_outside_the_space_ranks_ahead_of_the_layouts_it_ties():
     ties = [r.rank for r in rows if r.rank and r.step_s == same.step_s]
     assert plan["asked"]["step_s"] == same.step_s and len(ties) > 1
     assert plan["asked"]["rank"] == min(ties) == 1 + sum(1 for r in rows if r.rank and r.step_s < same.step_s)
+    # A layout of the space, asked: its own row, at its own rank among those ties.
+    inside = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, 200, None, 1, "pp2-mbs2")
+    assert inside["asked"]["rank"] == same.rank > min(ties)
 
 
 def test_an_assumed_mfu_is_the_decoder_plan_s_compute_and_a_bare_fsdp_takes_the_devices():
