@@ -10,6 +10,7 @@ import io
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from backends import BACKENDS
 from bench import plan as plan_cli
 from bench import plan_check, plan_run, plan_space
 from bench.reporting.plan import COLUMNS
+from common.config import RunConfig
+from common.devices import DevicePlan, cpu_cores
 from common.layout import Layout
 from common.plan.space import enumerate_layouts
 from common.predict import decoder
@@ -446,6 +449,71 @@ def test_devices_and_size_reach_the_backend_check():
     gpu = plan_space.backend_refusal("keras_jax", "mlm", "tiny", 2, 32, "fp32", hardware_files.load("h100-sxm-8"))
     assert gpu(Layout(dp=2)) is None and KERAS_PIPELINE in gpu(Layout(pp=2, micro_batches=2))
     assert plan_space.backend_refusal("torch_3d", "cnn", "tiny", 2, 64, "fp32", CPU)(Layout(tp=2))
+
+
+class _Recording:
+    """The backend bench.plan_space loads, its check the real one, recording the run config and the devices each
+    check was handed: what a plan asks a backend is the run a sweep would start with that layout."""
+
+    def __init__(self, name: str):
+        self.real, self.handed = _load_backend(name), []
+
+    def check(self, cfg, plan) -> None:
+        self.handed.append((cfg, plan))
+        self.real.check(cfg, plan)
+
+
+def _recording(monkeypatch) -> dict[str, _Recording]:
+    loaded: dict[str, _Recording] = {}
+    monkeypatch.setattr(plan_space, "load_backend", lambda name: loaded.setdefault(name, _Recording(name)))
+    return loaded
+
+
+def _asked(backend: str, devices: int, cuda: DevicePlan | None = None, **fields) -> tuple[RunConfig, DevicePlan]:
+    """What a plan of `devices` hands `backend`'s check, written out: one strong-scaling synthetic step, no warmup,
+    nothing written; on CPU one thread per device."""
+    cfg = RunConfig(run_id="plan", backend=backend, devices=devices, scaling="strong", grad_accum=1,
+                    data="synthetic", data_dir="", seed=0, total_steps=1, warmup_steps=0, out="",
+                    device_kind=cuda.kind if cuda else "cpu", threads_per_device=0 if cuda else 1, **fields)
+    return cfg, cuda or DevicePlan("cpu", devices, True, 1, devices > cpu_cores(),
+                                   f"{devices} virtual CPU device(s) x 1 thread(s) on {cpu_cores()} core(s)"
+                                   + (" (oversubscribed)" if devices > cpu_cores() else ""))
+
+
+def test_the_backend_is_handed_the_run_the_layout_would_make(monkeypatch):
+    loaded = _recording(monkeypatch)
+    refuse = plan_space.backend_refusal("keras_jax", "mlm", "mini", 4, 32, "amp", CPU)
+    assert refuse(Layout(dp=2, tp=2, recompute="full")) is None
+    # Global batch 32 over 2 replicas: 16 a device.
+    assert loaded["keras_jax"].handed == [_asked(
+        "keras_jax", 4, workload="mlm", model_size="mini", precision="amp", batch_size=32, per_device_batch=16,
+        layout=Layout(dp=2, tp=2, recompute="full"))]
+    # bench.run's own refusal comes first: the backend is not asked about a layout no backend runs.
+    assert "not divisible by model parallel 3" in refuse(Layout(tp=3))
+    assert len(loaded["keras_jax"].handed) == 1
+
+    # On a GPU cluster: whole devices named as the hardware file names them; 32 / 2 replicas / 4 micro-batches = 4.
+    h100 = hardware_files.load("h100-sxm-8")
+    gpu = plan_space.backend_refusal("torch_3d", "cnn", "tiny", 4, 32, "fp16", h100)
+    assert gpu(Layout(dp=2, pp=2, micro_batches=4)).startswith("torch_3d cnn: --pipeline-stages: the CNN runs data")
+    name = "NVIDIA H100 80GB HBM3"
+    cuda = DevicePlan("cuda", 4, False, 0, False, f"4 of 4 x {name}", (name,) * 4)
+    assert loaded["torch_3d"].handed == [_asked(
+        "torch_3d", 4, cuda, workload="cnn", model_size="tiny", precision="fp16", batch_size=32, per_device_batch=4,
+        layout=Layout(dp=2, pp=2, micro_batches=4))]
+    # A hardware file that names no device: the devices are "CUDA device".
+    plan_space.backend_refusal("torch_3d", "mlm", "tiny", 2, 8, "fp32", replace(h100, device_name=""))(Layout(dp=2))
+    assert loaded["torch_3d"].handed[-1] == _asked(
+        "torch_3d", 2, DevicePlan("cuda", 2, False, 0, False, "2 of 2 x CUDA device", ("CUDA device",) * 2),
+        workload="mlm", model_size="tiny", precision="fp32", batch_size=8, per_device_batch=4, layout=Layout(dp=2))
+
+
+def test_the_backend_refusal_is_its_own_words(monkeypatch):
+    loaded = _recording(monkeypatch)
+    fp16 = plan_space.backend_refusal("keras_jax", "mlm", "tiny", 2, 32, "fp16", CPU)
+    assert fp16(Layout(dp=2)) == ("--precision fp16: keras_jax has no loss scaling in its stateless step; "
+                                  "--precision amp (bfloat16) needs none")
+    assert [cfg.precision for cfg, _ in loaded["keras_jax"].handed] == ["fp16"]
 
 
 def test_the_backend_refusal_leaves_fitting_to_the_plan(monkeypatch):

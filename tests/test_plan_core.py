@@ -28,7 +28,7 @@ from common.predict.executed import memory_per_rank
 from common.predict.prediction import Prediction
 from common.predict.step import predict
 from common.sections import FitCheck
-from common.spec import BERT_SIZES, CNN, BertSpec
+from common.spec import BERT_SIZES, CNN, BertSpec, model_spec
 from common.stats import spearman
 
 TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]   # 2 and 4 encoder layers
@@ -77,6 +77,7 @@ def test_a_layout_is_nameable_when_its_name_reads_back_as_itself():
     assert nameable(Layout(pp=2, micro_batches=4, stage_split="1,1"))
     assert not nameable(Layout(tp=2, schedule="1f1b"))        # tp2: no pipeline, the name drops 1f1b
     assert not nameable(Layout(tp=2, stage_split="auto"))     # nor a split of stages there are not
+    assert not nameable(Layout())   # one device: "1 device" is a description, no layout name reads it back
 
 
 def test_the_placement_is_the_layers_each_stage_holds():
@@ -356,6 +357,12 @@ def test_the_overhead_s_defaults_match_a_run_that_does_not_say():
     assert _overhead([unsaid])[1] == "unsaid" and _overhead([unsaid], precision="amp") is None
     hostless = _record("hostless", host=None)
     assert _overhead([hostless], host=None)[1] == "hostless" and _overhead([hostless]) is None
+    # No model size recorded: the tiny, as bench.run's default.
+    unsized = _record("unsized", config={"precision": "fp32", "skip_eval": True})
+    assert _overhead([unsized])[1] == "unsized" and _overhead([unsized], spec=MINI) is None
+    # The decoder LM's tiny is its own model (llama-tiny), matched by the lm's size, not the MLM's.
+    lm = _record("lm", workload="lm")
+    assert _overhead([lm], spec=model_spec("lm", "tiny"), workload="lm")[1] == "lm"
     # The CNN has one size: any CNN run matches (its records carry no model size)
     cnn = _record("cnn", workload="cnn", backend="torch_ddp", config={"precision": "fp32"})
     assert _overhead([cnn], spec=CNN, backend="torch_ddp", workload="cnn")[1] == "cnn"

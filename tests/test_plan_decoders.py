@@ -4,6 +4,7 @@ placed in that ranking or refused in one line; a published run's layout is ranke
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import replace
 
 import pytest
@@ -34,6 +35,58 @@ def test_the_space_holds_every_kind_of_layout_the_model_costs_and_nothing_it_ref
     assert not any(lay.zero1 and lay.fsdp > 1 for lay in space)
     # torch's eager stack has no tensor-parallel overlap: the space leaves it out rather than predict it refused
     assert not any(lay.tp_overlap for lay in decoders.candidates(LLAMA, 16, 32, stacks.load("torch-eager"), 8))
+
+
+def _names(space, tp: int, cp: int, pp: int) -> set[str]:
+    return {lay.name for lay in space if (lay.tp, lay.cp, lay.pp) == (tp, cp, pp)}
+
+
+def test_eight_devices_four_a_node_give_the_space_counted_by_hand():
+    """4 layers, global batch 4, 8 devices, 4 a node: tp and cp from 1, 2, 4 (tp x cp = 16 does not divide 8), pp
+    up to the 4 layers (not 8), and no dp8 (batch 4). A group's count: micro-batch sizes (powers of 2 dividing the
+    batch a replica takes) x schedules (pp 1: gpipe; pp 2: gpipe, 1f1b, vp2; pp 4: gpipe, 1f1b) x 3 recomputes x
+    sp and vocab split with tp > 1 (4) x the data split (dp and fsdp over each divisor, dp > 1 also with zero1):
+    data 4 gives 4 splits, 2 gives 3, 1 gives 1."""
+    eager = list(decoders.candidates(replace(LLAMA, layers=4), 8, 4, stacks.load("torch-eager"), 4))
+    by_group = {(1, 1, 2): 1 * 3 * 3 * 4, (1, 1, 4): 2 * 2 * 3 * 3, (1, 2, 1): 1 * 1 * 3 * 4,
+                (1, 2, 2): 2 * 3 * 3 * 3, (1, 2, 4): 3 * 2 * 3, (1, 4, 1): 2 * 1 * 3 * 3, (1, 4, 2): 3 * 3 * 3,
+                (2, 1, 1): 1 * 1 * 3 * 4 * 4, (2, 1, 2): 2 * 3 * 3 * 4 * 3, (2, 1, 4): 3 * 2 * 3 * 4,
+                (2, 2, 1): 2 * 1 * 3 * 4 * 3, (2, 2, 2): 3 * 3 * 3 * 4, (2, 4, 1): 3 * 3 * 4,
+                (4, 1, 1): 2 * 1 * 3 * 4 * 3, (4, 1, 2): 3 * 3 * 3 * 4, (4, 2, 1): 3 * 3 * 4}
+    assert Counter((lay.tp, lay.cp, lay.pp) for lay in eager) == by_group
+    assert len(eager) == len({lay.name for lay in eager}) == 969
+    assert {lay.recompute for lay in eager} == {"none", "selective", "full"}
+    assert not any(lay.sp or lay.vocab_split for lay in eager if lay.tp == 1)   # both split what tp splits
+    schedules, recomputes = ("", "-1f1b"), ("", "-sel", "-rc")
+    assert _names(eager, 1, 2, 4) == {f"pp4xcp2-mbs{b}{s}{r}" for b in (1, 2, 4) for s in schedules for r in recomputes}
+    assert _names(eager, 1, 1, 4) == {f"{d}xpp4-mbs{b}{s}{r}{z}" for b in (1, 2) for s in schedules for r in recomputes
+                                      for d, z in (("dp2", ""), ("dp2", "-zero1"), ("fsdp2", ""))}
+    assert _names(eager, 4, 2, 1) == {f"tp4xcp2-mbs{b}{r}{sp}{v}" for b in (1, 2, 4) for r in recomputes
+                                      for sp in ("", "-sp") for v in ("", "-vocab")}
+    assert _names(eager, 1, 1, 2) == {f"{d}xpp2-mbs1{s}{r}{z}" for s in ("", "-1f1b", "-vp2") for r in recomputes
+                                      for d, z in (("dp4", ""), ("dp4", "-zero1"), ("dp2xfsdp2", ""), ("fsdp4", ""))}
+    # A stack that overlaps tensor-parallel communication: every tp > 1 layout with and without it.
+    te = list(decoders.candidates(replace(LLAMA, layers=4), 8, 4, stacks.load("megatron-te"), 4))
+    assert len(te) == 969 + sum(n for (tp, _, _), n in by_group.items() if tp > 1) == 1737
+    overlapped = [lay for lay in te if (lay.tp, lay.cp, lay.pp) == (2, 2, 1) and lay.tp_overlap]
+    assert sorted(replace(lay, tp_overlap=False).name for lay in overlapped) == sorted(_names(eager, 2, 2, 1))
+
+
+def test_six_devices_four_a_node_leave_out_what_does_not_divide_six():
+    """tp x cp of 4 (1x4, 2x2, 4x1) and 8 do not divide 6: with 4 layers, tp and cp of 1 or 2 times pp of 1, 2, 3
+    (not 6) give what is left, and the other factor of 6 is the data split."""
+    space = list(decoders.candidates(replace(LLAMA, layers=4), 6, 6, stacks.load("torch-eager"), 4))
+    assert {(lay.tp, lay.cp, lay.pp, lay.dp * lay.fsdp) for lay in space} == {
+        (1, 1, 1, 6), (1, 1, 2, 3), (1, 1, 3, 2), (1, 2, 1, 3), (1, 2, 3, 1), (2, 1, 1, 3), (2, 1, 3, 1)}
+
+
+def test_the_micro_batch_sizes_and_the_interleaved_stages_stop_at_their_bounds():
+    """2 devices, one a node, 144 layers, batch 64: a replica's batch of 64 or 32 takes micro-batches 1 to 16 (not
+    32); a 2-stage pipeline interleaves v chunks where 2v divides 144, v from 2 up to 8 (not 9)."""
+    space = list(decoders.candidates(replace(LLAMA, layers=144), 2, 64, stacks.load("torch-eager"), 1))
+    assert {(lay.pp, lay.micro_batch_size) for lay in space} == {(pp, b) for pp in (1, 2) for b in (1, 2, 4, 8, 16)}
+    assert {(lay.pp, lay.schedule, lay.virtual_stages) for lay in space} == {
+        (1, "gpipe", 1), (2, "gpipe", 1), (2, "1f1b", 1), *((2, "interleaved", v) for v in (2, 3, 4, 6, 8))}
 
 
 def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
@@ -140,6 +193,35 @@ def test_a_stack_refuses_in_one_line_what_its_code_does_not_run_and_the_plan_nev
                                                             hw.memory_bytes)[0])
 
 
+def test_a_published_ranking_row_is_its_plans_asked_layout_against_the_pick(monkeypatch):
+    """Each point the model predicts (a refused one skipped, the rest still ranked) planned at its own model,
+    devices, batch, hardware, stack and sequence, its layout asked, one row shown; the row from that plan: the
+    published layout, its rank and fit, the layouts that fit, the pick and how much faster (0.75 s / 0.5 s - 1)."""
+    points = {p.name: p for p in published.all_points()}
+    refused = points["BLOOM 176B, 384 A100"]   # its stack is not described, a100-sxm-8 has no compute table
+    ok = [points["torchtitan 8B FSDP, 8 H100"], points["megatron 1.7B, 48 H100"]]
+    planned = []
+
+    def plan(model, devices, batch, hardware, stack, seq_len, memory_gib, mfu, top, asked):
+        planned.append((model, devices, batch, hardware, stack, seq_len, memory_gib, mfu, top, asked))
+        fits = len(planned) == 1
+        return {"asked": {"layout": "dp8-mbs1", "rank": 3 if fits else 0, "fit": "fits" if fits else "does not fit",
+                          "step_s": 0.75, "memory_per_rank_max": 3 * GIB},
+                "rows": [{"layout": "tp8-mbs1", "step_s": 0.5}, {"layout": "pp8-mbs1", "step_s": 0.6}] if fits else [],
+                "candidates": {"fit": 17 if fits else 0}}
+    monkeypatch.setattr(decoders, "decoder_plan", plan)
+    monkeypatch.setattr(published, "all_points", lambda: [refused, *ok])
+    assert decoders.published_ranking() == {"points": [
+        {"point": ok[0].name, "published_layout": "dp8-mbs1", "rank": 3, "fit": "fits", "fitting": 17,
+         "pick": "tp8-mbs1", "pick_faster": 0.5, "published_memory_gib": 3.0},
+        {"point": ok[1].name, "published_layout": "dp8-mbs1", "rank": 0, "fit": "does not fit", "fitting": 0,
+         "pick": None, "pick_faster": None, "published_memory_gib": 3.0}]}
+    assert planned == [(p.model, p.devices, p.global_batch, p.hardware, p.stack, p.seq_len, None, None, 1, p.layout)
+                       for p in ok]
+    # Points given: those alone.
+    assert [r["point"] for r in decoders.published_ranking([ok[1]])["points"]] == [ok[1].name]
+
+
 def test_the_published_ranking_table_by_hand():
     result = {"points": [
         {"point": "a 8B, 8 H100", "published_layout": "fsdp8-mbs2", "rank": 3, "fitting": 1234, "pick": "fsdp8-mbs1",
@@ -207,3 +289,27 @@ def test_a_decoder_plan_document_by_hand():
     tight = decoders.decoder_plan("llama3-8b", 8, 24, "h100-sxm-8", "torch-compile", 2048, 20, None, 1,
                                   "fsdp8-mbs3-rc")["asked"]
     assert (tight["fit"], tight["rank"]) == ("does not fit", 0)
+    assert tight["explanation"] == ""   # nothing to say against the pick of a plan it has no place in
+
+
+def test_a_layout_outside_the_space_ranks_ahead_of_the_layouts_it_ties():
+    # pp2-nmb4 names pp2-mbs2's run by its count (4 micro-batches of 2 in the batch of 8): outside the space, which
+    # names sizes, and predicted the same step; it takes the first rank of the layouts as fast as it.
+    plan = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, 200, None, 1, "pp2-nmb4")
+    hw = hardware_files.load("h100-sxm-8")
+    rows, _ = decoders.plan(replace(LLAMA, seq_len=2048), 2, 8, hw, stacks.load("torch-compile"), compute_for(hw),
+                            200 * GIB)
+    same = next(r for r in rows if r.layout.name == "pp2-mbs2")
+    ties = [r.rank for r in rows if r.rank and r.step_s == same.step_s]
+    assert plan["asked"]["step_s"] == same.step_s and len(ties) > 1
+    assert plan["asked"]["rank"] == min(ties) == 1 + sum(1 for r in rows if r.rank and r.step_s < same.step_s)
+    # A layout of the space, asked: its own row, at its own rank among those ties.
+    inside = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, 200, None, 1, "pp2-mbs2")
+    assert inside["asked"]["rank"] == same.rank > min(ties)
+
+
+def test_an_assumed_mfu_is_the_decoder_plan_s_compute_and_a_bare_fsdp_takes_the_devices():
+    plan = decoders.decoder_plan("llama3-8b", 2, 8, "h100-sxm-8", "torch-compile", 2048, None, 0.2, 1, "fsdp-mbs1")
+    assert plan["basis"] == ("compute ASSUMED: MFU 0.2 of h100-sxm-8's bf16 datasheet peak 989.5 TFLOP/s "
+                             "(no measured record)")
+    assert plan["asked"]["layout"] == "fsdp2-mbs1"
