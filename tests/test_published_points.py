@@ -324,3 +324,30 @@ def test_each_publisher_s_flop_count_by_hand():
     with pytest.raises(ValueError, match=r"^x: tflops_per_gpu needs the publisher's FLOP formula \(flops = "
                                          r"'megatron' or 'megatron-2021'\)$"):
         published.metric_of(replace(point, flops="palm"), gpt, 2.0)
+
+
+def test_a_refusal_gives_every_reason_in_its_own_words_in_one_line():
+    point = published.Point("x", "llama3-8b", 8, "tp3", 8, "mfu", 0.5, "", "a100-sxm-8", "deepspeed", "palm", "P: w")
+    assert published.refusal(point) == (
+        "'tp3' at 8 devices: the other dimensions (3) do not divide them; "
+        "stack 'deepspeed' is not described (common/predict/stacks.py describes megatron-te, torch-eager, "
+        "torch-compile); "
+        "--hardware a100-sxm-8: no compute table; "                       # the advice after " (" left out
+        "mfu: its publisher's FLOP count is not known (flops = 'palm')")
+    # a layout the grammar takes, at the point's own device count, that its described stack does not run
+    megatron = replace(point, layout="fsdp", hardware="h100-sxm-8", stack="megatron-te", flops="megatron")
+    assert published.refusal(megatron) == (
+        "fsdp8: megatron-te does not run it: Megatron-LM core_r0.8.0 shards no parameters (its arguments have no "
+        "FSDP; the distributed optimizer shards the optimizer state: zero1)")
+    assert published.refusal(replace(megatron, layout="tp8")) == ""
+
+
+def test_a_ranking_row_by_hand():
+    rows = [{"name": n, "model": "m", "hardware": "h", "devices": 8, "metric": "x", "published": pub, "predicted": pr}
+            for n, pub, pr in (("a", 100, 5), ("b", 105, 4), ("c", 150, 9))]
+    # ranks of the predicted 2, 1, 3 against 1, 2, 3: 1 - 6 x (1 + 1) / (3 x 8) = 0.5
+    assert published.rankings(rows + [{**rows[0], "name": "alone", "devices": 16}, {**rows[1], "predicted": None}]) \
+        == [{"model": "m", "hardware": "h", "devices": 8, "points": ["a", "b", "c"], "spearman": pytest.approx(0.5),
+             "pairs": [{"a": "a", "b": "b", "apart": False, "agrees": False},
+                       {"a": "a", "b": "c", "apart": True, "agrees": True},
+                       {"a": "b", "b": "c", "apart": True, "agrees": True}], "order_holds": True}]
