@@ -196,7 +196,7 @@ def test_each_measured_table_replaces_only_what_it_measured_and_the_worst_error_
     h100 = hardware_files.load("h100-sxm-8")
     device = "NVIDIA H100 80GB HBM3"
     grid = [[m, n, k, 10.0] for m in (256, 16384) for n in (256, 16384) for k in (256, 16384)]
-    (tmp_path / "x" / "compute").mkdir(parents=True)
+    (tmp_path / "x" / "compute").mkdir(parents=True, exist_ok=True)
     for name, measured in (("slow", _slow_h100(device, {"bf16": {"grid": grid}})),
                            ("other-part", _slow_h100("NVIDIA A100-SXM4-80GB", {"bf16": {"grid": grid}})),
                            ("fp8-only", _slow_h100(device, {"fp8": {"grid": grid}}))):
@@ -231,7 +231,7 @@ def test_a_measured_table_takes_the_kernels_it_measured_over_a_bundled_table_tha
                   'busbw_GBps = 100\nlatency_us = 3\n')
     grid = [[256, 256, 256, 10.0]]
     attention = {"torch_flash": {"forward_causal": [[512, 1.5]], "backward": [[512, 2.5]]}}
-    (tmp_path / "r" / "x" / "compute").mkdir(parents=True)
+    (tmp_path / "r" / "x" / "compute").mkdir(parents=True, exist_ok=True)
     for name, kernels in (("a", attention), ("b", {})):
         (tmp_path / "r" / "x" / "compute" / f"{name}.json").write_text(json.dumps(
             {**_slow_h100("NVIDIA X", {"bf16": {"grid": grid}}), "attention": kernels}))
