@@ -351,3 +351,16 @@ def test_a_ranking_row_by_hand():
              "pairs": [{"a": "a", "b": "b", "apart": False, "agrees": False},
                        {"a": "a", "b": "c", "apart": True, "agrees": True},
                        {"a": "b", "b": "c", "apart": True, "agrees": True}], "order_holds": True}]
+
+
+def test_pairs_of_two_points_are_ranked_and_a_tie_in_the_prediction_does_not_agree():
+    def row(name, model, published_, predicted):
+        return {"name": name, "model": model, "hardware": "h", "devices": 8, "metric": "x", "published": published_,
+                "predicted": predicted}
+    rows = [row("solo", "z", 1.0, 1.0),                                  # a group of one: skipped, not the end
+            row("a", "n", 1.0, 2.0), row("b", "n", 1.5, 2.0),           # predicted alike: no order, no agreement
+            row("c", "q", 1.0, 1.0), row("d", "q", 1.5, 2.0)]           # (1.0 - 1.5) x (1.0 - 2.0) = 0.5 > 0
+    n, q = published.rankings(rows)
+    assert (n["points"], n["pairs"], n["order_holds"]) == (
+        ["a", "b"], [{"a": "a", "b": "b", "apart": True, "agrees": False}], False)
+    assert (q["points"], q["pairs"][0]["agrees"], q["order_holds"]) == (["c", "d"], True, True)
