@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -240,6 +241,58 @@ def test_every_constant_is_its_file_s_figure_with_its_unit_and_source(tmp_path):
     assert [(c.name, c.value, c.unit) for c in constants.model_constants()] == [
         ("flash attention backward FLOPs", "2.5", "x forward"), ("Megatron gradient bucket", "4e+07", "parameters"),
         ("Megatron MFU peak", "989.5", "TFLOP/s"), ("ranking margin", "0.1", "relative")]
+
+
+def test_each_constant_row_says_its_figure_unit_and_source_in_full(tmp_path):
+    table, hw = _device_files(tmp_path)
+    two = tmp_path / "two.toml"      # a description of two sources: its rows name the first
+    two.write_text(Path(hw).read_text().replace('sources = ["sheet"]', 'sources = ["sheet", "review"]'))
+    assert {c.source for c in constants.hardware_constants(str(two))[:2]} == {"sheet"}
+    assert constants.gpu_hardware() == ["h100-96gb-500w-8", "h100-sxm-8"]       # the bundled ones with a table
+    h100 = {c.name: c for c in constants.hardware_constants("h100-sxm-8")}
+    assert h100["h100-sxm-8: bf16 dense peak (--assume-mfu, MFU)"] == constants.Constant(
+        "h100-sxm-8: bf16 dense peak (--assume-mfu, MFU)", "989.5", "TFLOP/s", "common.peak_flops (NVIDIA datasheet)")
+    assert h100["h100-sxm-8: compute scale"] == constants.Constant("h100-sxm-8: compute scale", "1", "x table",
+                                                                   "the part the table was measured on")
+    assert [(c.name, c.value, c.unit, c.source) for c in constants.model_constants()] == [
+        ("flash attention backward FLOPs", "2.5", "x forward",
+         "Dao 2023, FlashAttention-2, section 3 (the backward's 5 matmuls to the forward's 2); the FA papers' "
+         "TFLOP/s convention"),
+        ("Megatron gradient bucket", "4e+07", "parameters",
+         "megatron/core/distributed/distributed_data_parallel.py (core_r0.8.0): max(40M, 1M x dp)"),
+        ("Megatron MFU peak", "989.5", "TFLOP/s",
+         "H100 SXM dense bf16 (NVIDIA datasheet); the Megatron table's 408.8 / 989 = 41%"),
+        ("ranking margin", "0.1", "relative",
+         "issue 31: layout order must agree where published figures differ by more than 10%")]
+    # a table of 3 sizes of m (one of n and k) and 3 exact shapes; figures printed to 6 digits, as written
+    t2 = tmp_path / "t2.toml"
+    t2.write_text('name = "t2"\ndevice = "NVIDIA T"\nlaunch_floor_us = 2.0000045\n[memory]\nGBps = 100001.50000001\n'
+                  '[matmul.bf16]\npoints = [[128, 256, 64, 1.0], [256, 256, 64, 2.0], [512, 256, 64, 3.0]]\n'
+                  'shapes = [[1, 1, 1, 9.0], [2, 1, 1, 5.0], [3, 1, 1, 6.0]]\n')
+    hw2 = tmp_path / "hw2.toml"
+    hw2.write_text(Path(hw).read_text().replace(table, str(t2)))
+    assert [(c.name, c.value) for c in constants.compute_constants(str(hw2))] == [
+        ("t2: kernel launch floor", "2"), (f"{hw2}: memory bandwidth of memory-bound work", "100002"),
+        ("t2: bf16 matmul rate, 3 shapes 128-512 per dimension", "1.0-3.0 (at the largest: 3.0)"),
+        ("t2: bf16 matmul rate at 3 exact shapes (the published points' GEMMs)", "5.0-9.0 (median 6.0)")]
+    # each stack: its nine figures, its elementwise formula and, where it overlaps, its split, with its sources
+    rows = constants.stack_constants()
+    te = [(c.name, c.value, c.unit) for c in rows if c.name.startswith("megatron-te: ")]
+    assert te == [("megatron-te: attention_kernel", "cudnn", ""), ("megatron-te: fused_projections", "True", ""),
+                  ("megatron-te: elementwise_kernels", "5", "/layer"),
+                  ("megatron-te: backward_factor", "1.5", "x forward bytes"),
+                  ("megatron-te: logit_bytes", "20.0", "B/logit"), ("megatron-te: selective", "attention", ""),
+                  ("megatron-te: optimizer_bytes", "42.0", "B/element"),
+                  ("megatron-te: fsdp_gather_copy_bytes", "0.0", "B/element"),
+                  ("megatron-te: fsdp_scatter_copy_bytes", "0.0", "B/element"),
+                  ("megatron-te: elementwise bytes per token and layer (forward)",
+                   "20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp", "B"),
+                  ("megatron-te: GEMMs split by overlapped tensor-parallel communication",
+                   "qkv: tp, fc1: tp, wo.dgrad: tp, w2.dgrad: tp, wo: 4, w2: 4", "chunks")]
+    assert len(rows) == 11 + 10 + 11                  # torch-eager overlaps nothing; torch-compile splits its GEMMs
+    for c in rows:
+        stack = stacks.load(c.name.split(": ")[0])
+        assert c.source == (stack.tp_overlap_source if "overlapped" in c.name else stack.source), c.name
 
 
 def test_a_published_file_s_points_take_the_source_s_defaults_and_their_own_figures(tmp_path):

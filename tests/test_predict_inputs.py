@@ -65,6 +65,7 @@ def test_a_hardware_file_read_field_by_field(tmp_path):
     assert (hw.description, hw.device_name, hw.memory_GBps, hw.comm_overlaps_compute, hw.sources) == \
         ("", "", None, False, ())
     assert hw.achievable_tflops == {} and hw.link(False).source == ""
+    assert (hw.compute, hw.compute_scale, hw.compute_scale_source) == ("", 1.0, "")   # no compute table named
 
 
 def test_a_hardware_file_that_lacks_a_level_or_a_field_says_so_in_one_line(tmp_path):

@@ -196,6 +196,7 @@ def test_names_at_a_device_count_and_where_their_groups_lie():
     # the one rank order, outermost first: pp, dp, fsdp, cp, tp; the data ranks (dp x fsdp) contiguous
     hsdp = Layout(dp=2, fsdp=4, tp=2, cp=2)
     assert [group_stride(hsdp, d) for d in ("tp", "cp", "fsdp", "data", "dp")] == [1, 2, 4, 4, 16]
+    assert group_stride(replace(hsdp, pp=2), "pp") == 2 * 2 * 8      # past every tp x cp x data rank of a stage
     assert hsdp.coordinates(2 * 2 * 4 + 5) == {"pp": 0, "dp": 1, "fsdp": 1, "cp": 0, "tp": 1, "data": 5}
     assert crosses_nodes(hsdp, "fsdp", 8) and not crosses_nodes(hsdp, "fsdp", 8, ranks=2)
 

@@ -444,3 +444,32 @@ def test_the_other_references_are_of_the_main_run_s_batch_and_execution():
     # nor is the same batch at another accumulation with --recompute (another execution)
     recomputed = {**_record("rc2", 1, 64, accumulation=2), "layout": {"dp": 1, "recompute": True}}
     assert [r["run_id"] for r in references(run, [_record("k1", 1, 64), recomputed])] == ["k1"]
+
+
+def test_each_configuration_names_its_key_and_the_quiet_ones_are_summarised_apart():
+    from common.config_key import config_key
+    from common.predict.validation import _memory
+
+    dp4, one, dp2 = _known_folder()
+    result = validate([{**dp4, "oversubscribed": True}, one, dp2], H100)
+    by_layout = {c["layout"]: c for c in result["configurations"]}
+    assert by_layout["dp2"]["config_key"] == config_key(dp2).id and by_layout["dp4"]["oversubscribed"]
+    # dp2 alone is quiet: its -0.2, once; dp4's 0 counts among all only
+    assert result["summary"]["configurations"]["not_oversubscribed"] == {
+        "step_s": {"runs": 1, "median_abs_error": pytest.approx(0.2), "max_abs_error": pytest.approx(0.2)},
+        "most_repeats": 1}
+    assert result["summary"]["configurations"]["all"]["step_s"]["runs"] == 2
+    every = validate([{**dp4, "oversubscribed": True}, one, {**dp2, "oversubscribed": True}], H100)
+    assert every["summary"]["configurations"]["not_oversubscribed"] == {
+        "step_s": {"runs": 0, "median_abs_error": None, "max_abs_error": None}, "most_repeats": 0}
+    # a 1-device run on another kind of device is no reference, however alike the rest
+    assert references(dp2, [{**one, "device_kind": "cpu"}]) == []
+    # kinds a probe timed apart, each named in the note
+    links = {2: {"all_reduce": 1.5, "all_gather": 0.7, "reduce_scatter": 0.9}}
+    assert hardware_for(dp2, H100, links)[1] == "link: probe at 2 ranks, 1.5 GB/s busbw, all_gather 0.7, " \
+                                                "reduce_scatter 0.9"
+    # one process a device: each rank's own prediction against its own measurement, not regathered
+    assert _memory([12.0, 20.0], 2, [10.0, 25.0], [1.0, 1.0], 5.0) == {
+        "predicted": [10.0, 25.0], "measured": [12.0, 20.0], "error": 0.25}
+    assert _memory([12.0], 2, [10.0, 25.0], [1.0, 1.0], 5.0) == {
+        "predicted": [7.0], "measured": [12.0], "error": pytest.approx(-5 / 12)}

@@ -182,3 +182,185 @@ def test_the_points_are_grouped_by_gpu_generation_and_publisher_by_hand():
     colours = [tuple(c.get_facecolor()[0]) for ax in plot.figure.axes for c in ax.collections
                if isinstance(c, PathCollection)]
     assert len(colours) == 4 and len(set(colours)) == 2                  # b (A100); a, c, e (H100)
+
+
+def _slow_h100(device: str, matmul: dict) -> dict:
+    """A bench.compute_table measurement of a made-up slow part: every bf16 GEMM at 10 TFLOP/s."""
+    return {"device": device, "software": "torch", "date": "2026-11-28", "launch_us": {"eager": 5.0, "graph": 2.0},
+            "copy_GBps": {str(1 << 30): 3000.0}, "matmul": matmul, "attention": {}}
+
+
+def test_each_measured_table_replaces_only_what_it_measured_and_the_worst_error_is_the_largest_in_size(tmp_path):
+    import json
+
+    h100 = hardware_files.load("h100-sxm-8")
+    device = "NVIDIA H100 80GB HBM3"
+    grid = [[m, n, k, 10.0] for m in (256, 16384) for n in (256, 16384) for k in (256, 16384)]
+    (tmp_path / "x" / "compute").mkdir(parents=True, exist_ok=True)
+    for name, measured in (("slow", _slow_h100(device, {"bf16": {"grid": grid}})),
+                           ("other-part", _slow_h100("NVIDIA A100-SXM4-80GB", {"bf16": {"grid": grid}})),
+                           ("fp8-only", _slow_h100(device, {"fp8": {"grid": grid}}))):
+        (tmp_path / "x" / "compute" / f"{name}.json").write_text(json.dumps(measured))
+    tables = published.measured_tables(h100, tmp_path)
+    assert list(tables) == ["x/compute/slow.json"]          # of this part, with bf16 GEMMs
+    slow, bundled = tables["x/compute/slow.json"], compute_for(h100)
+    assert set(slow.matmul["bf16"].tflops.values()) == {10.0}
+    assert slow.matmul["fp8"] == bundled.matmul["fp8"] and slow.attention == bundled.attention   # kept
+    assert slow.matmul["bf16"].source.endswith("2026-11-28: x/compute/slow.json: C[m, n] = A[m, k] B[k, n], "
+                                               "row-major operands, median of 5 batches")
+    # a point predicted from the slow table: far below the published figure; its worst error is that one
+    point = next(p for p in published.all_points() if p.name == "megatron GPT-3 177B strong scaling, 96 H100")
+    result = published.check([point], reference=tmp_path)
+    row = result["points"][0]
+    assert row["error_by_table"]["x/compute/slow.json"] < -0.5 < row["error"]
+    assert row["worst_error"] == row["error_by_table"]["x/compute/slow.json"]
+    assert result["rankings"] == published.rankings(result["points"]) == []           # one point: no pair
+    assert result["groups"] == published.groups(result["points"]) and len(result["groups"]) == 2
+    assert result["tables"] == {"h100-sxm-8": ["x/compute/slow.json"]}
+    assert slow.path == "x/compute/slow.json"
+
+
+def test_a_measured_table_takes_the_kernels_it_measured_over_a_bundled_table_that_has_none(tmp_path):
+    import json
+
+    table = tmp_path / "bare.toml"           # a part's table that holds no GEMM and no attention yet
+    table.write_text('name = "bare"\ndevice = "NVIDIA X"\nlaunch_floor_us = 3\n')
+    hw = tmp_path / "x.toml"
+    hw.write_text(f'name = "x"\ndevice_kind = "cuda"\ndevice_name = "NVIDIA X"\ndevices_per_node = 8\n'
+                  f'memory_GiB = 80\nmemory_GBps = 2000\ncompute = "{table}"\n[[link]]\nlevel = "node"\n'
+                  'busbw_GBps = 100\nlatency_us = 3\n')
+    grid = [[256, 256, 256, 10.0]]
+    attention = {"torch_flash": {"forward_causal": [[512, 1.5]], "backward": [[512, 2.5]]}}
+    (tmp_path / "r" / "x" / "compute").mkdir(parents=True, exist_ok=True)
+    for name, kernels in (("a", attention), ("b", {})):
+        (tmp_path / "r" / "x" / "compute" / f"{name}.json").write_text(json.dumps(
+            {**_slow_h100("NVIDIA X", {"bf16": {"grid": grid}}), "attention": kernels}))
+    tables = published.measured_tables(hardware_files.load(str(hw)), tmp_path / "r")
+    a, b = tables["x/compute/a.json"], tables["x/compute/b.json"]
+    assert (list(a.matmul), a.matmul["bf16"].tflops, a.launch_floor_s) == (["bf16"], {(256, 256, 256): 10.0}, 2e-6)
+    assert (a.attention["torch_flash"].forward_causal, a.attention["torch_flash"].backward) == (((512, 1.5),),
+                                                                                              ((512, 2.5),))
+    assert b.attention == {} and list(b.matmul) == ["bf16"]
+
+
+def test_a_point_without_a_flop_count_anywhere_has_none_and_the_gemm_shapes_are_of_the_points_given(tmp_path,
+                                                                                                    monkeypatch):
+    path = tmp_path / "p.toml"
+    path.write_text('[source]\npublisher = "P"\nwhere = "page 3"\nhardware = "h100-sxm-8"\nstack = "megatron-te"\n'
+                    '[[point]]\nname = "a"\nmodel = "llama3-8b"\ndevices = 8\nlayout = "fsdp8"\nglobal_batch = 16\n'
+                    'metric = "tflops_per_gpu"\npublished = 400\nquote = "| 400 |"\n')
+    (point,) = published.load(path)
+    assert point.flops == ""
+    assert published.refusal(point).endswith("tflops_per_gpu: its publisher's FLOP count is not known (flops = '')")
+    assert published.gemm_shapes([]) == []
+    one = next(p for p in published.all_points() if p.layout == "fsdp8-mbs2-sel")
+    monkeypatch.setattr(published, "all_points", lambda: [one])
+    assert published.gemm_shapes() == published.gemm_shapes([one]) and (16384, 4096, 4096) in published.gemm_shapes()
+
+
+def test_the_gemm_shapes_of_a_thin_model_leave_out_the_empty_ones_by_hand(tmp_path):
+    # 8 heads of width 1, one KV head: at tp 2 a rank's K and V projections have no column (n = 1 // 2 = 0)
+    model = tmp_path / "thin.toml"
+    model.write_text('name = "thin"\nlayers = 2\nhidden = 8\nheads = 8\nkv_heads = 1\nffn = 16\nffn_kind = "swiglu"\n'
+                     'vocab = 32\nseq_len = 16\ntied_embeddings = false\n')
+    point = published.Point("t", str(model), 2, "tp2-sp", 2, "tokens_per_s_per_gpu", 1.0, "", "h100-sxm-8",
+                            "torch-eager", "", "P: x")
+    # 32 tokens: wq (32, 4, 8), wo (32, 8, 4), w1, w3 and w2 (32, 8, 8), the output (32, 32, 8); each one's dgrad
+    # (m, k, n) and wgrad (k, n, m)
+    assert published.gemm_shapes([point]) == [(4, 8, 32), (8, 4, 32), (8, 8, 32), (8, 32, 32), (32, 4, 8),
+                                              (32, 8, 4), (32, 8, 8), (32, 8, 32), (32, 32, 8)]
+    whole = replace(point, devices=1, layout="fsdp")             # one device: K and V one column each
+    assert (32, 1, 8) in published.gemm_shapes([whole])
+
+
+def test_a_row_of_the_published_table_is_the_point_its_prediction_and_its_parts():
+    from common.predict.step import predict
+
+    point = published.Point("x", "megatron-gpt-177b", 96, "tp8xpp6-mbs1", 1152, "tflops_per_gpu", 100.0, "| q |",
+                            "h100-sxm-8", "megatron-te", "megatron", "Meta AI: page 3: table 1", seq_len=1024,
+                            assumed="mbs")
+    row = published.predict_point(point)
+    spec, layout, hw = decoder.load(point.model, 1024), Layout.parse(point.layout, 96), hardware_files.load(
+        "h100-sxm-8")
+    p = predict(spec, layout, 1152, hw, compute_for(hw), stack=stacks.load("megatron-te"))
+    predicted = published.metric_of(point, spec, p.step_s)
+    assert row == {"name": "x", "source": "Meta AI: page 3: table 1", "metric": "tflops_per_gpu", "published": 100.0,
+                   "model": "megatron-gpt-177b", "devices": 96, "layout": "tp8xpp6-mbs1", "hardware": "h100-sxm-8",
+                   "stack": "megatron-te", "global_batch": 1152, "quote": "| q |", "assumed": "mbs",
+                   "generation": "H100", "publisher": "Meta AI", "layout_full": layout.name, "predicted": predicted,
+                   "error": predicted / 100.0 - 1, "step_s": p.step_s, "parts_s": p.parts_s,
+                   "memory_per_rank": p.memory_max}
+    assert p.step_s != predict(decoder.load(point.model), layout, 1152, hw, compute_for(hw),
+                               stack=stacks.load("megatron-te")).step_s          # its own sequence, not the model's
+    # refused by the step model itself (refusal() finds nothing): its words, no figure
+    tp5 = replace(point, model="llama3-8b", devices=5, layout="tp5-vocab", global_batch=5, seq_len=None)
+    assert published.refusal(tp5) == ""
+    refused = published.predict_point(tp5)
+    assert (refused["predicted"], refused["error"], refused["refused"]) == (
+        None, None, "tp5-vocab: llama3-8b's 32 heads and FFN 14336 must divide by tp 5")
+    assert "step_s" not in refused and refused["publisher"] == "Meta AI"
+    # refused before: a device without a compute table, as refusal() words it, given the compute_of that refuses
+    a100 = replace(point, hardware="a100-sxm-8")
+    assert published.predict_point(a100)["refused"] == published.refusal(a100) == \
+        "--hardware a100-sxm-8: no compute table"
+
+
+def test_each_publisher_s_flop_count_by_hand():
+    gpt, llama = decoder.load("megatron-gpt-177b"), decoder.load("llama3-8b")
+    s, h, L, f, V = gpt.seq_len, gpt.hidden, gpt.layers, gpt.ffn, gpt.vocab
+    assert gpt.ffn_kind == "gelu" and llama.ffn_kind == "swiglu"
+    # Megatron's: a GELU FFN's two matrices counted as they are (q width = hidden, 96 heads of 96)
+    assert published.megatron_flops(gpt, 2) == pytest.approx(
+        12 * 2 * s * L * h * h * ((1 + 1 + s / h) + f / h + V / (2 * L * h)), rel=1e-12)
+    # Narayanan et al.'s: 24 for a GELU model, 32 for a GLU one; 4 passes with recomputation, else 3
+    s, h, L, V = llama.seq_len, llama.hidden, llama.layers, llama.vocab
+    assert published.megatron_2021_flops(llama, 2, False) == pytest.approx(
+        32 * 3 * 2 * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), rel=1e-12)
+    point = published.Point("x", "megatron-gpt-177b", 8, "tp4xdp-rc", 16, "tflops_per_gpu", 1.0, "", "h100-sxm-8",
+                            "megatron-te", "megatron-2021", "")
+    assert published.metric_of(point, gpt, 2.0) == published.megatron_2021_flops(gpt, 16, True) / 2.0 / 8 / 1e12
+    assert published.metric_of(replace(point, flops="megatron"), gpt, 2.0) == \
+        published.megatron_flops(gpt, 16) / 2.0 / 8 / 1e12
+    with pytest.raises(ValueError, match=r"^x: tflops_per_gpu needs the publisher's FLOP formula \(flops = "
+                                         r"'megatron' or 'megatron-2021'\)$"):
+        published.metric_of(replace(point, flops="palm"), gpt, 2.0)
+
+
+def test_a_refusal_gives_every_reason_in_its_own_words_in_one_line():
+    point = published.Point("x", "llama3-8b", 8, "tp3", 8, "mfu", 0.5, "", "a100-sxm-8", "deepspeed", "palm", "P: w")
+    assert published.refusal(point) == (
+        "'tp3' at 8 devices: the other dimensions (3) do not divide them; "
+        "stack 'deepspeed' is not described (common/predict/stacks.py describes megatron-te, torch-eager, "
+        "torch-compile); "
+        "--hardware a100-sxm-8: no compute table; "                       # the advice after " (" left out
+        "mfu: its publisher's FLOP count is not known (flops = 'palm')")
+    # a layout the grammar takes, at the point's own device count, that its described stack does not run
+    megatron = replace(point, layout="fsdp", hardware="h100-sxm-8", stack="megatron-te", flops="megatron")
+    assert published.refusal(megatron) == (
+        "fsdp8: megatron-te does not run it: Megatron-LM core_r0.8.0 shards no parameters (its arguments have no "
+        "FSDP; the distributed optimizer shards the optimizer state: zero1)")
+    assert published.refusal(replace(megatron, layout="tp8")) == ""
+
+
+def test_a_ranking_row_by_hand():
+    rows = [{"name": n, "model": "m", "hardware": "h", "devices": 8, "metric": "x", "published": pub, "predicted": pr}
+            for n, pub, pr in (("a", 100, 5), ("b", 105, 4), ("c", 150, 9))]
+    # ranks of the predicted 2, 1, 3 against 1, 2, 3: 1 - 6 x (1 + 1) / (3 x 8) = 0.5
+    assert published.rankings(rows + [{**rows[0], "name": "alone", "devices": 16}, {**rows[1], "predicted": None}]) \
+        == [{"model": "m", "hardware": "h", "devices": 8, "points": ["a", "b", "c"], "spearman": pytest.approx(0.5),
+             "pairs": [{"a": "a", "b": "b", "apart": False, "agrees": False},
+                       {"a": "a", "b": "c", "apart": True, "agrees": True},
+                       {"a": "b", "b": "c", "apart": True, "agrees": True}], "order_holds": True}]
+
+
+def test_pairs_of_two_points_are_ranked_and_a_tie_in_the_prediction_does_not_agree():
+    def row(name, model, published_, predicted):
+        return {"name": name, "model": model, "hardware": "h", "devices": 8, "metric": "x", "published": published_,
+                "predicted": predicted}
+    rows = [row("solo", "z", 1.0, 1.0),                                  # a group of one: skipped, not the end
+            row("a", "n", 1.0, 2.0), row("b", "n", 1.5, 2.0),           # predicted alike: no order, no agreement
+            row("c", "q", 1.0, 1.0), row("d", "q", 1.5, 2.0)]           # (1.0 - 1.5) x (1.0 - 2.0) = 0.5 > 0
+    n, q = published.rankings(rows)
+    assert (n["points"], n["pairs"], n["order_holds"]) == (
+        ["a", "b"], [{"a": "a", "b": "b", "apart": True, "agrees": False}], False)
+    assert (q["points"], q["pairs"][0]["agrees"], q["order_holds"]) == (["c", "d"], True, True)

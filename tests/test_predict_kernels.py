@@ -1,0 +1,371 @@
+"""common.predict.kernels worked by hand: a made-up decoder small enough to count (4 layers, hidden 8, 2 heads, one KV
+head, FFN 16, vocabulary 32, 4 tokens a sequence) on a made-up device whose every rate is one figure (GEMMs at
+1 TFLOP/s, attention at 2 forward and 4 backward, memory at 1e12 B/s, no launch floor), so that each kernel's time
+is its FLOPs or bytes in picoseconds, and links of round figures (node: 1 GB/s and 1 us a step; network: 0.5 GB/s
+and 10 us). Unit tests only: no process is started."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from common.layout import Layout
+from common.predict import kernels, stacks
+from common.predict.basis import Basis
+from common.predict.collectives import Collective
+from common.predict.decoder import DecoderSpec
+from common.predict.gpu_compute import AttentionRates, DeviceCompute, MatmulTable
+from common.predict.hardware import Hardware, Link
+from common.predict.kernels import Timer
+from common.predict.memory import decoder_rank_bytes
+from common.spec import Gemm
+
+PS = 1e-12      # every kernel time below is counted in picoseconds
+SPEC = DecoderSpec("tiny", layers=4, hidden=8, heads=2, kv_heads=1, ffn=16, ffn_kind="gelu", vocab=32, seq_len=4,
+                   tied_embeddings=False)
+COMPUTE = DeviceCompute(name="u", matmul={"bf16": MatmulTable(((1,), (1,), (1,)), {(1, 1, 1): 1.0}, "one rate"),
+                                           "fp8": MatmulTable(((1,), (1,), (1,)), {(1, 1, 1): 2.0}, "one rate")},
+                        attention={"k": AttentionRates(((1, 2.0),), ((1, 4.0),), "one rate")}, launch_floor_s=0.0,
+                        memory_Bps=1e12, scale=1.0, path="u.toml")
+HW = Hardware("hw", "", "cuda", "X", devices_per_node=2, memory_bytes=2**40,
+              links=(Link("node", 1.0, 1e-6), Link("network", 0.5, 10e-6)))
+# Elementwise bytes a token and layer: 10 h-wide (split by sp), 6 the rest (split by tp); every figure its own.
+STACK = replace(stacks.MEGATRON_TE, name="s", attention_kernel="k", fused_projections=False,
+                elementwise=lambda spec: (10.0, 6.0), elementwise_kernels=1, backward_factor=2.0, logit_bytes=4.0,
+                selective="attention", optimizer_bytes=8.0, fsdp_gather_copy_bytes=1.0, fsdp_scatter_copy_bytes=2.0,
+                tp_overlap_split=(("wq", "tp"), ("w2", "4")), refuses=())
+TIMER = Timer(COMPUTE)
+
+
+def node(kind_steps: int, factor: float, nbytes: float) -> float:
+    """A collective on the node link: steps x 1 us + factor x bytes / 1 GB/s."""
+    return kind_steps * 1e-6 + factor * nbytes / 1e9
+
+
+def network(kind_steps: int, factor: float, nbytes: float) -> float:
+    return kind_steps * 10e-6 + factor * nbytes / 0.5e9
+
+
+def test_a_layer_at_tensor_parallel_2_kernel_by_kernel():
+    # 8 tokens; a rank's GEMMs (m, n, k): wq (8, 4, 8), wk and wv (8, 2, 8), wo (8, 8, 4), w1 (8, 8, 8), w2 (8, 8, 8):
+    # 2mnk = 512 + 256 + 256 + 512 + 1024 + 1024 = 3584 forward, twice that backward (dgrad and wgrad).
+    # Causal attention: 4 x 8 tokens x 4 keys x 4 (q width 8 / tp) / 2 = 256 FLOPs, at 2 forward, x 2.5 at 4 back.
+    # Elementwise: 8 x (10 + 6 / 2) = 104 B forward, x 2 backward.
+    layer = kernels._layer(SPEC, Layout(tp=2), STACK, TIMER, HW, 8)
+    tp_fwd = 2 * node(2, 1.0, 2 * 8 * 8)       # 2 all-reduces of 8 x 8 bf16 activations over 2 ranks, each way
+    assert layer == pytest.approx({
+        "fwd": (3584 + 128 + 104) * PS, "bwd": (7168 + 160 + 208) * PS, "tp_exposed": 2 * tp_fwd, "cp_exposed": 0.0,
+        "tp_comm": 2 * tp_fwd, "gemm": (3584 + 7168) * PS, "attention": (128 + 160) * PS,
+        "elementwise": (104 + 208) * PS, "recompute": 0.0}, rel=1e-12)
+    # recomputed: the whole forward (and its all-reduces again), the attention alone, or torchtitan's odd GEMMs
+    full = kernels._layer(SPEC, Layout(tp=2, recompute="full"), STACK, TIMER, HW, 8)
+    assert (full["recompute"], full["bwd"], full["tp_comm"]) == pytest.approx(
+        (3816 * PS, (7536 + 3816) * PS, 3 * tp_fwd), rel=1e-12)
+    selective = kernels._layer(SPEC, Layout(tp=2, recompute="selective"), STACK, TIMER, HW, 8)
+    assert selective["recompute"] == pytest.approx(128 * PS) and selective["tp_comm"] == pytest.approx(2 * tp_fwd)
+    odd = kernels._layer(SPEC, Layout(tp=2, recompute="selective"), replace(STACK, selective="odd-mm"), TIMER, HW, 8)
+    assert odd["recompute"] == pytest.approx((256 + 512 + 1024 + 104) * PS)    # wk, wo, w2 and the elementwise
+    # sequence parallel: an all-gather and a reduce-scatter for each all-reduce, the h-wide bytes split too
+    sp = kernels._layer(SPEC, Layout(tp=2, sp=True), STACK, TIMER, HW, 8)
+    assert sp["elementwise"] == pytest.approx((8 * (10 / 2 + 6 / 2)) * 3 * PS)
+    assert sp["tp_comm"] == pytest.approx(2 * 2 * (node(1, 0.5, 128) + node(1, 0.5, 128)))
+    # one rank: no tensor-parallel communication at all, and the whole of each GEMM
+    one = kernels.one_layer(SPEC, STACK, COMPUTE, HW, micro_batch=2)
+    assert (one["tp_comm"], one["gemm"]) == (0.0, pytest.approx(3 * 2 * 8 * (64 + 32 + 32 + 64 + 128 + 128) * PS))
+
+
+def test_overlapped_tensor_parallel_chunks_the_stack_s_gemms_and_shows_what_the_gemms_do_not_hide():
+    # 10 tokens: wq in tp (2) chunks of 5 rows, w2 in 4 chunks of ceil(10 / 4) = 3 rows: 12 rows' work, not 10.
+    plain = kernels._layer(SPEC, Layout(tp=2), STACK, TIMER, HW, 10)
+    overlap = kernels._layer(SPEC, Layout(tp=2, tp_overlap=True), STACK, TIMER, HW, 10)
+    w2 = 2 * 10 * 8 * 8
+    assert overlap["gemm"] - plain["gemm"] == pytest.approx(w2 * 2 / 10 * PS, rel=1e-9)
+    gemm_fwd = overlap["gemm"] - 2 * 4480 * PS          # the backward's GEMMs are not split by this stack
+    tp_fwd = 2 * node(2, 1.0, 2 * 10 * 8)
+    assert overlap["tp_exposed"] == pytest.approx((tp_fwd - gemm_fwd) + (tp_fwd - 2 * 4480 * PS), rel=1e-9)
+    assert overlap["tp_comm"] == plain["tp_comm"] == pytest.approx(2 * tp_fwd)
+    # on a device fast enough to hide it all, nothing is exposed
+    slow = replace(COMPUTE, matmul={"bf16": MatmulTable(((1,), (1,), (1,)), {(1, 1, 1): 1e-6}, "")})
+    assert kernels._layer(SPEC, Layout(tp=2, tp_overlap=True), STACK, Timer(slow), HW, 10)["tp_exposed"] == 0.0
+
+
+def test_context_parallel_sends_kv_round_the_ring_behind_the_attention():
+    # cp 2: K and V of 8 tokens (2 x 8 x 2 x kv width 4 / one KV head = 128 B) sent once forward, twice backward
+    layer = kernels._layer(SPEC, Layout(cp=2), STACK, TIMER, HW, 8)
+    ring = node(1, 1.0, 128)
+    attn_fwd, attn_bwd = 4 * 8 * 4 * 8 / 2 / 2 * PS, 2.5 * 4 * 8 * 4 * 8 / 2 / 4 * PS
+    assert layer["cp_exposed"] == pytest.approx((ring - attn_fwd) + (2 * ring - attn_bwd), rel=1e-12)
+    assert layer["attention"] == pytest.approx(attn_fwd + attn_bwd)
+    # three ranks: two steps round the ring; the K, V share of tp 2 halves where there are KV heads to split
+    three = kernels._layer(replace(SPEC, heads=4, kv_heads=2, hidden=16), Layout(cp=3, tp=2), STACK, TIMER,
+                           replace(HW, devices_per_node=8), 8)
+    kv = 2 * 8 * 2 * 8 / 2
+    attn = 4 * 8 * 4 * 8 / 2 / 2 * PS
+    assert three["cp_exposed"] == pytest.approx(2 * node(1, 1.0, kv) - attn + 4 * node(1, 1.0, kv) - 2.5 * attn / 2,
+                                                rel=1e-9)
+
+
+def test_the_last_stage_s_head_and_the_stages_layers_by_hand():
+    # 8 tokens: the output GEMM (8, 32 / tp, 8) and its two gradients; the loss over 8 x 32 / tp logits at 4 B;
+    # the final norm 8 x 8 x 4 B forward, x 2 backward.
+    assert kernels.head(SPEC, 1, STACK, TIMER, 8) == pytest.approx(
+        {"gemm": 3 * 4096 * PS, "loss": 1024 * PS, "norm": 768 * PS})
+    assert kernels.head(SPEC, 2, STACK, TIMER, 8) == pytest.approx(
+        {"gemm": 3 * 2048 * PS, "loss": 512 * PS, "norm": 768 * PS})
+    seven = replace(SPEC, layers=7)
+    # 4 chunks of 2, 2, 2, 1 layers, stage 0 running chunks 0 and 2, stage 1 chunks 1 and 3
+    assert kernels._stage_layers(seven, Layout(pp=2, virtual_stages=2, schedule="interleaved")) == [4, 3]
+    assert kernels._stage_layers(seven, Layout(pp=3)) == [3, 2, 2]
+    assert kernels._stage_layers(SPEC, Layout(pp=2)) == [2, 2]
+
+
+def test_the_data_dimension_s_communication_by_hand():
+    dp = kernels._data_parallel
+    assert dp(SPEC, Layout(tp=2), HW, TIMER, STACK, 1e3, 100, 4, 2, 1.0, 1.0) == (0.0, 0.0, 0.0, [])
+    # DDP of 80M parameters: Megatron's buckets of 40M, so half the all-reduce shows whatever the backward hides
+    reduce = node(2, 1.0, 4 * 80e6)
+    exposed, total, copies, colls = dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 0.0, 0.1)
+    assert (exposed, total, copies) == pytest.approx((reduce - 0.1, reduce, 0.0))
+    assert colls == [Collective("all_reduce", "data", 4 * 80e6, 1, 2, True, "gradient all-reduce")]
+    assert dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 0.0, 0.3)[0] == pytest.approx(reduce / 2)
+    assert dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 20e6, 1e6, 4, 1, 0.0, 1.0)[0] == \
+        pytest.approx(node(2, 1.0, 4 * 20e6))    # a model under one bucket: the whole all-reduce after the backward
+    # 64 ranks: a bucket of 1M x 64 parameters of 100M; the data group crosses nodes
+    big = dp(SPEC, Layout(dp=64), HW, TIMER, STACK, 100e6, 1e6, 4, 1, 0.0, 10.0)[0]
+    assert big == pytest.approx(0.64 * network(126, 2 * 63 / 64, 4e8), rel=1e-9)
+    # ZeRO-1: a reduce-scatter of float32 gradients, an all-gather of bf16 weights
+    scatter, gather = node(1, 0.5, 4 * 80e6), node(1, 0.5, 2 * 80e6)
+    exposed, total, copies, colls = dp(SPEC, Layout(dp=2, zero1=True), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 0.01, 0.02)
+    assert (exposed, total, copies) == pytest.approx((scatter - 0.02 + gather - 0.01, scatter + gather, 0.0))
+    assert colls == [Collective("reduce_scatter", "data", 4 * 80e6, 1, 2, True, "gradient reduce-scatter"),
+                     Collective("all_gather", "data", 2 * 80e6, 1, 2, True, "weight all-gather")]
+    assert dp(SPEC, Layout(dp=2, zero1=True), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 1.0, 1.0)[0] == \
+        pytest.approx((scatter + gather) / 2)
+
+
+def test_fsdp_gathers_each_layer_twice_and_hsdp_all_reduces_the_shards_across_nodes():
+    dp = kernels._data_parallel
+    # FSDP 2, 3 layers of 1000 parameters and 500 outside them, 2 micro-batches, windows of 1 and 2 us
+    gather, scatter = node(1, 0.5, 2000), node(1, 0.5, 4000)
+    root = node(1, 0.5, 1000) + node(1, 0.5, 2000)
+    exposed, total, copies, colls = dp(SPEC, Layout(fsdp=2), HW, TIMER, STACK, 3500, 1000, 3, 2, 1e-6, 2e-6)
+    fwd, bwd = 3 * gather, 3 * (gather + scatter)
+    assert exposed == pytest.approx(2 * (gather + fwd - 1e-6 + bwd - 2e-6) + root, rel=1e-12)
+    assert total == pytest.approx(2 * (fwd + bwd) + root, rel=1e-12)
+    assert copies == pytest.approx(2 * 3 * 1000 * (2 * 1.0 + 2.0) * PS, rel=1e-12)    # 2 gathers' copy-out, 1 in
+    assert colls == [Collective("all_gather", "fsdp", 2000, 12, 2, True, "FSDP gathers"),
+                     Collective("reduce_scatter", "fsdp", 4000, 6, 2, True, "FSDP scatters")]
+    # windows longer than the communication hide all but the first gather of each micro-batch
+    assert dp(SPEC, Layout(fsdp=2), HW, TIMER, STACK, 3500, 1000, 3, 2, 1.0, 1.0)[0] == \
+        pytest.approx(2 * gather + root, rel=1e-12)
+    # under a pipeline torchtitan keeps the layers gathered: one gather a layer and micro-batch
+    assert dp(SPEC, Layout(fsdp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 3, 2, 1.0, 1.0)[3][0].calls == 12
+    kept = dp(SPEC, Layout(fsdp=2, pp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 3, 2, 1.0, 1.0)
+    assert kept[3][0].calls == 6 and kept[1] == pytest.approx(2 * 3 * (gather + scatter) + root, rel=1e-12)
+    assert kept[2] == pytest.approx(2 * 3 * 1000 * (4.0 + 6.0) * PS, rel=1e-12)
+    # HSDP 2 x 2 on nodes of 2: the shards' replicas all-reduce over the network, the layers' and the rest's
+    replicas, root_replicas = network(2, 1.0, 4000 / 2), network(2, 1.0, 2000 / 2)
+    hsdp = dp(SPEC, Layout(dp=2, fsdp=2), HW, TIMER, STACK, 3500, 1000, 3, 2, 1.0, 1.0)
+    assert hsdp[1] == pytest.approx(2 * 3 * (2 * gather + scatter + replicas) + root + root_replicas, rel=1e-12)
+
+
+def test_a_pipeline_of_two_stages_assembled_term_by_term():
+    # dp 2 x pp 2, 2 micro-batches of 1 sequence (4 tokens): 2 layers a stage; the stages 2 ranks apart cross nodes
+    layout = Layout(dp=2, pp=2, micro_batches=2)
+    out = kernels.decoder_stages(SPEC, layout, 4, HW, STACK, COMPUTE)
+    layer = kernels._layer(SPEC, layout, STACK, TIMER, HW, 4)
+    head = kernels.head(SPEC, 1, STACK, TIMER, 4)
+    embed = 4 * 8 * 2 * 4 * PS                       # the look-up and its gradient: 4 B a value, 2 B each
+    send = network(1, 1.0, 2 * 4 * 8)               # one micro-batch's activations to the next stage
+    layer_params, first, last = 464, 2 * 464 + 256, 2 * 464 + 8 + 256
+    assert (out.micro_batches, out.seq_len) == (2, 4)
+    assert out.compute == pytest.approx([2 * (layer["fwd"] + layer["bwd"]) + embed,
+                                         2 * (layer["fwd"] + layer["bwd"]) + sum(head.values())], rel=1e-12)
+    assert out.inside == pytest.approx([2 * send, 2 * send], rel=1e-12)
+    assert out.recompute == [0.0, 0.0] and out.after_other == [0.0, 0.0]
+    reduce = [node(2, 1.0, 4 * first), node(2, 1.0, 4 * last)]       # under one bucket: after the backward
+    assert out.after_comm == pytest.approx(reduce, rel=1e-12)
+    assert out.optimizer == pytest.approx([8 * first * PS, 8 * last * PS], rel=1e-12)
+    sends = Collective("send_recv", "pp", 64, 4, 2, True, "pipeline activations and gradients")
+    assert out.collectives == [[sends, Collective("all_reduce", "data", 4 * first, 1, 2, True, "gradient all-reduce")],
+                               [sends, Collective("all_reduce", "data", 4 * last, 1, 2, True, "gradient all-reduce")]]
+    assert out.parts[1] == pytest.approx({"fsdp_copies": 0.0, "data_parallel_comm": reduce[1],
+                                          "gemm": 2 * 2 * layer["gemm"], "attention": 2 * 2 * layer["attention"],
+                                          "elementwise": 2 * 2 * layer["elementwise"]}, rel=1e-12)
+    assert out.memory["model_per_rank"] == [
+        decoder_rank_bytes(SPEC, layout, 4, first, layer_params, 2, 2, False, "attention", 0, 2),
+        decoder_rank_bytes(SPEC, layout, 4, last, layer_params, 2, 2, True, "attention", 1, 2)]
+    # interleaved: the sends overlap the other chunks' work, twice as many of them; the vocabulary split over tp
+    chunked = kernels.decoder_stages(SPEC, Layout(tp=2, pp=2, micro_batches=2, schedule="interleaved",
+                                                  virtual_stages=2, vocab_split=True, sp=True), 2, HW, STACK,
+                                     COMPUTE)
+    assert chunked.collectives[0][0] == Collective("send_recv", "pp", 2 * 4 * 8 / 2, 8, 2, False,
+                                                   "pipeline activations and gradients")
+    assert chunked.inside == pytest.approx([2 * chunked_tp(), 2 * chunked_tp()], rel=1e-12)
+    assert chunked.compute[1] - chunked.compute[0] == pytest.approx(
+        sum(kernels.head(SPEC, 2, STACK, TIMER, 4).values()) - 4 * 8 * 2 * 4 / 2 * PS, rel=1e-9)
+
+
+def chunked_tp() -> float:
+    """A layer's tensor-parallel communication with sp at 4 tokens, none of it overlapped."""
+    return 2 * 2 * (node(1, 0.5, 64) + node(1, 0.5, 64))
+
+
+def test_fsdp_stages_update_their_shard_and_torchtitan_holds_the_stage_gathered():
+    layout = Layout(fsdp=2, pp=2, micro_batches=2)
+    eager = replace(stacks.TORCH_EAGER, attention_kernel="k", refuses=())
+    out = kernels.decoder_stages(SPEC, layout, 4, HW, eager, COMPUTE)
+    first = 2 * 464 + 256
+    assert out.optimizer[0] == pytest.approx(first / 2 * 92.0 * PS, rel=1e-12)      # its half of the stage
+    assert out.memory["model_per_rank"][0] == decoder_rank_bytes(SPEC, layout, 4, first, 464, 2, 2, False, "odd-mm",
+                                                                 0, 2)
+    three = replace(SPEC, layers=6)          # 3 layers a stage: all 3 held gathered, or 2 at a time resharded
+    held = kernels.decoder_stages(three, layout, 4, HW, eager, COMPUTE)
+    assert held.memory["model_per_rank"][0] == decoder_rank_bytes(three, layout, 4, 3 * 464 + 256, 464, 3, 2, False,
+                                                                  "odd-mm", 0, 3)
+    resharded = kernels.decoder_stages(three, layout, 4, HW, replace(eager, fsdp_reshard_under_pp=True), COMPUTE)
+    assert resharded.memory["model_per_rank"][0] == decoder_rank_bytes(three, layout, 4, 3 * 464 + 256, 464, 3, 2,
+                                                                       False, "odd-mm", 0, 2)
+    # the data dimension's windows are the stage's layers' forward and backward; its copies the FSDP copies
+    layer = kernels._layer(three, layout, eager, TIMER, HW, 4)
+    comm = kernels._data_parallel(three, layout, HW, TIMER, eager, 3 * 464 + 256, 464, 3, 2, 3 * layer["fwd"],
+                                  3 * layer["bwd"])
+    assert (held.after_comm[0], held.after_other[0]) == pytest.approx(comm[0:3:2], rel=1e-12) and comm[2] > 0
+    assert held.parts[0]["data_parallel_comm"] == pytest.approx(comm[1], rel=1e-12)
+    zero1 = kernels.decoder_stages(SPEC, Layout(dp=2, zero1=True), 2, HW, STACK, COMPUTE)
+    assert zero1.optimizer == pytest.approx([(4 * 464 + 256 + 264) / 2 * 8 * PS], rel=1e-12)
+
+
+def test_what_a_decoder_s_step_is_timed_by_and_each_refusal_in_one_line():
+    basis = Basis(0.0, 0.0, 2e-9, 0.0, None, None, None, None, "compute ASSUMED", flops_per_s=1e12)
+    assumed = Timer(basis)
+    assert assumed.gemm(Gemm("g", 2, 3, 4)) == pytest.approx(48e-12)
+    assert assumed.attention("any", 1e12, 4, True) == 1.0 and assumed.memory(1e9, 3) == 0.0
+    assert assumed.optimizer(1000, STACK) == pytest.approx(2e-6)
+    assert TIMER.optimizer(1000, STACK) == pytest.approx(8000 * PS)
+    assert kernels.compute_label(basis) == "compute ASSUMED"
+    assert kernels.compute_label(COMPUTE) == ("compute from first principles: u.toml (measured and published "
+                                              "kernel rates, each with its source)")
+    assert kernels._cost(HW, Layout(dp=4), "dp", 1, "all_reduce", 1e9) == 0.0
+    assert kernels._cost(HW, Layout(dp=4), "dp", 4, "all_reduce", 1e9) == pytest.approx(network(6, 1.5, 1e9))
+    assert kernels._cost(HW, Layout(dp=4), "dp", 2, "all_reduce", 1e9) == pytest.approx(node(2, 1.0, 1e9))
+    with pytest.raises(ValueError, match="^tiny: a decoder's step needs the software stack that runs it "
+                                         r"\(--stack\)$"):
+        kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, None, COMPUTE)
+    with pytest.raises(ValueError, match="^tiny: a decoder is timed from a device's compute table or an assumed "
+                                         "MFU; no decoder is executed here, so no measured 1-device run times one$"):
+        kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, STACK, replace(basis, flops_per_s=None))
+    with pytest.raises(ValueError) as bad:
+        kernels.decoder_stages(SPEC, Layout(dp=3), 2, HW, STACK, COMPUTE)
+    assert type(bad.value) is ValueError and "\n" not in str(bad.value)
+    with pytest.raises(ValueError, match="cannot overlap tensor-parallel communication"):
+        kernels.decoder_stages(SPEC, Layout(tp=2, tp_overlap=True), 1, HW, replace(STACK, tp_overlap_split=()),
+                               COMPUTE)
+
+
+FLOOR = replace(COMPUTE, launch_floor_s=1e-6)     # every kernel at least 1 us: the kernel counts show
+
+
+def test_each_memory_bound_kernel_takes_at_least_the_launch_floor():
+    timer = Timer(FLOOR)
+    assert timer.memory(1.0) == 1e-6 and timer.memory(1.0, 3) == 3e-6 and timer.memory(0.0, 3) == 0.0
+    assert timer.optimizer(10, STACK) == 8e-6              # AdamW and clipping: 8 kernels
+    assert kernels.head(SPEC, 1, STACK, timer, 8) == pytest.approx({"gemm": 3e-6, "loss": 4e-6, "norm": 2e-6})
+    layer = kernels._layer(SPEC, Layout(), replace(STACK, elementwise_kernels=3), timer, HW, 8)
+    assert layer["elementwise"] == pytest.approx(6e-6) and layer["gemm"] == pytest.approx(18e-6)
+    # FSDP's copies: 2 kernels a layer and a third where it gathers again for the backward
+    assert kernels._data_parallel(SPEC, Layout(fsdp=2), HW, timer, STACK, 3500, 1000, 3, 2, 1.0, 1.0)[2] == 9e-6
+    assert kernels._data_parallel(SPEC, Layout(fsdp=2, pp=2), HW, timer, stacks.TORCH_EAGER, 3500, 1000, 3, 2,
+                                  1.0, 1.0)[2] == 6e-6
+    # the embedding: its look-up and its gradient, 2 kernels; fused projections: fewer, larger GEMMs
+    out = kernels.decoder_stages(SPEC, Layout(), 1, HW, STACK, FLOOR)
+    body = 4 * (layer["fwd"] + layer["bwd"] - 6e-6 + 2e-6)
+    assert out.compute == pytest.approx([body + 2e-6 + 9e-6], rel=1e-12)
+    fused = kernels._layer(SPEC, Layout(), replace(STACK, fused_projections=True), timer, HW, 8)
+    assert fused["gemm"] == pytest.approx(12e-6)
+    # odd-mm recomputes the 2nd, 4th... GEMM: of the fused four, wo and w2
+    odd = kernels._layer(SPEC, Layout(recompute="selective"), replace(STACK, fused_projections=True,
+                                                                       selective="odd-mm"), Timer(COMPUTE), HW, 8)
+    assert odd["recompute"] == pytest.approx((2 * 8 * 8 * 8 + 2 * 8 * 8 * 16 + 8 * 16) * PS)
+
+
+def test_the_precision_the_attention_s_sequence_and_the_link_each_kind_was_probed_at():
+    assert Timer(COMPUTE, "fp8").gemm(Gemm("g", 2, 3, 4)) == pytest.approx(24 * PS)
+    fp8 = kernels.one_layer(SPEC, STACK, COMPUTE, HW, micro_batch=2, precision="fp8", recompute="full")
+    bf16 = kernels.one_layer(SPEC, STACK, COMPUTE, HW, micro_batch=2)
+    assert fp8["gemm"] == pytest.approx(bf16["gemm"] / 2) and fp8["recompute"] == pytest.approx(fp8["fwd"])
+    # a context-parallel rank's attention runs at the rate of its share of the sequence: 2 of 4 tokens
+    by_seq = replace(COMPUTE, attention={"k": AttentionRates(((2, 2.0), (8, 8.0)), ((2, 4.0), (8, 16.0)), "")})
+    assert kernels._layer(SPEC, Layout(cp=2), STACK, Timer(by_seq), HW, 8)["attention"] == pytest.approx(
+        (256 + 320) * PS)
+    # a link whose all-gather a probe timed apart: sequence parallel's gathers go at it, all-reduces do not
+    probed = replace(HW, links=(Link("node", 1.0, 1e-6, busbw_by_kind={"all_gather": 0.25}), HW.links[1]))
+    sp = kernels._layer(SPEC, Layout(tp=2, sp=True), STACK, TIMER, probed, 8)
+    assert sp["tp_comm"] == pytest.approx(2 * 2 * (1e-6 + 0.5 * 128 / 0.25e9 + node(1, 0.5, 128)))
+    assert kernels._layer(SPEC, Layout(tp=2), STACK, TIMER, probed, 8)["tp_comm"] == pytest.approx(
+        2 * 2 * node(2, 1.0, 128))
+    # overlap asked at one tensor-parallel rank splits nothing
+    assert kernels._layer(SPEC, Layout(tp_overlap=True), STACK, TIMER, HW, 10)["gemm"] == pytest.approx(
+        3 * 2 * 10 * (64 + 32 + 32 + 64 + 128 + 128) * PS)
+
+
+def test_a_decoder_s_stages_under_each_option_hold_their_own_terms():
+    # tensor parallel without a split vocabulary: the embedding and output layer whole on every rank
+    tp = kernels.decoder_stages(SPEC, Layout(tp=2), 1, HW, STACK, COMPUTE)
+    assert tp.optimizer == pytest.approx([(4 * 464 / 2 + 256 + 264) * 8 * PS], rel=1e-12)
+    assert tp.inside == [] or tp.collectives == [[]]
+    vocab = kernels.decoder_stages(SPEC, Layout(tp=2, pp=2, micro_batches=2, vocab_split=True), 2, HW, STACK,
+                                   COMPUTE)
+    assert vocab.optimizer == pytest.approx([(2 * 232 + 128) * 8 * PS, (2 * 232 + 132) * 8 * PS], rel=1e-12)
+    assert vocab.collectives[0][0].nbytes == 2 * 4 * 8                      # without sp, the whole activations
+    layer = kernels._layer(SPEC, Layout(tp=2), STACK, TIMER, HW, 4)
+    embed = 4 * 8 * 2 * 4 * PS
+    assert vocab.compute[0] == pytest.approx(2 * (layer["fwd"] + layer["bwd"]) + embed, rel=1e-12)
+    # two stages within a node: the sends on the node link; one stage sends nothing
+    pp = kernels.decoder_stages(SPEC, Layout(pp=2, micro_batches=2), 2, HW, STACK, COMPUTE)
+    assert pp.inside == pytest.approx([2 * node(1, 1.0, 64)] * 2, rel=1e-12)
+    alone = kernels.decoder_stages(SPEC, Layout(dp=2, zero1=True), 2, HW, STACK, COMPUTE)
+    assert alone.inside == [0.0] and [c.kind for c in alone.collectives[0]] == ["reduce_scatter", "all_gather"]
+    # context parallel: each layer's ring left exposed, inside the micro-batch
+    cp = kernels.decoder_stages(SPEC, Layout(cp=2), 1, HW, STACK, COMPUTE)
+    cp_layer = kernels._layer(SPEC, Layout(cp=2), STACK, TIMER, HW, 2)
+    assert cp.inside == pytest.approx([4 * cp_layer["cp_exposed"]]) and cp_layer["cp_exposed"] > 0
+    # a micro-batch size: 2 micro-batches of 1 on each of 2 replicas, each in flight on the first stage
+    sized = Layout(dp=2, pp=2, micro_batch_size=1)
+    mbs = kernels.decoder_stages(SPEC, sized, 4, HW, STACK, COMPUTE)
+    assert mbs.micro_batches == 2 and mbs.memory["model_per_rank"][0] == decoder_rank_bytes(
+        SPEC, sized, 4, 2 * 464 + 256, 464, 2, 2, False, "attention", 0, 2)
+    # recomputation: the stage's own; 1F1B holds fewer micro-batches on the later stage
+    rc = Layout(pp=2, micro_batches=4, schedule="1f1b", recompute="selective")
+    out = kernels.decoder_stages(SPEC, rc, 4, HW, replace(STACK, selective="odd-mm"), COMPUTE)
+    rc_layer = kernels._layer(SPEC, rc, replace(STACK, selective="odd-mm"), TIMER, HW, 4)
+    assert out.recompute == pytest.approx([2 * rc_layer["recompute"]] * 2) and rc_layer["recompute"] > 0
+    assert out.memory["model_per_rank"] == [
+        decoder_rank_bytes(SPEC, rc, 4, 2 * 464 + 256, 464, 2, 4, False, "odd-mm", 0, 2),
+        decoder_rank_bytes(SPEC, rc, 4, 2 * 464 + 264, 464, 2, 4, True, "odd-mm", 1, 2)]
+
+
+def test_a_decoder_is_timed_by_its_device_s_table_or_by_an_assumed_mfu():
+    from common.predict import hardware as hardware_files
+    from common.predict.basis import from_mfu
+    from common.predict.gpu_compute import compute_for
+
+    h100 = hardware_files.load("h100-sxm-8")
+    assert kernels.device_compute(h100) == compute_for(h100)
+    assumed = kernels.device_compute(h100, 0.5)
+    assert assumed == from_mfu(0.5, h100, "bf16") and assumed.flops_per_s == pytest.approx(0.5 * 989.5e12)
+    with pytest.raises(ValueError, match=r"^global batch 2 is not divisible by data parallel 3 x micro-batches 1"):
+        kernels.decoder_stages(SPEC, Layout(dp=3), 2, HW, STACK, COMPUTE)
+
+
+def test_every_gemm_a_stage_times_has_whole_dimensions():
+    # published.gemm_shapes hands these shapes to the GPU probe, whose tensors take whole sizes only
+    shapes = []
+
+    class Recording(DeviceCompute):
+        def gemm_s(self, gemm, precision="bf16"):
+            shapes.append((gemm.m, gemm.n, gemm.k))
+            return super().gemm_s(gemm, precision)
+
+    kernels.decoder_stages(SPEC, Layout(dp=2, cp=2, micro_batches=2), 8, HW, STACK, Recording(**vars(COMPUTE)))
+    assert (4, 4, 8) in shapes and all(type(v) is int for shape in shapes for v in shape)
