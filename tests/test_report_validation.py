@@ -99,8 +99,11 @@ def test_the_report_section_reads_validation_json_and_shows_the_configurations_o
     assert v.load(tmp_path) == plain
     blocks = v.validation_blocks(tmp_path)
     assert blocks[0] == Heading("Prediction against measurement", 2)
-    assert isinstance(blocks[1], Text) and blocks[1].text.endswith(
-        "(record[\"memory\"]). " + v.summary_line(plain, "validation.json"))
+    assert blocks[1] == Text(
+        "Every multi-device run predicted by `bench.predict --validate` from this folder's 1-device runs and link "
+        "probes only (docs/prediction.md). Errors are (predicted - measured) / measured of the median step and of "
+        "each rank's peak memory (the worst rank); training memory is the growth over the start where a record "
+        "measured it (record[\"memory\"]). " + v.summary_line(plain, "validation.json"))
     assert blocks[2:] == [Table(v.COLUMNS, v.rows(plain))]
     configs = {"all": {"step_s": {"runs": 1, "median_abs_error": 0.1, "max_abs_error": 0.2}, "most_repeats": 2}}
     repeated = {**plain, "summary": _summary(configurations=configs), "configurations": [
