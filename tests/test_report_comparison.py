@@ -3,6 +3,8 @@ with constant step times, so every interval is its point and every ratio a fract
 from __future__ import annotations
 
 import pandas as pd
+from matplotlib.font_manager import FontProperties
+from matplotlib.layout_engine import ConstrainedLayoutEngine
 
 from bench.reporting.comparison import baseline_section, regressions, repeats_section
 from bench.reporting.document import Heading, Image, Table, Text
@@ -38,7 +40,13 @@ def test_repeats_rank_each_workload_and_count_its_runs_sweeps_and_busy_ones():
                _run("torch_ddp", 1, 0.5, 8, workload="cnn"), _run("torch_ddp", 1, 0.5, 9, workload="cnn")]
     blocks, plots = repeats_section(records)
     assert blocks[0] == Heading("Repeated rows: medians and 95% intervals", 2)
-    assert isinstance(blocks[1], Text) and "*no difference*" in blocks[1].text
+    assert blocks[1] == Text(
+        "A row is one configuration at one device count, its runs the repeats within a sweep and the runs of the "
+        "same configuration in other sweeps. Each row's figure is the median over its runs; the interval is a "
+        "two-level bootstrap (runs, then each run's step times), so it holds the drift between runs. Rows of one "
+        "workload and device count whose intervals overlap the fastest row's are marked *no difference* instead of "
+        "ranked. Busy runs started on a machine with more than 1.5 runnable processes per core or lost more than 5% "
+        "of CPU time to steal.")
     table = _table(blocks)
     assert table.columns == ["workload", "row", "runs", "sweeps", "busy runs", "samples/s [95%]",
                              "efficiency [95%]", "vs fastest of its N"]
@@ -61,6 +69,10 @@ def test_repeats_rank_each_workload_and_count_its_runs_sweeps_and_busy_ones():
     assert list(ax.lines[0].get_xdata()) == [80.0, 100.0, 160.0] and list(ax.lines[0].get_ydata()) == [0, 1, 2]
     assert list(mlm.figure.get_size_inches()) == [8, 0.9 + 0.35 * 3]
     assert ax.lines[1].get_markersize() == 2 * 4  # caps of 4 points at both ends of each bar
+    assert isinstance(mlm.figure.get_layout_engine(), ConstrainedLayoutEngine)
+    # each error bar spans the row's interval: low to high around the median
+    assert [list(seg[:, 0]) for seg in ax.collections[0].get_segments()] == [[80.0, 80.0], [100.0, 100.0],
+                                                                           [160.0, 160.0]]
     images = [b for b in blocks if isinstance(b, Image)]
     assert [(i.path, i.title, i.caption) for i in images] == [(f"plots/{p.slug}.png", p.title, p.caption)
                                                                for p in plots]
@@ -98,7 +110,10 @@ def test_the_baseline_table_holds_each_common_row_its_ratio_and_verdict():
             _run("torch_ddp", 2, 0.4, 4)]  # no baseline run of 2 devices: not compared
     base = [_run("torch_ddp", 1, 0.4, 5, host="b"), _run("tf_mirrored", 1, 0.4, 6, host="b")]
     blocks, plots, frame = baseline_section(here, base, "B")
-    assert blocks[0] == Heading("Against the baseline B", 2) and "*no difference*" in blocks[1].text
+    assert blocks[:2] == [Heading("Against the baseline B", 2), Text(
+        "Ratio = samples/s here over samples/s in the baseline, with its 95% interval (each folder's runs "
+        "bootstrapped on their own). *slower*/*faster*: the whole interval lies below/above 1; otherwise *no "
+        "difference*.")]
     table = _table(blocks)
     assert table.columns == ["workload", "row", "runs (here / baseline)", "samples/s here", "baseline",
                              "ratio [95%]", "verdict"]
@@ -114,10 +129,11 @@ def test_the_loss_overlay_draws_each_common_row_once_solid_here_and_dashed_in_th
             _run("tf_mirrored", 1, 0.4, 3, curve=None),                       # no curve: nothing drawn
             _run("torch_ddp", 1, 0.32, 4, workload="cnn", curve=[(1, 2.0)]),  # another workload's figure
             _run("torch_ddp", 2, 0.4, 5, curve=[(1, 3.0)])]                   # not in the baseline
-    base = [_run("torch_ddp", 1, 0.4, 6, host="b", curve=[(1, 5.5), (3, 4.5)]),
+    base = [_run("torch_ddp", 1, 0.5, 9, workload="cnn", curve=[(1, 2.5)]),
+            _run("torch_ddp", 1, 0.4, 6, host="b", curve=[(1, 5.5), (3, 4.5)]),
+            _run("torch_ddp", 1, 0.4, 10, host="b", curve=[(1, 8.0)]),
             _run("torch_ddp", 1, 0.4, 7, host="b", status="failed", curve=[(1, 9.0)]),
-            _run("tf_mirrored", 1, 0.4, 8, host="b", curve=[(1, 1.0)]),
-            _run("torch_ddp", 1, 0.5, 9, workload="cnn", curve=[(1, 2.5)])]
+            _run("tf_mirrored", 1, 0.4, 8, host="b", curve=[(1, 1.0)])]
     blocks, plots, _ = baseline_section(here, base, "B")
     assert [p.slug for p in plots] == ["cnn-baseline-loss", "mlm-baseline-loss"]
     cnn, mlm = plots
@@ -132,11 +148,14 @@ def test_the_loss_overlay_draws_each_common_row_once_solid_here_and_dashed_in_th
                                             ("torch_ddp N=1 (B)", "--", [1, 3], [5.5, 4.5]),
                                             ("tf_mirrored N=1 (B)", "--", [1], [1.0])]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == list(mlm.data)
+    assert ax.get_legend()._fontsize == FontProperties(size="small").get_size_in_points()
+    assert isinstance(mlm.figure.get_layout_engine(), ConstrainedLayoutEngine)
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == ("step", "training loss (global mean)", mlm.title)
     assert list(mlm.figure.get_size_inches()) == [8, 4.5]
     images = [b for b in blocks if isinstance(b, Image)]
     assert [(i.path, i.title, i.caption) for i in images] == [(f"plots/{p.slug}.png", p.title, p.caption)
                                                                for p in plots]
+    assert all(i.png.startswith(b"\x89PNG") for i in images)
 
 
 def test_only_rows_slower_beyond_the_noise_and_the_allowance_are_regressions():
