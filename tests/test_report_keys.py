@@ -38,6 +38,8 @@ def test_the_fields_not_shown_are_said_once_or_once_per_backend():
         "Same in every line: layout dp."
     assert keys.said_once(rows, ["data"], ("precision", "data")) == \
         "tf_mirrored: precision bf16. torch_ddp: precision amp / fp32."
+    assert keys.said_once(rows, [], ("precision", "data")) == (
+        "tf_mirrored: precision bf16, data mnist / wikitext. torch_ddp: precision amp / fp32, data synthetic.")
     assert keys.said_once(rows, ["precision"], ("precision",)) == ""
 
 
@@ -84,6 +86,11 @@ def test_a_record_s_cells_and_the_labels_of_several_keys():
     # the sweep is no part of a key's label
     assert keys.row_labels([config_key(_record(sweep="sweep-a")), config_key(_record("tf_mirrored"))]) == \
         ["torch_ddp", "tf_mirrored"]
+    # the data tells keys apart too; a bare number says what it counts
+    assert keys.row_labels([config_key(_record()), config_key(_record(data="wikitext"))]) == \
+        ["torch_ddp · synthetic", "torch_ddp · wikitext"]
+    assert keys.row_labels([config_key(_record()), config_key(_record(threads_per_device=2))]) == \
+        ["torch_ddp · threads/device 1", "torch_ddp · threads/device 2"]
 
 
 def test_the_sweep_index_lists_each_sweep_oldest_first_with_its_command_span_and_counts():

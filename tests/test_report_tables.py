@@ -111,6 +111,9 @@ def test_a_workload_table_keeps_the_latest_run_of_each_row_and_fills_every_cell(
     _, columns, body = tables.workload_table(frame, {r["run_id"]: r for r in records}, "cnn")
     assert columns[:3] == ["backend", "device", "N"] and "samples/s" in columns and "accuracy" in columns
     assert body[0][5] == "10.0" and body[0][-2] == "0.5000"
+    both = [records[1], {**records[2], "eval": {"metric": "accuracy", "value": 0.25}}]
+    assert tables.workload_table(summary_frame(both), {r["run_id"]: r for r in both}, "mlm")[1][-2] == \
+        "accuracy/perplexity"
     no_eval = [r for r in records if r["run_id"] == "two"]
     assert tables.workload_table(summary_frame(no_eval), {"two": no_eval[0]}, "mlm")[1][-2] == "accuracy"
 
@@ -149,7 +152,10 @@ def test_the_plan_section_shows_each_plan_s_top_ten_and_every_measured_row(tmp_p
     (plans / "b.json").write_text(json.dumps({"title": "Plan B", "basis": "From y", "summary": [],
                                               "rows": ranked[:1]}))
     blocks = plan_blocks(tmp_path)
-    assert blocks[0] == Heading("Plans: layouts chosen without trial runs", 2) and isinstance(blocks[1], Text)
+    assert blocks[:2] == [Heading("Plans: layouts chosen without trial runs", 2), Text(
+        "Each plan (`bench.plan`, docs/plan.md) predicts every valid layout of its devices, drops those predicted not "
+        "to fit and ranks the rest by predicted step; where the plan was run (`--run`, `nox -s plan-check`) the "
+        "measured samples/s stand beside the predicted ones.")]
     assert blocks[2:5] == [Heading("Plan A", 3), Text("From x. One. Two. Measured 2."),
                            Table(COLUMNS, plan_rows(ranked[:10] + [ranked[11], ranked[13]]))]
     assert blocks[5:] == [Heading("Plan B", 3), Text("From y. "), Table(COLUMNS, plan_rows(ranked[:1]))]
