@@ -9,6 +9,8 @@ import pytest
 from matplotlib.collections import PathCollection, PolyCollection
 from matplotlib.colors import to_rgba
 from matplotlib.font_manager import FontProperties
+from matplotlib.layout_engine import ConstrainedLayoutEngine
+from matplotlib.markers import MarkerStyle
 
 from bench.reporting import published_plot as pp
 from bench.reporting.document import Heading, Image, Table, Text
@@ -82,10 +84,10 @@ def test_the_figure_draws_each_metric_s_points_against_the_diagonal_and_the_band
     assert list(diagonal.get_xdata()) == [lo, hi] and list(diagonal.get_ydata()) == [lo, hi]
     assert diagonal.get_color() == "black" and diagonal.get_linewidth() == 1
     bands = [c for c in tokens.collections if isinstance(c, PolyCollection)]
-    assert [c.get_alpha() for c in bands] == [0.15, 0.07]
+    assert [c.get_alpha() for c in bands] == [0.15, 0.07] and [list(c.get_linewidth()) for c in bands] == [[0], [0]]
     for band, width in zip(bands, (0.15, 0.35)):
-        ys = band.get_paths()[0].vertices[:, 1]
-        assert (ys.min(), ys.max()) == (pytest.approx(lo * (1 - width)), pytest.approx(hi * (1 + width)))
+        corners = {(round(x, 6), round(y, 6)) for x, y in band.get_paths()[0].vertices}
+        assert {(round(x, 6), round(x * f, 6)) for x in (lo, hi) for f in (1 - width, 1 + width)} <= corners
         assert to_rgba(band.get_facecolor()[0], 1) == to_rgba("tab:green")
     points = [c for c in tokens.collections if isinstance(c, PathCollection)]
     assert [tuple(c.get_offsets()[0]) for c in points] == [(100.0, 110.0), (2000.0, 1800.0)]
@@ -97,6 +99,12 @@ def test_the_figure_draws_each_metric_s_points_against_the_diagonal_and_the_band
         (6, (3, 3), "offset points", (100.0, 110.0)), (6, (3, 3), "offset points", (2000.0, 1800.0))]
     assert fig._suptitle.get_fontsize() == FontProperties(size="small").get_size_in_points()
     assert (tokens.get_xscale(), tokens.get_yscale()) == ("log", "log")
+    assert isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+    assert tokens.get_position().y0 == tflops.get_position().y0 < tokens.get_position().x1 <= tflops.get_position().x0
+    assert tokens.xaxis.get_gridlines()[0].get_visible() and tokens.xaxis.get_gridlines()[0].get_alpha() == 0.3
+    square = MarkerStyle("s")
+    (bloom,) = [c for c in tflops.collections if isinstance(c, PathCollection)]
+    assert (bloom.get_paths()[0].vertices == square.get_path().transformed(square.get_transform()).vertices).all()
     assert tokens.get_xlim() == pytest.approx((lo, hi)) and tokens.get_ylim() == pytest.approx((lo, hi))
     assert (tokens.get_xlabel(), tokens.get_ylabel()) == ("published tokens_per_s_per_gpu",
                                                           "predicted tokens_per_s_per_gpu")
@@ -104,7 +112,7 @@ def test_the_figure_draws_each_metric_s_points_against_the_diagonal_and_the_band
     assert legend._loc == 2 and legend._fontsize == FontProperties(size="small").get_size_in_points()  # upper left
     assert legend.get_title().get_text() == "GPU" and [t.get_text() for t in legend.get_texts()] == ["A100", "H100"]
     assert [h.get_color() for h in legend.legend_handles] == ["tab:orange", "tab:blue"]
-    assert [h.get_marker() for h in legend.legend_handles] == ["o", "o"]
+    assert [(h.get_marker(), h.get_linestyle()) for h in legend.legend_handles] == [("o", "None"), ("o", "None")]
     # the teraFLOP/s panel: squares, its own range, A100 alone
     assert tflops.get_xlim() == pytest.approx((4.0 / 1.5, 5.0 * 1.5))
     assert [t.get_text() for t in tflops.get_legend().get_texts()] == ["A100"]
@@ -121,6 +129,11 @@ def test_the_caption_names_no_refusal_when_none_was_refused():
     assert pp.published_plot({**RESULT, "points": kept + refused}).caption.endswith(
         " Refused (not modelled): 6 points (R0, x, R1, x, R2, x, R3, x...).")
     assert plot.figure.axes[0].get_xlabel() == "published tokens_per_s_per_gpu"
+    # a metric without a point hides its panel and the next is still drawn
+    mfu = {**POINTS[1], "predicted": 0.5, "error": 0.25, "refused": None, "layout_full": "dp8", "stack": "x"}
+    drawn = pp.published_plot({**RESULT, "points": [POINTS[0], mfu]})
+    assert [ax.get_visible() for ax in drawn.figure.axes] == [True, False, True] and list(drawn.data) == [
+        "tokens_per_s_per_gpu", "mfu"]
 
 
 def test_the_report_section_reads_published_json(tmp_path):
@@ -134,7 +147,10 @@ def test_the_report_section_reads_published_json(tmp_path):
     assert blocks[1] == Text(f"bench.predict --published (published.json): {plot.title}. Each error is predicted / "
                              "published - 1 in the publisher's metric (docs/prediction-at-scale.md).")
     assert blocks[2] == Table(pp.COLUMNS, pp.rows(RESULT))
-    assert isinstance(blocks[3], Text) and blocks[4] == Table(pp.GROUP_COLUMNS, pp.group_rows(RESULT))
+    assert blocks[3] == Text("By GPU generation and by publisher: points predicted and refused, and the median and "
+                             "largest |error| of the predicted, on the bundled tables and on each point's worst table "
+                             "measured.")
+    assert blocks[4] == Table(pp.GROUP_COLUMNS, pp.group_rows(RESULT))
     image = blocks[5]
     assert isinstance(image, Image) and (image.path, image.title, image.caption) == (
         "plots/predicted-vs-published.png", plot.title, plot.caption)
