@@ -90,7 +90,10 @@ def test_the_figure_stacks_each_backend_s_shares_by_group_with_its_step_at_the_e
                          "communication": list(zip(labels, [0.0, 0.1])), "data movement": list(zip(labels, [0, 0])),
                          "host/idle": list(zip(labels, [0.4, 0.2])), "other": list(zip(labels, [0, 0]))}
     assert (plot.slug, plot.title) == ("attribution", "Where the step goes")
-    assert plot.caption.startswith("Each bar: one backend's profiled steps")
+    assert plot.caption == (
+        "Each bar: one backend's profiled steps (after its measured window), op time from the framework's own "
+        "profiler split into categories (docs/profiling.md); host/idle is time no op ran. The figure at the end is "
+        "the profiled step in ms.")
     fig = plot.figure
     ax = fig.axes[0]
     assert list(fig.get_size_inches()) == [11, 1.6 + 0.45 * 2]
@@ -113,7 +116,12 @@ def test_the_figure_stacks_each_backend_s_shares_by_group_with_its_step_at_the_e
 
 def test_the_table_gives_each_group_s_ms_and_share_and_the_words_follow_the_figure():
     blocks = attribution_blocks([TORCH, TF])
-    assert blocks[0] == Heading("Where the step goes, by op category", 2) and isinstance(blocks[1], Text)
+    assert blocks[:2] == [Heading("Where the step goes, by op category", 2), Text(
+        "From --profile: ms per step (share of the profiled step) by category group, from each framework's own "
+        "profiler over a few steps after the measured window; 'measured step' is the timed window's median, without "
+        "the profiler; 'ops at once': how many threads ran an op at a time, on average while any did (a framework "
+        "that runs independent ops side by side uses more cores than its threads per device). The categories and "
+        "how each framework's op names map to them: docs/profiling.md.")]
     label = "mlm tiny, dp2 tp1 pp1, N=2, fp32, batch 64"
     assert blocks[2] == Table(
         ["row", "backend", "matmul ms", "attention ms", "other compute ms", "communication ms", "data movement ms",
