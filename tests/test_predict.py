@@ -14,6 +14,7 @@ import pytest
 
 from bench import predict as predict_cli
 from bench.report import main as report_main
+from bench.reporting import validation as validation_report
 from common.hostinfo import load_over
 from common.layout import Layout, check_name
 from common.predict import hardware as hardware_files
@@ -31,6 +32,7 @@ from common.predict.executed import collectives
 from common.predict.hardware import Link
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import pipeline_s, predict, sync_factor
+from common.predict.validation import validate
 from common.results import load_records
 from common.sections import CoRun
 from common.spec import BERT_SIZES
@@ -469,3 +471,73 @@ def matplotlib_small() -> float:
     from matplotlib.font_manager import FontProperties
 
     return FontProperties(size="small").get_size_in_points()
+
+
+# ----------------------------------------------------------------------------- --validate on records written here
+
+def _runs_folder(path: Path, records: list[dict]) -> Path:
+    (path / "runs").mkdir(parents=True)
+    for r in records:
+        (path / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
+    return path
+
+
+def _printed_rows(text: str) -> list[list[str]]:
+    """A printed table's rows, each cell's folded lines joined, all blanks left out (compare with _bare)."""
+    from tests.test_plan_cli import _table
+    return _bare(_table(text.splitlines())[1])
+
+
+def _bare(rows: list[list[str]]) -> list[list[str]]:
+    return [["".join(cell.split()) for cell in row] for row in rows]
+
+
+def test_validate_writes_and_prints_the_validation_of_the_folder_s_records(tmp_path, capsys):
+    """validation.json is common.predict.validation's answer for the folder on the hardware asked; the table is its
+    rows, a run left out is named with why, and the summary line closes."""
+    from tests.test_predict_validation import H100, _known_folder
+    one, dp2 = _known_folder()[1:]
+    records = [*_known_folder(), {**dp2, "run_id": "lone", "backend": "torch_ddp"}]
+    results = _runs_folder(tmp_path / "results", records)
+    assert predict_cli.main(["--validate", str(results), "--hardware", "h100-sxm-8"]) == 0
+    written = json.loads((results / "validation.json").read_text())
+    expected = validate(load_records(results), H100)
+    assert written == json.loads(json.dumps(expected)) and [r["run_id"] for r in written["runs"]] == ["dp2", "dp4"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].strip() == f"predicted vs measured, {results}"
+    assert _printed_rows("\n".join(lines)) == _bare(validation_report.rows(expected))
+    why = expected["skipped"][0]["why"]
+    assert why.startswith("no ok 1-device run of its backend")
+    closing = f"left out: lone: {why} {validation_report.summary_line(expected, str(results / 'validation.json'))}"
+    assert " ".join("\n".join(lines).split()).endswith(" ".join(closing.split()))
+    assert "each configuration's repeats" not in "\n".join(lines)
+
+
+def test_validate_holds_repeats_as_one_configuration_on_this_vm_by_default(tmp_path, capsys):
+    from tests.test_predict_validation import _known_folder, _repeat
+    dp4, one, dp2 = _known_folder()
+    repeats = [_repeat(dp2, "s", "4", 1.0), _repeat(dp2, "s", "5", 1.5), _repeat(one, "s", "1", 1.0)]
+    results = _runs_folder(tmp_path / "results", [*repeats, {**one, "device_kind": "cpu", "run_id": "cpu-one"},
+                                                  {**dp2, "device_kind": "cpu", "run_id": "cpu-dp2"}])
+    assert predict_cli.main(["--validate", str(results)]) == 0
+    expected = validate(load_records(results), hardware_files.load("cpu-loopback-2core"))
+    assert json.loads((results / "validation.json").read_text()) == json.loads(json.dumps(expected))
+    assert expected != validate(load_records(results), hardware_files.load("h100-sxm-8"))
+    printed = capsys.readouterr().out
+    assert validation_report.repeated(expected) and "each configuration's repeats as one (medians)" in printed
+    assert _bare(validation_report.config_rows(expected))[0] in _printed_rows(printed)
+    assert "left out" not in printed
+
+
+def test_validate_refuses_a_folder_without_runs_or_without_a_run_to_predict(tmp_path, capsys):
+    from tests.test_predict_validation import _known_folder
+    with pytest.raises(SystemExit) as exit_:
+        predict_cli.main(["--validate", str(tmp_path)])
+    assert exit_.value.code == 2 and capsys.readouterr().err == \
+        f"bench.predict: error: --validate {tmp_path}: no runs/ folder of run records there\n"
+    results = _runs_folder(tmp_path / "ones", [_known_folder()[1]])
+    with pytest.raises(SystemExit):
+        predict_cli.main(["--validate", str(results), "--hardware", "h100-sxm-8"])
+    assert capsys.readouterr().err == \
+        f"bench.predict: error: --validate {results}: no ok multi-device run to predict\n"
+    assert not (results / "validation.json").exists()
