@@ -468,3 +468,28 @@ def test_without_json_nothing_is_written(fake, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert layer_check.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--part", "head"]) == 0
     assert list(Path(tmp_path).iterdir()) == []
+
+
+def test_a_table_measured_on_a_cpu_predicts_the_head_in_fp32_there(fake, tmp_path, monkeypatch):
+    """The table bench.compute_table writes is one bench.layer_check predicts from: on a CPU, at fp32 (the only
+    precision measured), with the measured copy as the memory's bandwidth."""
+    _, layers = fake("cpu")
+    _recorded(monkeypatch, compute_table)
+    assert compute_table.main(["--json", str(tmp_path / "m.json"), "--toml", str(tmp_path / "m.toml"), "--name",
+                               "cpu-here", "--grid", "16,32", "--attention-seqs", "16,32", "--copy-bytes",
+                               "1048576"]) == 0
+    hw = tmp_path / "hw.toml"
+    hw.write_text('name = "here"\ndescription = "this CPU"\ndevice_kind = "cpu"\ndevice_name = "Fake cpu:0"\n'
+                  f'devices_per_node = 1\nmemory_GiB = 4\nmemory_GBps = 1\ncompute = "{tmp_path / "m.toml"}"\n'
+                  '[[link]]\nlevel = "node"\nbusbw_GBps = 1\nlatency_us = 1\nsource = "one device"\n')
+    console = _recorded(monkeypatch, layer_check)
+    assert layer_check.main(["--model", "llama-tiny", "--hardware", str(hw), "--part", "head", "--json",
+                             str(tmp_path / "h.json")]) == 0
+    spec, compute = decoder.load("llama-tiny"), compute_for(hardware_files.load(str(hw)))
+    assert compute.memory_Bps == 1235e9   # the table keeps four figures of the copy's 1234.5678 GB/s
+    predicted = head(spec, 1, stacks.load("torch-eager"), Timer(compute, "fp32"), spec.seq_len)
+    r = json.loads((tmp_path / "h.json").read_text())
+    assert (r["precision"], r["sdpa_kernel"], r["compute_table"]) == ("fp32", "torch_math", str(tmp_path / "m.toml"))
+    assert r["predicted"] == pytest.approx(predicted)
+    assert layers.calls == [("head", "llama-tiny", "cpu:0", "fp32", 1, 5)]
+    assert "fp32)" in console.export_text()
