@@ -541,3 +541,49 @@ def test_validate_refuses_a_folder_without_runs_or_without_a_run_to_predict(tmp_
     assert capsys.readouterr().err == \
         f"bench.predict: error: --validate {results}: no ok multi-device run to predict\n"
     assert not (results / "validation.json").exists()
+
+
+def test_bench_predict_help_says_what_each_option_does(capsys, monkeypatch):
+    from common.predict import decoder
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens too: one line per option
+    with pytest.raises(SystemExit) as exit_:
+        predict_cli.main(["--help"])
+    assert exit_.value.code == 0
+    hardware, models = ", ".join(hardware_files.available()), ", ".join(decoder.available())
+    assert " ".join(capsys.readouterr().out.split()) == " ".join(f"""
+usage: bench.predict [-h] [--validate RESULTS] [--hardware NAME|FILE] [--from RESULTS] [--assume-mfu MFU]
+ [--workload {{cnn,mlm,lm}}] [--model-size {{base,mini,small,tiny}}] [--model NAME|FILE]
+ [--stack {{megatron-te,torch-compile,torch-eager}}] [--devices DEVICES] [--layouts LAYOUTS]
+ [--batch-size B | --global-batch GLOBAL_BATCH] [--precision {{fp32,amp,fp16}}] [--out OUT] [--constants] [--published]
+ [--json FILE]
+python -m bench.predict --from RESULTS --hardware NAME|FILE --devices 8,64,512 --layouts dp,fsdp,tp2xdp,pp4-1f1b
+ [--workload mlm] [--model-size base] [--batch-size B | --global-batch B] [--precision amp] [--assume-mfu 0.4]
+ python -m bench.predict --validate RESULTS [--hardware NAME|FILE] python -m bench.predict --model llama3-8b
+ --hardware h100-sxm-8 --devices 8,128 --layouts fsdp-sel (decoders) python -m bench.predict --constants | --published
+ [--json FILE]
+options:
+  -h, --help show this help message and exit
+  --validate RESULTS predict every multi-device run of RESULTS from its 1-device runs and link probes; print and
+  write RESULTS/validation.json
+  --hardware NAME|FILE a bundled description ({hardware}) or a TOML file of yours (common/predict/hardware/README.md);
+  default cpu-loopback-2core with --validate, else none
+  --from RESULTS results folder whose 1-device run on the --hardware's kind of device gives the compute
+  --assume-mfu MFU compute at this fraction of the device's datasheet peak instead of a measured run (labelled as an
+  assumption in every table and figure)
+  --workload {{cnn,mlm,lm}} --model-size {{base,mini,small,tiny}}
+  --devices DEVICES device counts (default 8,64,512)
+  --layouts LAYOUTS layout names (docs/layouts.md); a bare dp or fsdp takes the devices the rest leave
+  --batch-size B per-device batch at every device count (weak scaling; default: the workload's, 32 for the MLM); the
+  compute comes from the measured 1-device run of the batch nearest it
+  --global-batch GLOBAL_BATCH one global batch at every device count (strong scaling)
+  --precision {{fp32,amp,fp16}} the precision predicted: the measured run's (default amp: bf16 autocast), with
+  --assume-mfu the math mode whose peak the MFU is of
+  --out OUT folder for the figure and predictions.json (default: --from's folder, else ./predictions)
+decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md):
+  --model NAME|FILE a decoder LLM ({models}) or a TOML file of yours (common/predict/models/README.md)
+  --stack {{megatron-te,torch-compile,torch-eager}} with --model: the software running the step (kernels, fusions,
+  tensor-parallel overlap, optimizer)
+  --constants print every constant the GPU-cluster model uses, with its source, and exit
+  --published predict every published GPU-cluster result (common/predict/published/) and print predicted against
+  published with the error
+  --json FILE with --published: write the points and errors here""".split())
