@@ -19,6 +19,7 @@ from common.hostinfo import load_over
 from common.layout import Layout, check_name
 from common.predict import hardware as hardware_files
 from common.predict.basis import (
+    MEASURE_THE_SPLIT,
     UNPROBED,
     Basis,
     background_load,
@@ -30,6 +31,7 @@ from common.predict.basis import (
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
 from common.predict.executed import collectives
 from common.predict.hardware import Link
+from common.predict.kernels import compute_label, device_compute
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import pipeline_s, predict, sync_factor
 from common.predict.validation import validate
@@ -587,3 +589,46 @@ decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md)
   --published predict every published GPU-cluster result (common/predict/published/) and print predicted against
   published with the error
   --json FILE with --published: write the points and errors here""".split())
+
+
+def _printed(show) -> str:
+    from rich.console import Console
+    console = Console(record=True, width=400)
+    show(console)
+    return console.export_text()
+
+
+def test_the_prediction_table_prints_each_row_s_figures_and_the_best_fitting_layout_per_device_count():
+    from tests.test_plan_cli import _table
+    hw = hardware_files.load("h100-sxm-8")
+    basis = replace(from_mfu(0.4, hw, "amp"), label="compute [bold]here", guesses=("g [bold]1", "g2"))
+    gib = 2**30
+    row = {"layout": "dp", "devices": 8, "layout_full": "dp8", "global_batch": 256, "step_s": 0.12345,
+           "samples_per_s": 2073.6, "efficiency": 0.876, "memory_per_rank_max": 1.5 * gib, "fits": True,
+           "comm_exposed_share": 0.254, "bubble_share": 0.0}
+    rows = [row, {**row, "layout": "tp2xdp", "layout_full": "dp4xtp2", "samples_per_s": 3000.04, "fits": False,
+                  "memory_per_rank_max": 1234.5 * gib, "efficiency": 1.0, "bubble_share": 0.125},
+            {**row, "layout": "fsdp", "layout_full": "fsdp8", "samples_per_s": 2500.0},
+            {"layout": "pp128", "devices": 8, "invalid": "more stages than layers"},
+            {**row, "devices": 64, "layout_full": "dp64", "fits": False}]
+    text = _printed(lambda c: predict_cli._print(c, rows, hw, basis, "rests on [this]", "a title", False))
+    lines = text.splitlines()
+    columns, body = _table(lines)
+    assert lines[0].strip() == "a title" and "rests on [this]" in text
+    assert columns == ["layout", "N", "as", "batch", "step (ms)", "samples/s", "efficiency", "memory/rank (GiB)",
+                       "fits", "exposed comm", "bubble"]
+    assert body == [["dp", "8", "dp8", "256", "123.5", "2,073.6", "0.88", "1.50", "yes", "25%", "0%"],
+                    ["tp2xdp", "8", "dp4xtp2", "256", "123.5", "3,000.0", "1.00", "1,234.50", "NO", "25%", "12%"],
+                    ["fsdp", "8", "fsdp8", "256", "123.5", "2,500.0", "0.88", "1.50", "yes", "25%", "0%"],
+                    ["pp128", "8", "", "", "", "", "", "", "", "", "more stages than layers"],
+                    ["dp", "64", "dp64", "256", "123.5", "2,073.6", "0.88", "1.50", "NO", "25%", "0%"]]
+    # The fastest layout that fits: fsdp8 (dp4xtp2 is faster and does not fit); none of the 64's fits.
+    assert lines[-4:] == ["best at 8 devices: fsdp8 (2,500.0 samples/s)", "best at 64 devices: no layout fits",
+                          f"hardware: h100-sxm-8 ({hw.path}); compute: compute [bold]here",
+                          f"GUESSED: g [bold]1; g2; {MEASURE_THE_SPLIT}"]
+    decoder_rows = [{**row, "tokens_per_s_per_device": 12345.6}]
+    for compute in (replace(basis, guesses=()), device_compute(hw)):   # a compute table guesses nothing
+        text = _printed(lambda c, compute=compute: predict_cli._print(c, decoder_rows, hw, compute, "", "t", True))
+        columns, body = _table(text.splitlines())
+        assert columns[6] == "tokens/s/device" and body[0][6] == "12,346" and "GUESSED" not in text
+    assert text.splitlines()[-1] == f"hardware: h100-sxm-8 ({hw.path}); compute: {compute_label(compute)}"
