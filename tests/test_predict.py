@@ -632,3 +632,158 @@ def test_the_prediction_table_prints_each_row_s_figures_and_the_best_fitting_lay
         columns, body = _table(text.splitlines())
         assert columns[6] == "tokens/s/device" and body[0][6] == "12,346" and "GUESSED" not in text
     assert text.splitlines()[-1] == f"hardware: h100-sxm-8 ({hw.path}); compute: {compute_label(compute)}"
+
+
+class _Figure:
+    """prediction_plot stood in for (its drawing is test_the_prediction_figure_draws_...'s): what it was given."""
+
+    def __init__(self):
+        self.drawn = []
+
+    def __call__(self, rows, memory_bytes, title, caption, slug):
+        self.drawn.append((rows, memory_bytes, title, caption, slug))
+        return self
+
+    def png(self) -> bytes:
+        return b"png"
+
+
+def test_a_decoder_is_predicted_per_layout_and_device_count_from_the_compute_table(tmp_path, monkeypatch, capsys):
+    from common.predict import decoder, stacks
+    figure = _Figure()
+    monkeypatch.setattr(predict_cli, "prediction_plot", figure)
+    monkeypatch.chdir(tmp_path)
+    assert predict_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8,16", "--layouts",
+                             " fsdp, tp2xdp,tp2xfsdp-sp,,pp128", "--stack", "torch-eager", "--from", "elsewhere"]) == 0
+    hw, spec, stack = hardware_files.load("h100-sxm-8"), decoder.load("llama3-8b"), stacks.load("torch-eager")
+    compute = device_compute(hw)
+    slug = "predict-llama3-8b-h100-sxm-8"
+    table = json.loads((tmp_path / "predictions" / f"{slug}.json").read_text())
+    rests_on = "Checked against published GPU-cluster results: python -m bench.predict --published " \
+               "(docs/prediction-at-scale.md)."
+    assert {k: v for k, v in table.items() if k != "rows"} == {
+        "hardware": "h100-sxm-8", "hardware_file": hw.path, "compute": compute_label(compute), "assumed": False,
+        "validation": rests_on, "model": "llama3-8b", "stack": "torch-eager"}
+    assert (tmp_path / "predictions" / "plots" / f"{slug}.png").read_bytes() == b"png"
+    rows = table["rows"]
+    assert [(r["layout"], r["devices"]) for r in rows] == [(n, d) for d in (8, 16)
+                                                           for n in ("fsdp", "tp2xdp", "tp2xfsdp-sp", "pp128")]
+    # A decoder's batch is one sequence per data-parallel rank (4 of tp2xfsdp-sp's 8); pp128 is more stages than
+    # llama3-8b has layers, and torchtitan replicates with DDP only alone.
+    invalid = {(r["layout"], r["devices"]): r["invalid"] for r in rows if "invalid" in r}
+    assert set(invalid) == {(n, d) for d in (8, 16) for n in ("tp2xdp", "pp128")}
+    assert "torch-eager does not run it" in invalid[("tp2xdp", 8)] and "pp128" in invalid[("pp128", 16)]
+    for r in rows:
+        if "invalid" in r:
+            continue
+        layout = Layout.parse(r["layout"], r["devices"])
+        p = predict(spec, layout, layout.data, hw, compute, "", stack=stack)
+        assert (r["layout_full"], r["global_batch"]) == (layout.name, layout.data)
+        assert r["step_s"] == pytest.approx(p.step_s) and r["tokens_per_s_per_device"] == pytest.approx(
+            p.tokens_per_s / r["devices"])
+        assert "efficiency" not in r and "state_per_rank_max" not in r
+    assert [r["global_batch"] for r in rows if r["layout"] == "tp2xfsdp-sp"] == [4, 8]
+    title = f"llama3-8b on h100-sxm-8 (torch-eager): predicted per layout\n{compute_label(compute)}"
+    assert [d[1:] for d in figure.drawn] == [(hw.memory_bytes, title, rests_on, slug)]
+    assert json.loads(json.dumps(figure.drawn[0][0])) == rows
+    printed = capsys.readouterr().out
+    assert " ".join(printed.split()).endswith(f"figure: predictions/plots/{slug}.png; table: predictions/{slug}.json")
+    assert "tokens/s/device" in printed
+
+
+def test_an_executed_workload_at_an_assumed_mfu_is_labelled_unvalidated_and_assumed(tmp_path, monkeypatch):
+    figure = _Figure()
+    monkeypatch.setattr(predict_cli, "prediction_plot", figure)
+    out = tmp_path / "out"
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--devices", "2,4", "--layouts",
+                             "dp,tp2xdp", "--model-size", "tiny", "--global-batch", "64", "--out", str(out)]) == 0
+    table = json.loads((out / "predict-mlm-tiny-h100-sxm-8.json").read_text())
+    hw = hardware_files.load("h100-sxm-8")
+    basis = from_mfu(0.4, hw, "amp")
+    assert (table["workload"], table["model_size"], table["assumed"], table["compute"]) == \
+        ("mlm", "tiny", True, basis.label)
+    assert table["validation"] == "Not validated: no results folder given (--from). The compute is ASSUMED " \
+        "(--assume-mfu), not measured: the validation does not cover it."
+    for r in table["rows"]:
+        n = r["devices"]
+        # Strong scaling: 64 in all at every count, each count's efficiency against one device's share of it.
+        one = predict(TINY, Layout(), 64 / n, hw, basis, "torch_3d").samples_per_s
+        p = predict(TINY, Layout.parse(r["layout"], n), 64, hw, basis, "torch_3d")
+        assert r["global_batch"] == 64 and r["step_s"] == pytest.approx(p.step_s)
+        assert r["efficiency"] == pytest.approx(p.samples_per_s / (n * one))
+    assert [(r["layout"], r["devices"]) for r in table["rows"]] == [("dp", 2), ("tp2xdp", 2), ("dp", 4),
+                                                                      ("tp2xdp", 4)]
+    assert figure.drawn[0][2] == f"mlm-tiny on h100-sxm-8: predicted per layout\n{basis.label}"
+
+
+def test_a_measured_run_unlike_the_prediction_says_how_it_differs_and_whether_it_was_validated(tmp_path,
+                                                                                               monkeypatch):
+    """The folder's one run: the tiny MLM at fp32, batch 32, on this VM's CPU; predicted: mini at amp, 16 per
+    device, so the label names all three differences; the folder has no validation.json until it is given one."""
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    results = _runs_folder(tmp_path / "results", [_record("one", 1, 32)])
+    argv = ["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "2", "--layouts", "dp",
+            "--model-size", "mini", "--precision", "amp", "--batch-size", "16"]
+    assert predict_cli.main(argv) == 0
+    table = json.loads((results / "predict-mlm-mini-cpu-loopback-2core.json").read_text())
+    basis, main, _ = predict_cli.measured_basis(results, hardware_files.load("cpu-loopback-2core"), "mlm", "mini",
+                                                "amp", 16)
+    assert main["run_id"] == "one" and not table["assumed"]
+    assert table["compute"] == basis.label + "; measured at fp32, not amp (none of that precision); measured at " \
+        "batch 32, predicted at 16 per device by multiply-adds (an assumption: pass --batch-size to use a measured " \
+        "one); measured at size tiny, scaled to mini by multiply-adds (an assumption)"
+    assert table["validation"] == f"Not validated: no validation.json in {results} (run bench.predict --validate " \
+        f"{results})."
+    assert table["rows"][0]["global_batch"] == 32   # 16 on each of 2
+    # Asked as measured (tiny, fp32, its batch of 32): nothing to say; a validation.json is quoted.
+    validation = validate(load_records(results), hardware_files.load("cpu-loopback-2core"))
+    (results / "validation.json").write_text(json.dumps(validation))
+    assert predict_cli.main(argv[:-6] + ["--model-size", "tiny", "--precision", "fp32"]) == 0
+    table = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
+    assert table["compute"] == predict_cli.measured_basis(results, hardware_files.load("cpu-loopback-2core"), "mlm",
+                                                          "tiny", "fp32", 32)[0].label
+    assert table["validation"] == validation_report.summary_line(validation, str(results / "validation.json"))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--devices", "8"], "--hardware is needed to predict (or --validate RESULTS)"),
+    (["--hardware", "h100-sxm-8"], "give --from RESULTS (a measured 1-device run) or --assume-mfu MFU"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--precision", "fp32"],
+     "--model predicts bf16 mixed precision (--precision amp), not fp32: fp8 and fp32 are not modelled"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--precision", "fp16"],
+     "--model predicts bf16 mixed precision (--precision amp), not fp16: fp8 and fp32 are not modelled"),
+    (["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--layouts", "dp,dp-fast"], None),
+])
+def test_what_cannot_be_predicted_is_refused_in_one_line(argv, says, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    with pytest.raises(SystemExit) as exit_:
+        predict_cli.main(argv + ["--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bench.predict: error: ")
+    if says:
+        assert err == f"bench.predict: error: {says}\n"
+    assert list(tmp_path.iterdir()) == []   # a layout no count can lay out is refused before anything is predicted
+
+
+def test_strong_scaling_takes_the_measured_batch_nearest_the_smallest_count_s_share_and_says_nothing_of_it(
+        tmp_path, monkeypatch):
+    """--global-batch 64 on 2 and 4 devices: the 1-device run of 32 (64 over the smallest count), not of 16; each
+    count runs the batch given, so no batch is scaled and the label says none was."""
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    results = _runs_folder(tmp_path / "results", [_record("of16", 1, 16), _record("of32", 1, 32)])
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "4,2",
+                             "--layouts", "dp", "--model-size", "tiny", "--precision", "fp32", "--global-batch",
+                             "64"]) == 0
+    table = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
+    basis, main, _ = predict_cli.measured_basis(results, hardware_files.load("cpu-loopback-2core"), "mlm", "tiny",
+                                                "fp32", 32)
+    assert main["run_id"] == "of32" and table["compute"] == basis.label and "batch" not in basis.label
+    assert [r["global_batch"] for r in table["rows"]] == [64, 64]
+    # On 4 and 8: the run of 16 (not the workload's 32 per device), and still nothing scaled to say.
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "4,8",
+                             "--layouts", "dp", "--model-size", "tiny", "--precision", "fp32", "--global-batch",
+                             "64"]) == 0
+    table = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
+    assert "of16" in table["compute"] and "batch" not in table["compute"]
