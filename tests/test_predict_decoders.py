@@ -693,3 +693,16 @@ def test_published_prints_the_check_s_tables_groups_and_rankings_and_writes_them
     lines = capsys.readouterr().out.splitlines()
     assert lines[-6].endswith("(0 tables of the H100)")
     assert lines[-1] == "table: predictions/published.json; figure: predictions/plots/predicted-vs-published.png"
+
+
+def test_constants_of_one_hardware_file_are_its_own_and_the_model_s(monkeypatch, capsys):
+    from rich.console import Console
+
+    from tests.test_plan_cli import _table
+    monkeypatch.setattr(predict_cli, "Console", lambda width: Console(width=2000))
+    assert predict_cli.main(["--constants", "--hardware", "a100-sxm-8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].strip() == "bench.predict's GPU-cluster constants"
+    assert _table(lines) == (["constant", "value", "unit", "source"],
+                             [[c.name, c.value, c.unit, c.source] for c in constants.table(["a100-sxm-8"])])
+    assert not any(line.startswith("│ h100") for line in lines)
