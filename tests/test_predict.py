@@ -7,7 +7,7 @@ import math
 import os
 import shutil
 import statistics
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -696,7 +696,8 @@ def test_an_executed_workload_at_an_assumed_mfu_is_labelled_unvalidated_and_assu
     monkeypatch.setattr(predict_cli, "prediction_plot", figure)
     out = tmp_path / "out"
     assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--devices", "2,4", "--layouts",
-                             "dp,tp2xdp", "--model-size", "tiny", "--global-batch", "64", "--out", str(out)]) == 0
+                             "dp,tp2xdp,pp2-nmb4", "--model-size", "tiny", "--global-batch", "64", "--out",
+                             str(out)]) == 0
     table = json.loads((out / "predict-mlm-tiny-h100-sxm-8.json").read_text())
     hw = hardware_files.load("h100-sxm-8")
     basis = from_mfu(0.4, hw, "amp")
@@ -709,10 +710,19 @@ def test_an_executed_workload_at_an_assumed_mfu_is_labelled_unvalidated_and_assu
         # Strong scaling: 64 in all at every count, each count's efficiency against one device's share of it.
         one = predict(TINY, Layout(), 64 / n, hw, basis, "torch_3d").samples_per_s
         p = predict(TINY, Layout.parse(r["layout"], n), 64, hw, basis, "torch_3d")
-        assert r["global_batch"] == 64 and r["step_s"] == pytest.approx(p.step_s)
-        assert r["efficiency"] == pytest.approx(p.samples_per_s / (n * one))
-    assert [(r["layout"], r["devices"]) for r in table["rows"]] == [("dp", 2), ("tp2xdp", 2), ("dp", 4),
-                                                                      ("tp2xdp", 4)]
+        assert r["global_batch"] == 64 and r["efficiency"] == pytest.approx(p.samples_per_s / (n * one))
+        assert r == json.loads(json.dumps({
+            "layout": r["layout"], "devices": n, "global_batch": 64, "layout_full": Layout.parse(r["layout"], n).name,
+            "step_s": p.step_s, "samples_per_s": p.samples_per_s, "memory_per_rank_max": p.memory_max,
+            "fits": p.fits(hw.memory_bytes), "comm_exposed_share": p.comm_exposed_s / p.step_s,
+            "bubble_share": p.bubble_s / p.step_s, "parts_s": p.parts_s,
+            "collectives": [asdict(c) for c in p.collectives], "notes": p.notes,
+            "efficiency": r["efficiency"], "state_per_rank_max": max(s.total for s in p.state_per_rank),
+            **({"layers_per_stage": [1, 1]} if r["layout"] == "pp2-nmb4" else {})}))
+    assert [(r["layout"], r["devices"]) for r in table["rows"]] == [(n, d) for d in (2, 4)
+                                                                      for n in ("dp", "tp2xdp", "pp2-nmb4")]
+    pipeline = table["rows"][2]
+    assert pipeline["bubble_share"] > 0 and pipeline["comm_exposed_share"] > 0 and pipeline["fits"]
     assert figure.drawn[0][2] == f"mlm-tiny on h100-sxm-8: predicted per layout\n{basis.label}"
 
 
