@@ -797,3 +797,52 @@ def test_strong_scaling_takes_the_measured_batch_nearest_the_smallest_count_s_sh
                              "64"]) == 0
     table = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
     assert "of16" in table["compute"] and "batch" not in table["compute"]
+
+
+def test_a_device_is_known_by_its_gpu_model_or_its_kind():
+    assert predict_cli._kind("cuda", "NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert predict_cli._kind("cuda", "Some GPU") == "cuda" and predict_cli._kind("cpu", "NVIDIA H100 80GB HBM3") == \
+        "cpu"
+    assert predict_cli._kind(None, None) == "None"
+    of = predict_cli._device_kind_of
+    assert of({"device_kind": "cuda", "host": {"gpus": ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]}}) == "A100"
+    assert of({"device_kind": "cuda", "host": None}) == of({"device_kind": "cuda", "host": {"gpus": []}}) == "cuda"
+    assert of({"device_kind": "cpu"}) == "cpu"
+
+
+def test_the_main_run_is_torch_3d_s_plain_run_of_the_size_precision_and_batch_asked_the_latest_among_equals(
+        tmp_path):
+    """Each candidate below differs from the wanted one (torch_3d, tiny, fp32, plain, no accumulation, batch 32) in
+    one thing, and is chosen only once every better one is gone; the order is measured_basis's preference (a
+    --recompute run and a compiled one are alike: the later first)."""
+    from tests.test_predict_validation import _record
+    cpu = hardware_files.load("cpu-loopback-2core")
+
+    def run(run_id, started="2026-01-01T00:00:00", **changes):
+        r = _record(run_id, 1, 32, started=started)
+        config = changes.pop("config", {})
+        return {**r, **changes, "config": {**r["config"], **config}}
+    unstated = run("earlier")
+    del unstated["config"]["precision"]   # fp32, as a record of before --precision says it
+    ranked = [run("latest", "2026-01-02T00:00:00"), unstated,
+              run("batch-48", global_batch=48), run("batch-12", global_batch=12),
+              run("accumulating", config={"grad_accum": 2}),
+              run("recomputing", "2026-01-01T00:00:01", layout={"dp": 1, "recompute": "full"}),
+              run("compiled", config={"compile": "default"}), run("amp", config={"precision": "amp"}),
+              run("mini", config={"model_size": "mini"}), run("ddp", backend="torch_ddp")]
+    ignored = [run("failed", "2026-02-01", status="failed"), run("two", "2026-02-01", devices=2),
+               run("cnn", "2026-02-01", workload="cnn"), run("unmeasured", "2026-02-01", step_time_s={}),
+               run("gpu", "2026-02-01", device_kind="cuda")]
+    for i, expected in enumerate(r["run_id"] for r in ranked):
+        folder = tmp_path / str(i)
+        _runs_folder(folder, ranked[i:] + ignored)
+        assert predict_cli.measured_basis(folder, cpu, "mlm", "tiny", "fp32", 32)[1]["run_id"] == expected
+    _runs_folder(tmp_path / "none", ignored)
+    with pytest.raises(ValueError) as refused:
+        predict_cli.measured_basis(tmp_path / "none", cpu, "mlm", "tiny", "fp32", 32)
+    assert str(refused.value) == f"{tmp_path / 'none'} has no 1-device mlm run on cpu (its runs: cuda); compute " \
+        "measured on one kind of device does not predict cpu-loopback-2core: pass --assume-mfu MFU to predict from " \
+        "an assumed utilisation"
+    _runs_folder(tmp_path / "empty", [])
+    with pytest.raises(ValueError, match=r"no 1-device cnn run on cpu \(its runs: none\)"):
+        predict_cli.measured_basis(tmp_path / "empty", cpu, "cnn", "tiny", "fp32", 32)
