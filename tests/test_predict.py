@@ -846,3 +846,30 @@ def test_the_main_run_is_torch_3d_s_plain_run_of_the_size_precision_and_batch_as
     _runs_folder(tmp_path / "empty", [])
     with pytest.raises(ValueError, match=r"no 1-device cnn run on cpu \(its runs: none\)"):
         predict_cli.measured_basis(tmp_path / "empty", cpu, "cnn", "tiny", "fp32", 32)
+
+
+def test_an_assumed_mfu_takes_the_latest_peak_measured_on_the_part_at_the_precision_asked(tmp_path):
+    from types import SimpleNamespace
+
+    from tests.test_predict_validation import _record
+    hw = hardware_files.load("h100-sxm-8")
+
+    def run(run_id, peak, started=None, gpu="NVIDIA H100 80GB HBM3", precision="fp32", status="ok"):
+        r = _record(run_id, 1, 32)
+        r.pop("started_at")
+        return {**r, "status": status, "device_kind": "cuda", "host": {"name": "h", "gpus": [gpu]},
+                "config": {**r["config"], "precision": precision}, **({"started_at": started} if started else {}),
+                **({"achievable_peak": {"flops_per_s": peak}} if peak != "none" else {})}
+    folder = _runs_folder(tmp_path / "r", [
+        run("undated", 4e14), run("older", 6e14, "2026-01-01"), run("latest", 5e14, "2026-01-02"),
+        run("failed", 7e14, "2026-01-03", status="failed"),
+        run("a100", 8e14, "2026-01-04", gpu="NVIDIA A100-SXM4-80GB"),
+        run("amp", 9e14, "2026-01-05", precision="amp"), run("unprobed", "none", "2026-01-06"),
+        run("no-figure", None, "2026-01-07"), {**run("of-64", None, "2026-01-01"), "global_batch": 64}])
+    args = SimpleNamespace(assume_mfu=0.5, precision="fp32", workload="mlm", model_size="tiny")
+    assert predict_cli.chosen_basis(args, hw, folder, 32) == (from_mfu(0.5, hw, "fp32", 5e14), None, None)
+    assert predict_cli.chosen_basis(args, hw, None, 32) == (from_mfu(0.5, hw, "fp32", None), None, None)
+    # Without --assume-mfu: measured_basis's, of the workload, size, precision and batch asked.
+    measured = predict_cli.chosen_basis(SimpleNamespace(**{**vars(args), "assume_mfu": None}), hw, folder, 32)
+    assert measured[:2] == predict_cli.measured_basis(folder, hw, "mlm", "tiny", "fp32", 32)[:2]
+    assert measured[1]["run_id"] == "no-figure"   # the latest plain run: a peak is not what it is chosen by
