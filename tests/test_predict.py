@@ -689,6 +689,15 @@ def test_a_decoder_is_predicted_per_layout_and_device_count_from_the_compute_tab
     printed = capsys.readouterr().out
     assert " ".join(printed.split()).endswith(f"figure: predictions/plots/{slug}.png; table: predictions/{slug}.json")
     assert "tokens/s/device" in printed
+    # At an assumed MFU: the datasheet peak's compute, so labelled.
+    assert predict_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8", "--layouts", "tp8",
+                             "--assume-mfu", "0.4"]) == 0
+    table = json.loads((tmp_path / "predictions" / "predict-llama3-8b-h100-sxm-8.json").read_text())
+    assumed = device_compute(hw, 0.4)
+    assert (table["compute"], table["assumed"], table["stack"]) == (compute_label(assumed), True, "megatron-te")
+    layout = Layout.parse("tp8", 8)
+    assert table["rows"][0]["step_s"] == pytest.approx(predict(spec, layout, 1, hw, assumed, "",
+                                                               stack=stacks.load("megatron-te")).step_s)
 
 
 def test_an_executed_workload_at_an_assumed_mfu_is_labelled_unvalidated_and_assumed(tmp_path, monkeypatch):
