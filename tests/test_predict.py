@@ -507,6 +507,8 @@ def test_validate_writes_and_prints_the_validation_of_the_folder_s_records(tmp_p
     assert written == json.loads(json.dumps(expected)) and [r["run_id"] for r in written["runs"]] == ["dp2", "dp4"]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].strip() == f"predicted vs measured, {results}"
+    # 200 columns whatever the terminal (a log's width): the table's long notes fold to fill them.
+    assert {len(line) for line in lines if line.startswith("│")} == {200}
     assert _printed_rows("\n".join(lines)) == _bare(validation_report.rows(expected))
     why = expected["skipped"][0]["why"]
     assert why.startswith("no ok 1-device run of its backend")
