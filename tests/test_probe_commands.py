@@ -372,6 +372,8 @@ def test_a_layer_on_cuda_is_measured_in_bf16_flash_and_held_against_the_model(fa
     text = console.export_text()
     assert "one llama3-8b layer, 2 x 1024 tokens, SDPA torch_flash, recompute selective, Fake cuda:0 (fakeml 1.2, " \
            "torch-eager, bf16)" in _flat(text)
+    assert [c.strip() for c in next(line for line in text.splitlines() if line.startswith("┃")).split("┃")[1:-1]] \
+        == ["", "measured (ms)", "predicted (ms)", "error"]
     assert _cells(text) == [["forward", "2.000", f"{fwd * 1e3:.3f}", f"{fwd / 0.002 - 1:+.1%}"],
                             ["backward", "5.000", f"{bwd * 1e3:.3f}", f"{bwd / 0.005 - 1:+.1%}"],
                             ["layer", "7.000", f"{(fwd + bwd) * 1e3:.3f}", f"{(fwd + bwd) / 0.007 - 1:+.1%}"]]
