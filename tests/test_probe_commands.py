@@ -181,15 +181,21 @@ def test_a_cpu_measurement_asks_fp32_and_math_attention_at_the_target_and_rounds
     clock = iter([10.0, 12.34])
     monkeypatch.setattr(compute_table, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     console = _recorded(monkeypatch, compute_table)
+
+    class Clock:   # 23:30 UTC on 2 January is already the 3rd east of Greenwich: the record's date is UTC's
+        @staticmethod
+        def now(tz=None):
+            return datetime(2026, 1, 2, 23, 30, tzinfo=timezone.utc) if tz is timezone.utc else \
+                datetime(2026, 1, 3, 1, 30)
+    monkeypatch.setattr(compute_table, "datetime", Clock)
     out = tmp_path / "new" / "folder"
-    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     assert compute_table.main(["--json", str(out / "m.json"), "--toml", str(tmp_path / "m.toml"), "--name", "here",
                                "--device", "cpu", "--grid", "16,32", "--attention-seqs", "16,32",
                                "--attention-tokens", "64", "--attention-heads", "2", "--copy-bytes", "1048576",
                                "--target-ms", "0.2"]) == 0
     assert fake.asked == ["cpu"]
     m = json.loads((out / "m.json").read_text())
-    assert m.pop("date") in {today, datetime.now(timezone.utc).strftime("%Y-%m-%d")}
+    assert m.pop("date") == "2026-01-02"
     grid = [[16, 16, 16, 4.096], [16, 16, 32, 8.192], [16, 32, 16, 8.192], [16, 32, 32, 16.38],
             [32, 16, 16, 8.192], [32, 16, 32, 16.38], [32, 32, 16, 16.38], [32, 32, 32, 32.77]]
     assert m == {"device": "Fake cpu:0", "device_kind": "cpu", "software": "fakeml 1.2",
@@ -205,7 +211,7 @@ def test_a_cpu_measurement_asks_fp32_and_math_attention_at_the_target_and_rounds
         ("attention", "cpu:0", "torch_math", "fp32", 16, 64, 2, 128, target),
         ("attention", "cpu:0", "torch_math", "fp32", 32, 64, 2, 128, target)]
     # The table is the model's format of the record, its sources naming the record's file.
-    assert (tmp_path / "m.toml").read_text() == table_format.toml_text(m | {"date": today}, "here", "m.json")
+    assert (tmp_path / "m.toml").read_text() == table_format.toml_text(m | {"date": "2026-01-02"}, "here", "m.json")
     text = console.export_text()
     assert "matmul fp32: 8 grid shapes, 0 exact" in text
     assert ["shortest kernel from Python (us)", "4.57"] in _cells(text) and "CUDA graph" not in text
