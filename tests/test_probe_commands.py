@@ -269,8 +269,8 @@ def test_the_published_shapes_follow_the_option_not_the_device(fake, tmp_path, m
 def test_the_sustained_steady_rate_is_the_median_of_the_last_third_at_least_one_sample():
     def probe(series):
         return SimpleNamespace(sustained_gemm=lambda *args: series)
-    two = compute_table.sustained(probe([[0.5, 100.0], [1.0, 80.0]]), "d", "fp32", (1, 2, 3), 1.0)
-    assert two["steady_tflops"] == 80.0 and two["steady_over_first"] == 0.8
+    two = compute_table.sustained(probe([[0.5, 30.0], [1.0, 20.0]]), "d", "fp32", (1, 2, 3), 1.0)
+    assert two["steady_tflops"] == 20.0 and two["steady_over_first"] == 0.6667   # 20 / 30 to four places
     six = compute_table.sustained(probe([[t / 2, r] for t, r in enumerate([50, 40, 40, 40, 30, 20], 1)]), "d", "fp32",
                                   (1, 2, 3), 3.0)
     assert six["steady_tflops"] == 25.0 and six["steady_over_first"] == 0.5 and six["seconds"] == 3.0
@@ -501,3 +501,12 @@ def test_a_table_measured_on_a_cpu_predicts_the_head_in_fp32_there(fake, tmp_pat
     assert r["predicted"] == pytest.approx(predicted)
     assert layers.calls == [("head", "llama-tiny", "cpu:0", "fp32", 1, 5)]
     assert "fp32)" in console.export_text()
+
+
+def test_a_sustained_run_on_a_cpu_is_of_fp32_and_any_length_above_zero(fake, tmp_path, monkeypatch):
+    rates, _ = fake("cpu")
+    _recorded(monkeypatch, compute_table)
+    assert compute_table.main(["--json", str(tmp_path / "m.json"), "--grid", "8", "--attention-seqs", "16",
+                               "--copy-bytes", "8", "--sustain-s", "0.5", "--sustain-shape", "8,8,8"]) == 0
+    assert rates.calls[0] == ("sustained", "cpu:0", "fp32", 8, 8, 8, 0.5, 0.5)
+    assert json.loads((tmp_path / "m.json").read_text())["sustained"]["precision"] == "fp32"
