@@ -122,7 +122,7 @@ def test_compute_table_options_read_lists_of_positive_integers_and_names():
     args = compute_table.build_parser().parse_args(["--json", "m.json", "--grid", "16,,32", "--precisions",
                                                     "bf16,,fp8", "--attention", "torch_math,", "--copy-bytes", "7"])
     assert args.grid == (16, 32) and args.precisions == ("bf16", "fp8") and args.attention == ("torch_math",)
-    assert args.copy_bytes == (7,)
+    assert args.copy_bytes == (7,) and compute_table._ints("1,16") == (1, 16)
     for bad, says in (("16,x", "expected comma-separated integers, got '16,x'"),
                       ("0,16", "expected positive integers, got '0,16'"), (",", "expected positive integers, got ','")):
         with pytest.raises(Exception) as error:
@@ -194,7 +194,9 @@ def test_a_cpu_measurement_asks_fp32_and_math_attention_at_the_target_and_rounds
                                "--attention-tokens", "64", "--attention-heads", "2", "--copy-bytes", "1048576",
                                "--target-ms", "0.2"]) == 0
     assert fake.asked == ["cpu"]
-    m = json.loads((out / "m.json").read_text())
+    text = (out / "m.json").read_text()
+    m = json.loads(text)
+    assert text == json.dumps(m, indent=1) + "\n"   # a value a line: a record's diff shows what changed
     assert m.pop("date") == "2026-01-02"
     grid = [[16, 16, 16, 4.096], [16, 16, 32, 8.192], [16, 32, 16, 8.192], [16, 32, 32, 16.38],
             [32, 16, 16, 8.192], [32, 16, 32, 16.38], [32, 32, 16, 16.38], [32, 32, 32, 32.77]]
