@@ -480,6 +480,15 @@ def test_without_json_nothing_is_written(fake, tmp_path, monkeypatch):
     assert list(Path(tmp_path).iterdir()) == []
 
 
+def _cpu_hardware(tmp_path: Path, table: Path) -> Path:
+    """A hardware file of the stand-in CPU (its device name the table's, so the table's copy is its memory's)."""
+    hw = tmp_path / "hw.toml"
+    hw.write_text('name = "here"\ndescription = "this CPU"\ndevice_kind = "cpu"\ndevice_name = "Fake cpu:0"\n'
+                  f'devices_per_node = 1\nmemory_GiB = 4\nmemory_GBps = 1\ncompute = "{table}"\n'
+                  '[[link]]\nlevel = "node"\nbusbw_GBps = 1\nlatency_us = 1\nsource = "one device"\n')
+    return hw
+
+
 def test_a_table_measured_on_a_cpu_predicts_the_head_in_fp32_there(fake, tmp_path, monkeypatch):
     """The table bench.compute_table writes is one bench.layer_check predicts from: on a CPU, at fp32 (the only
     precision measured), with the measured copy as the memory's bandwidth."""
@@ -488,10 +497,7 @@ def test_a_table_measured_on_a_cpu_predicts_the_head_in_fp32_there(fake, tmp_pat
     assert compute_table.main(["--json", str(tmp_path / "m.json"), "--toml", str(tmp_path / "m.toml"), "--name",
                                "cpu-here", "--grid", "16,32", "--attention-seqs", "16,32", "--copy-bytes",
                                "1048576"]) == 0
-    hw = tmp_path / "hw.toml"
-    hw.write_text('name = "here"\ndescription = "this CPU"\ndevice_kind = "cpu"\ndevice_name = "Fake cpu:0"\n'
-                  f'devices_per_node = 1\nmemory_GiB = 4\nmemory_GBps = 1\ncompute = "{tmp_path / "m.toml"}"\n'
-                  '[[link]]\nlevel = "node"\nbusbw_GBps = 1\nlatency_us = 1\nsource = "one device"\n')
+    hw = _cpu_hardware(tmp_path, tmp_path / "m.toml")
     console = _recorded(monkeypatch, layer_check)
     assert layer_check.main(["--model", "llama-tiny", "--hardware", str(hw), "--part", "head", "--json",
                              str(tmp_path / "h.json")]) == 0
@@ -512,3 +518,16 @@ def test_a_sustained_run_on_a_cpu_is_of_fp32_and_any_length_above_zero(fake, tmp
                                "--copy-bytes", "8", "--sustain-s", "0.5", "--sustain-shape", "8,8,8"]) == 0
     assert rates.calls[0] == ("sustained", "cpu:0", "fp32", 8, 8, 8, 0.5, 0.5)
     assert json.loads((tmp_path / "m.json").read_text())["sustained"]["precision"] == "fp32"
+
+
+def test_a_table_without_attention_rates_says_it_has_none(fake, tmp_path, monkeypatch):
+    fake("cpu")
+    _recorded(monkeypatch, compute_table)
+    # cuDNN attention fails on the stand-in: the table has no attention rates at all.
+    assert compute_table.main(["--json", str(tmp_path / "m.json"), "--toml", str(tmp_path / "m.toml"), "--grid", "8",
+                               "--attention", "torch_cudnn", "--attention-seqs", "16", "--copy-bytes", "8"]) == 0
+    hw = _cpu_hardware(tmp_path, tmp_path / "m.toml")
+    console = _recorded(monkeypatch, layer_check)
+    assert layer_check.main(["--model", "llama-tiny", "--hardware", str(hw)]) == 2
+    assert _flat(console.export_text()) == f"--attention torch_math: {tmp_path / 'm.toml'} has no rates for it " \
+        "(has none)"
