@@ -884,3 +884,16 @@ def test_an_assumed_mfu_takes_the_latest_peak_measured_on_the_part_at_the_precis
     measured = predict_cli.chosen_basis(SimpleNamespace(**{**vars(args), "assume_mfu": None}), hw, folder, 32)
     assert measured[:2] == predict_cli.measured_basis(folder, hw, "mlm", "tiny", "fp32", 32)[:2]
     assert measured[1]["run_id"] == "no-figure"   # the latest plain run: a peak is not what it is chosen by
+
+
+def test_the_label_says_nothing_of_a_run_measured_as_asked_and_a_share_is_whole_samples(tmp_path, monkeypatch):
+    """A run at amp predicted at amp: no precision to name. --global-batch 64 over at least 3 devices: 21 samples
+    each (not 21.3), nearer the run of 18 than the run of 25 (their geometric middle is 21.2)."""
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    runs = [{**_record(f"of{b}", 1, b), "config": {"model_size": "tiny", "precision": "amp"}} for b in (18, 25)]
+    results = _runs_folder(tmp_path / "results", runs)
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "3,6",
+                             "--layouts", "dp", "--model-size", "tiny", "--global-batch", "64"]) == 0
+    compute = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())["compute"]
+    assert "of18" in compute and "of25" not in compute and "measured at" not in compute
