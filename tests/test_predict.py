@@ -897,3 +897,22 @@ def test_the_label_says_nothing_of_a_run_measured_as_asked_and_a_share_is_whole_
                              "--layouts", "dp", "--model-size", "tiny", "--global-batch", "64"]) == 0
     compute = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())["compute"]
     assert "of18" in compute and "of25" not in compute and "measured at" not in compute
+
+
+def test_a_run_of_before_precision_was_recorded_is_fp32_and_the_cnn_is_predicted_as_the_cnn(tmp_path, monkeypatch):
+    from common.spec import CNN
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    old = _record("old", 1, 32)
+    del old["config"]["precision"]
+    results = _runs_folder(tmp_path / "results", [old])
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "2",
+                             "--layouts", "dp", "--model-size", "tiny", "--precision", "fp32"]) == 0
+    assert "measured at" not in json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())[
+        "compute"]
+    hw = hardware_files.load("h100-sxm-8")
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--workload", "cnn", "--devices", "2",
+                             "--layouts", "dp", "--out", str(tmp_path)]) == 0
+    [row] = json.loads((tmp_path / "predict-cnn-base-h100-sxm-8.json").read_text())["rows"]
+    expected = predict(CNN, Layout(dp=2), row["global_batch"], hw, from_mfu(0.4, hw, "amp"), "torch_3d")
+    assert row["step_s"] == pytest.approx(expected.step_s)
