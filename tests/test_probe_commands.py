@@ -116,6 +116,15 @@ def _cells(text: str) -> list[list[str]]:
     return [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
 
 
+def _help(capsys, monkeypatch, main) -> str:
+    """A command's --help, one line per option (argparse wraps at hyphens too), its blanks collapsed."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    return _flat(capsys.readouterr().out)
+
+
 # ----------------------------------------------------------------------------- bench.compute_table
 
 def test_compute_table_options_read_lists_of_positive_integers_and_names():
@@ -144,11 +153,7 @@ def test_compute_table_defaults_are_the_h100_measurement_s(capsys):
 
 
 def test_compute_table_help_says_what_each_option_does(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")
-    with pytest.raises(SystemExit) as exit_:
-        compute_table.main(["--help"])
-    assert exit_.value.code == 0
-    assert _flat(capsys.readouterr().out) == _flat("""
+    assert _help(capsys, monkeypatch, compute_table.main) == _flat("""
 usage: bench.compute_table [-h] --json JSON [--toml TOML] [--name NAME] [--device {cuda,cpu}] [--precisions PRECISIONS]
  [--grid GRID] [--published-shapes | --no-published-shapes] [--attention ATTENTION] [--attention-seqs ATTENTION_SEQS]
  [--attention-tokens ATTENTION_TOKENS] [--attention-heads ATTENTION_HEADS] [--copy-bytes COPY_BYTES]
@@ -318,11 +323,7 @@ def test_the_summary_has_a_row_for_each_figure_worked_by_hand():
 # ----------------------------------------------------------------------------- bench.layer_check
 
 def test_layer_check_help_says_what_each_option_does(capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")
-    with pytest.raises(SystemExit) as exit_:
-        layer_check.main(["--help"])
-    assert exit_.value.code == 0
-    assert _flat(capsys.readouterr().out) == _flat("""
+    assert _help(capsys, monkeypatch, layer_check.main) == _flat("""
 usage: bench.layer_check [-h] --model MODEL --hardware HARDWARE [--stack {torch-eager,torch-compile}]
  [--micro-batch MICRO_BATCH] [--seq-len SEQ_LEN] [--device {cuda,cpu}] [--precision {bf16,fp32}]
  [--attention ATTENTION] [--part {layer,head,optimizer}] [--shards SHARDS] [--recompute {none,selective,full}]
