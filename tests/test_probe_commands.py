@@ -78,7 +78,7 @@ class Layers:
 
     def time_optimizer(self, spec, device, shards, steps):
         self.calls.append(("optimizer", spec.name, device, shards, steps))
-        return {"step_s": 0.0005, "elements": 12_345_678}
+        return {"step_s": 0.0005, "elements": 12_500_006}
 
 
 @pytest.fixture
@@ -362,7 +362,7 @@ def test_layer_check_defaults(capsys):
 def test_a_layer_on_cuda_is_measured_in_bf16_flash_and_held_against_the_model(fake, tmp_path, monkeypatch):
     _, layers = fake("cuda")
     console = _recorded(monkeypatch, layer_check)
-    path = tmp_path / "out" / "l.json"
+    path = tmp_path / "new" / "out" / "l.json"
     assert layer_check.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--micro-batch", "2",
                              "--seq-len", "1024", "--recompute", "selective", "--steps", "3", "--json", str(path)]) == 0
     assert layers.calls == [("layer", "llama3-8b", 1024, "cuda:0", "bf16", 2, "torch_flash", 3, False, "selective")]
@@ -371,6 +371,7 @@ def test_a_layer_on_cuda_is_measured_in_bf16_flash_and_held_against_the_model(fa
     predicted = one_layer(spec, stacks.load("torch-eager"), compute, hardware, 2, "bf16", "selective")
     fwd, bwd = predicted["fwd"], predicted["bwd"]
     r = json.loads(path.read_text())
+    assert path.read_text() == json.dumps(r, indent=1) + "\n"   # a value a line, as bench.compute_table's
     assert r == {"model": "llama3-8b", "seq_len": 1024, "micro_batch": 2, "stack": "torch-eager", "part": "layer",
                  "recompute": "selective", "hardware": "h100-sxm-8", "compute_table": compute.path,
                  "device": "Fake cuda:0", "software": "fakeml 1.2", "precision": "bf16", "sdpa_kernel": "torch_flash",
@@ -463,11 +464,11 @@ def test_the_optimizer_step_is_held_against_the_model_over_a_shard(fake, tmp_pat
                                                                             stacks.load("torch-compile"))
     r = json.loads(path.read_text())
     assert r["shards"] == 4 and r["precision"] == "fp32" and r["stack"] == "torch-compile"
-    assert r["measured"] == {"step_s": 0.0005, "elements": 12_345_678}
+    assert r["measured"] == {"step_s": 0.0005, "elements": 12_500_006}   # 12.500006 million: 13
     assert r["predicted"] == {"optimizer": pytest.approx(step)}
     assert r["error"] == {"optimizer": pytest.approx(step / 0.0005 - 1)}
     text = console.export_text()
-    assert "llama3-8b's clipping and AdamW over 1/4 of its parameters (12 M elements), Fake cpu:0 (fakeml 1.2, " \
+    assert "llama3-8b's clipping and AdamW over 1/4 of its parameters (13 M elements), Fake cpu:0 (fakeml 1.2, " \
            "torch-compile, fp32)" in _flat(text)
     assert _cells(text) == [["optimizer", "0.500", f"{step * 1e3:.3f}", f"{step / 0.0005 - 1:+.1%}"]]
     assert text.rstrip().endswith(f"predicted parts (ms): optimizer {step * 1e3:.3f}")
