@@ -916,3 +916,8 @@ def test_a_run_of_before_precision_was_recorded_is_fp32_and_the_cnn_is_predicted
     [row] = json.loads((tmp_path / "predict-cnn-base-h100-sxm-8.json").read_text())["rows"]
     expected = predict(CNN, Layout(dp=2), row["global_batch"], hw, from_mfu(0.4, hw, "amp"), "torch_3d")
     assert row["step_s"] == pytest.approx(expected.step_s)
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--model-size", "mini", "--devices",
+                             "2", "--layouts", "dp", "--out", str(tmp_path)]) == 0
+    [row] = json.loads((tmp_path / "predict-mlm-mini-h100-sxm-8.json").read_text())["rows"]
+    mini = predict(BERT_SIZES["mini"], Layout(dp=2), row["global_batch"], hw, from_mfu(0.4, hw, "amp"), "torch_3d")
+    assert row["step_s"] == pytest.approx(mini.step_s)
