@@ -1,11 +1,13 @@
 """bench.co_run: the copies run side by side, are reaped, and their medians become the reference's section."""
 from __future__ import annotations
 
+import io
 import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -109,7 +111,7 @@ def test_a_cancel_stops_every_copy_started_with_its_signal_and_goes_on_up(tmp_pa
 
     def command(folder):
         if folder.name == "2":
-            raise Cancelled(signal.SIGTERM)
+            raise Cancelled(signal.SIGINT)
         started.append(folder.name)
         return ["sleep", "30"]
 
@@ -118,4 +120,13 @@ def test_a_cancel_stops_every_copy_started_with_its_signal_and_goes_on_up(tmp_pa
         stop(proc)
     with pytest.raises(Cancelled):
         co_run.probe(REFERENCE, 3, command, tmp_path, 30, stop_and_note)
-    assert started == ["0", "1"] and stopped == [signal.SIGTERM, signal.SIGTERM]
+    assert started == ["0", "1"] and stopped == [signal.SIGINT, signal.SIGINT]   # Ctrl-C's, not stop's default
+
+
+def test_the_reason_nothing_was_measured_reaches_the_log_at_once(tmp_path, monkeypatch):
+    """A harness's stdout to a file is buffered: the line is flushed, so that the log says why before what follows
+    (the next run's output, or a crash)."""
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="utf-8"))
+    assert co_run.probe(REFERENCE, 1, lambda folder: ["true"], tmp_path, 30, stop) is None
+    assert raw.getvalue().decode().endswith("side by side not measured\n")
