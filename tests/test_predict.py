@@ -921,3 +921,12 @@ def test_a_run_of_before_precision_was_recorded_is_fp32_and_the_cnn_is_predicted
     [row] = json.loads((tmp_path / "predict-mlm-mini-h100-sxm-8.json").read_text())["rows"]
     mini = predict(BERT_SIZES["mini"], Layout(dp=2), row["global_batch"], hw, from_mfu(0.4, hw, "amp"), "torch_3d")
     assert row["step_s"] == pytest.approx(mini.step_s)
+
+
+def test_weak_scaling_gives_every_device_the_workload_s_batch_whatever_the_layout(tmp_path, monkeypatch):
+    """The MLM's 32 a device: 128 on 4 devices for dp and for tp2xdp alike (a decoder's batch is per data rank)."""
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--model-size", "tiny", "--devices",
+                             "4", "--layouts", "dp,tp2xdp", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "predict-mlm-tiny-h100-sxm-8.json").read_text())["rows"]
+    assert [r["global_batch"] for r in rows] == [128, 128]
