@@ -690,7 +690,7 @@ def test_a_decoder_is_predicted_per_layout_and_device_count_from_the_compute_tab
     assert json.loads(json.dumps(figure.drawn[0][0])) == rows
     printed = capsys.readouterr().out
     assert " ".join(printed.split()).endswith(f"figure: predictions/plots/{slug}.png; table: predictions/{slug}.json")
-    assert "tokens/s/device" in printed
+    assert "tokens/s/device" in printed and rests_on in " ".join(printed.split())   # the table's caption
     # At an assumed MFU: the datasheet peak's compute, so labelled.
     assert predict_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8", "--layouts", "tp8",
                              "--assume-mfu", "0.4"]) == 0
