@@ -33,7 +33,7 @@ def device_limit(args, devices_per_node: int) -> tuple[float | None, str, str]:
 
 
 @lru_cache(maxsize=4)
-def _folder(out: str, stamp: int) -> tuple[list[dict], float | None]:
+def _folder(out: str, stamp: int | None) -> tuple[list[dict], float | None]:
     """--out's records and the model's largest measured memory error; `stamp` (runs/'s mtime) renews it."""
     try:
         summary = json.loads((Path(out) / VALIDATION).read_text())["summary"]["all"]["memory_per_rank"]
@@ -43,11 +43,12 @@ def _folder(out: str, stamp: int) -> tuple[list[dict], float | None]:
     return load_records(Path(out)), error
 
 
-def _stamp(out: Path) -> int:
+def _stamp(out: Path) -> int | None:
+    """runs/'s modification time; None without one (0 is a time: an archive's reproducible stamp)."""
     try:
         return os.stat(out / "runs").st_mtime_ns
     except OSError:
-        return 0
+        return None
 
 
 def fit_before_launch(args, layout: Layout, global_batch: int, devices_per_node: int) -> FitCheck:

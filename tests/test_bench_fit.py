@@ -102,3 +102,16 @@ def test_the_check_is_of_the_run_s_own_model_and_its_gpu_s_share(monkeypatch, tm
     shared = fit.fit_before_launch(_args(out, device_kind="cuda"), Layout(dp=4), 32, 4)   # 4 devices on one GPU
     assert (shared.available_bytes, shared.limit) == (4 * GIB, "the GPU's memory (nvidia-smi: 16.0 GiB, shared by 4 "
                                                                "devices)")
+
+
+def test_a_folder_whose_runs_appear_is_read_again_whatever_their_folder_s_time(tmp_path):
+    """--out without runs/ is read as empty; once runs/ exists it is read again, even where its modification time
+    is the epoch (an archive's reproducible stamp): no time of a folder is taken for the absence of one."""
+    out = tmp_path / "out"
+    out.mkdir()
+    before = fit.fit_before_launch(_args(out, memory_per_device=8.0), Layout(dp=2), 32, 2)
+    assert "no framework overhead" in before.counts
+    _folder(out, _here(_record("k1", peak=3 * GIB)))
+    os.utime(out / "runs", ns=(0, 0))
+    after = fit.fit_before_launch(_args(out, memory_per_device=8.0), Layout(dp=2), 32, 2)
+    assert after.counts.endswith("measured by 1-device run k1")

@@ -7,17 +7,19 @@ import math
 import os
 import shutil
 import statistics
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
 from bench import predict as predict_cli
 from bench.report import main as report_main
+from bench.reporting import validation as validation_report
 from common.hostinfo import load_over
 from common.layout import Layout, check_name
 from common.predict import hardware as hardware_files
 from common.predict.basis import (
+    MEASURE_THE_SPLIT,
     UNPROBED,
     Basis,
     background_load,
@@ -29,8 +31,10 @@ from common.predict.basis import (
 from common.predict.collectives import bus_factor, cost_s, crosses_nodes
 from common.predict.executed import collectives
 from common.predict.hardware import Link
+from common.predict.kernels import compute_label, device_compute
 from common.predict.memory import fsdp_numel, state_bytes
 from common.predict.step import pipeline_s, predict, sync_factor
+from common.predict.validation import validate
 from common.results import load_records
 from common.sections import CoRun
 from common.spec import BERT_SIZES
@@ -469,3 +473,460 @@ def matplotlib_small() -> float:
     from matplotlib.font_manager import FontProperties
 
     return FontProperties(size="small").get_size_in_points()
+
+
+# ----------------------------------------------------------------------------- --validate on records written here
+
+def _runs_folder(path: Path, records: list[dict]) -> Path:
+    (path / "runs").mkdir(parents=True)
+    for r in records:
+        (path / "runs" / f"{r['run_id']}.json").write_text(json.dumps(r))
+    return path
+
+
+def _printed_rows(text: str) -> list[list[str]]:
+    """A printed table's rows, each cell's folded lines joined, all blanks left out (compare with _bare)."""
+    from tests.test_plan_cli import _table
+    return _bare(_table(text.splitlines())[1])
+
+
+def _bare(rows: list[list[str]]) -> list[list[str]]:
+    return [["".join(cell.split()) for cell in row] for row in rows]
+
+
+def test_validate_writes_and_prints_the_validation_of_the_folder_s_records(tmp_path, capsys):
+    """validation.json is common.predict.validation's answer for the folder on the hardware asked; the table is its
+    rows, a run left out is named with why, and the summary line closes."""
+    from tests.test_predict_validation import H100, _known_folder
+    one, dp2 = _known_folder()[1:]
+    records = [*_known_folder(), {**dp2, "run_id": "lone", "backend": "torch_ddp"}]
+    results = _runs_folder(tmp_path / "results", records)
+    assert predict_cli.main(["--validate", str(results), "--hardware", "h100-sxm-8"]) == 0
+    written = json.loads((results / "validation.json").read_text())
+    expected = validate(load_records(results), H100)
+    assert written == json.loads(json.dumps(expected)) and [r["run_id"] for r in written["runs"]] == ["dp2", "dp4"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].strip() == f"predicted vs measured, {results}"
+    # 200 columns whatever the terminal (a log's width): the table's long notes fold to fill them.
+    assert {len(line) for line in lines if line.startswith("│")} == {200}
+    assert _printed_rows("\n".join(lines)) == _bare(validation_report.rows(expected))
+    why = expected["skipped"][0]["why"]
+    assert why.startswith("no ok 1-device run of its backend")
+    closing = f"left out: lone: {why} {validation_report.summary_line(expected, str(results / 'validation.json'))}"
+    assert " ".join("\n".join(lines).split()).endswith(" ".join(closing.split()))
+    assert "each configuration's repeats" not in "\n".join(lines)
+
+
+def test_validate_holds_repeats_as_one_configuration_on_this_vm_by_default(tmp_path, capsys):
+    from tests.test_predict_validation import _known_folder, _repeat
+    dp4, one, dp2 = _known_folder()
+    repeats = [_repeat(dp2, "s", "4", 1.0), _repeat(dp2, "s", "5", 1.5), _repeat(one, "s", "1", 1.0)]
+    results = _runs_folder(tmp_path / "results", [*repeats, {**one, "device_kind": "cpu", "run_id": "cpu-one"},
+                                                  {**dp2, "device_kind": "cpu", "run_id": "cpu-dp2"}])
+    assert predict_cli.main(["--validate", str(results)]) == 0
+    expected = validate(load_records(results), hardware_files.load("cpu-loopback-2core"))
+    assert json.loads((results / "validation.json").read_text()) == json.loads(json.dumps(expected))
+    assert expected != validate(load_records(results), hardware_files.load("h100-sxm-8"))
+    printed = capsys.readouterr().out
+    assert validation_report.repeated(expected) and "each configuration's repeats as one (medians)" in printed
+    assert _bare(validation_report.config_rows(expected))[0] in _printed_rows(printed)
+    assert "left out" not in printed
+
+
+def test_validate_refuses_a_folder_without_runs_or_without_a_run_to_predict(tmp_path, capsys):
+    from tests.test_predict_validation import _known_folder
+    with pytest.raises(SystemExit) as exit_:
+        predict_cli.main(["--validate", str(tmp_path)])
+    assert exit_.value.code == 2 and capsys.readouterr().err == \
+        f"bench.predict: error: --validate {tmp_path}: no runs/ folder of run records there\n"
+    results = _runs_folder(tmp_path / "ones", [_known_folder()[1]])
+    with pytest.raises(SystemExit):
+        predict_cli.main(["--validate", str(results), "--hardware", "h100-sxm-8"])
+    assert capsys.readouterr().err == \
+        f"bench.predict: error: --validate {results}: no ok multi-device run to predict\n"
+    assert not (results / "validation.json").exists()
+
+
+def test_bench_predict_help_says_what_each_option_does(capsys, monkeypatch):
+    from common.predict import decoder
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens too: one line per option
+    with pytest.raises(SystemExit) as exit_:
+        predict_cli.main(["--help"])
+    assert exit_.value.code == 0
+    hardware, models = ", ".join(hardware_files.available()), ", ".join(decoder.available())
+    assert " ".join(capsys.readouterr().out.split()) == " ".join(f"""
+usage: bench.predict [-h] [--validate RESULTS] [--hardware NAME|FILE] [--from RESULTS] [--assume-mfu MFU]
+ [--workload {{cnn,mlm,lm}}] [--model-size {{base,mini,small,tiny}}] [--model NAME|FILE]
+ [--stack {{megatron-te,torch-compile,torch-eager}}] [--devices DEVICES] [--layouts LAYOUTS]
+ [--batch-size B | --global-batch GLOBAL_BATCH] [--precision {{fp32,amp,fp16}}] [--out OUT] [--constants] [--published]
+ [--json FILE]
+python -m bench.predict --from RESULTS --hardware NAME|FILE --devices 8,64,512 --layouts dp,fsdp,tp2xdp,pp4-1f1b
+ [--workload mlm] [--model-size base] [--batch-size B | --global-batch B] [--precision amp] [--assume-mfu 0.4]
+ python -m bench.predict --validate RESULTS [--hardware NAME|FILE] python -m bench.predict --model llama3-8b
+ --hardware h100-sxm-8 --devices 8,128 --layouts fsdp-sel (decoders) python -m bench.predict --constants | --published
+ [--json FILE]
+options:
+  -h, --help show this help message and exit
+  --validate RESULTS predict every multi-device run of RESULTS from its 1-device runs and link probes; print and
+  write RESULTS/validation.json
+  --hardware NAME|FILE a bundled description ({hardware}) or a TOML file of yours (common/predict/hardware/README.md);
+  default cpu-loopback-2core with --validate, else none
+  --from RESULTS results folder whose 1-device run on the --hardware's kind of device gives the compute
+  --assume-mfu MFU compute at this fraction of the device's datasheet peak instead of a measured run (labelled as an
+  assumption in every table and figure)
+  --workload {{cnn,mlm,lm}} --model-size {{base,mini,small,tiny}}
+  --devices DEVICES device counts (default 8,64,512)
+  --layouts LAYOUTS layout names (docs/layouts.md); a bare dp or fsdp takes the devices the rest leave
+  --batch-size B per-device batch at every device count (weak scaling; default: the workload's, 32 for the MLM); the
+  compute comes from the measured 1-device run of the batch nearest it
+  --global-batch GLOBAL_BATCH one global batch at every device count (strong scaling)
+  --precision {{fp32,amp,fp16}} the precision predicted: the measured run's (default amp: bf16 autocast), with
+  --assume-mfu the math mode whose peak the MFU is of
+  --out OUT folder for the figure and predictions.json (default: --from's folder, else ./predictions)
+decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md):
+  --model NAME|FILE a decoder LLM ({models}) or a TOML file of yours (common/predict/models/README.md)
+  --stack {{megatron-te,torch-compile,torch-eager}} with --model: the software running the step (kernels, fusions,
+  tensor-parallel overlap, optimizer)
+  --constants print every constant the GPU-cluster model uses, with its source, and exit
+  --published predict every published GPU-cluster result (common/predict/published/) and print predicted against
+  published with the error
+  --json FILE with --published: write the points and errors here""".split())
+
+
+def _printed(show) -> str:
+    from rich.console import Console
+    console = Console(record=True, width=400)
+    show(console)
+    return console.export_text()
+
+
+def test_the_prediction_table_prints_each_row_s_figures_and_the_best_fitting_layout_per_device_count():
+    from tests.test_plan_cli import _table
+    hw = hardware_files.load("h100-sxm-8")
+    basis = replace(from_mfu(0.4, hw, "amp"), label="compute [bold]here", guesses=("g [bold]1", "g2"))
+    gib = 2**30
+    row = {"layout": "dp", "devices": 8, "layout_full": "dp8", "global_batch": 256, "step_s": 0.12345,
+           "samples_per_s": 2073.6, "efficiency": 0.876, "memory_per_rank_max": 1.5 * gib, "fits": True,
+           "comm_exposed_share": 0.254, "bubble_share": 0.0}
+    rows = [row, {**row, "layout": "tp2xdp", "layout_full": "dp4xtp2", "samples_per_s": 3000.04, "fits": False,
+                  "memory_per_rank_max": 1234.5 * gib, "efficiency": 1.0, "bubble_share": 0.125},
+            {**row, "layout": "fsdp", "layout_full": "fsdp8", "samples_per_s": 2500.0},
+            {"layout": "pp128", "devices": 8, "invalid": "more stages than layers"},
+            {**row, "devices": 64, "layout_full": "dp64", "fits": False}]
+    text = _printed(lambda c: predict_cli._print(c, rows, hw, basis, "rests on [this]", "a title", False))
+    lines = text.splitlines()
+    columns, body = _table(lines)
+    assert lines[0].strip() == "a title" and "rests on [this]" in text
+    assert columns == ["layout", "N", "as", "batch", "step (ms)", "samples/s", "efficiency", "memory/rank (GiB)",
+                       "fits", "exposed comm", "bubble"]
+    assert body == [["dp", "8", "dp8", "256", "123.5", "2,073.6", "0.88", "1.50", "yes", "25%", "0%"],
+                    ["tp2xdp", "8", "dp4xtp2", "256", "123.5", "3,000.0", "1.00", "1,234.50", "NO", "25%", "12%"],
+                    ["fsdp", "8", "fsdp8", "256", "123.5", "2,500.0", "0.88", "1.50", "yes", "25%", "0%"],
+                    ["pp128", "8", "", "", "", "", "", "", "", "", "more stages than layers"],
+                    ["dp", "64", "dp64", "256", "123.5", "2,073.6", "0.88", "1.50", "NO", "25%", "0%"]]
+    # The fastest layout that fits: fsdp8 (dp4xtp2 is faster and does not fit); none of the 64's fits.
+    assert lines[-4:] == ["best at 8 devices: fsdp8 (2,500.0 samples/s)", "best at 64 devices: no layout fits",
+                          f"hardware: h100-sxm-8 ({hw.path}); compute: compute [bold]here",
+                          f"GUESSED: g [bold]1; g2; {MEASURE_THE_SPLIT}"]
+    decoder_rows = [{**row, "tokens_per_s_per_device": 12345.6}]
+    for compute in (replace(basis, guesses=()), device_compute(hw)):   # a compute table guesses nothing
+        text = _printed(lambda c, compute=compute: predict_cli._print(c, decoder_rows, hw, compute, "", "t", True))
+        columns, body = _table(text.splitlines())
+        assert columns[6] == "tokens/s/device" and body[0][6] == "12,346" and "GUESSED" not in text
+    assert text.splitlines()[-1] == f"hardware: h100-sxm-8 ({hw.path}); compute: {compute_label(compute)}"
+
+
+class _Figure:
+    """prediction_plot stood in for (its drawing is test_the_prediction_figure_draws_...'s): what it was given."""
+
+    def __init__(self):
+        self.drawn = []
+
+    def __call__(self, rows, memory_bytes, title, caption, slug):
+        self.drawn.append((rows, memory_bytes, title, caption, slug))
+        return self
+
+    def png(self) -> bytes:
+        return b"png"
+
+
+def test_a_decoder_is_predicted_per_layout_and_device_count_from_the_compute_table(tmp_path, monkeypatch, capsys):
+    from common.predict import decoder, stacks
+    figure = _Figure()
+    monkeypatch.setattr(predict_cli, "prediction_plot", figure)
+    monkeypatch.chdir(tmp_path)
+    assert predict_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8,16", "--layouts",
+                             " fsdp, tp2xdp,tp2xfsdp-sp,,pp128", "--stack", "torch-eager", "--from", "elsewhere"]) == 0
+    hw, spec, stack = hardware_files.load("h100-sxm-8"), decoder.load("llama3-8b"), stacks.load("torch-eager")
+    compute = device_compute(hw)
+    slug = "predict-llama3-8b-h100-sxm-8"
+    table = json.loads((tmp_path / "predictions" / f"{slug}.json").read_text())
+    rests_on = "Checked against published GPU-cluster results: python -m bench.predict --published " \
+               "(docs/prediction-at-scale.md)."
+    assert {k: v for k, v in table.items() if k != "rows"} == {
+        "hardware": "h100-sxm-8", "hardware_file": hw.path, "compute": compute_label(compute), "assumed": False,
+        "validation": rests_on, "model": "llama3-8b", "stack": "torch-eager"}
+    assert (tmp_path / "predictions" / "plots" / f"{slug}.png").read_bytes() == b"png"
+    rows = table["rows"]
+    assert [(r["layout"], r["devices"]) for r in rows] == [(n, d) for d in (8, 16)
+                                                           for n in ("fsdp", "tp2xdp", "tp2xfsdp-sp", "pp128")]
+    # A decoder's batch is one sequence per data-parallel rank (4 of tp2xfsdp-sp's 8); pp128 is more stages than
+    # llama3-8b has layers, and torchtitan replicates with DDP only alone.
+    invalid = {(r["layout"], r["devices"]): r["invalid"] for r in rows if "invalid" in r}
+    assert set(invalid) == {(n, d) for d in (8, 16) for n in ("tp2xdp", "pp128")}
+    assert "torch-eager does not run it" in invalid[("tp2xdp", 8)] and "pp128" in invalid[("pp128", 16)]
+    for r in rows:
+        if "invalid" in r:
+            continue
+        layout = Layout.parse(r["layout"], r["devices"])
+        p = predict(spec, layout, layout.data, hw, compute, "", stack=stack)
+        assert (r["layout_full"], r["global_batch"]) == (layout.name, layout.data)
+        assert r["step_s"] == pytest.approx(p.step_s) and r["tokens_per_s_per_device"] == pytest.approx(
+            p.tokens_per_s / r["devices"])
+        assert "efficiency" not in r and "state_per_rank_max" not in r
+    assert [r["global_batch"] for r in rows if r["layout"] == "tp2xfsdp-sp"] == [4, 8]
+    title = f"llama3-8b on h100-sxm-8 (torch-eager): predicted per layout\n{compute_label(compute)}"
+    assert [d[1:] for d in figure.drawn] == [(hw.memory_bytes, title, rests_on, slug)]
+    assert json.loads(json.dumps(figure.drawn[0][0])) == rows
+    printed = capsys.readouterr().out
+    assert " ".join(printed.split()).endswith(f"figure: predictions/plots/{slug}.png; table: predictions/{slug}.json")
+    assert "tokens/s/device" in printed and rests_on in " ".join(printed.split())   # the table's caption
+    # At an assumed MFU: the datasheet peak's compute, so labelled.
+    assert predict_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8", "--layouts", "tp8",
+                             "--assume-mfu", "0.4"]) == 0
+    table = json.loads((tmp_path / "predictions" / "predict-llama3-8b-h100-sxm-8.json").read_text())
+    assumed = device_compute(hw, 0.4)
+    assert (table["compute"], table["assumed"], table["stack"]) == (compute_label(assumed), True, "megatron-te")
+    layout = Layout.parse("tp8", 8)
+    assert table["rows"][0]["step_s"] == pytest.approx(predict(spec, layout, 1, hw, assumed, "",
+                                                               stack=stacks.load("megatron-te")).step_s)
+
+
+def test_an_executed_workload_at_an_assumed_mfu_is_labelled_unvalidated_and_assumed(tmp_path, monkeypatch):
+    figure = _Figure()
+    monkeypatch.setattr(predict_cli, "prediction_plot", figure)
+    out = tmp_path / "out"
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--devices", "2,4", "--layouts",
+                             "dp,tp2xdp,pp2-nmb4", "--model-size", "tiny", "--global-batch", "64", "--out",
+                             str(out)]) == 0
+    table = json.loads((out / "predict-mlm-tiny-h100-sxm-8.json").read_text())
+    hw = hardware_files.load("h100-sxm-8")
+    basis = from_mfu(0.4, hw, "amp")
+    assert (table["workload"], table["model_size"], table["assumed"], table["compute"]) == \
+        ("mlm", "tiny", True, basis.label)
+    assert table["validation"] == "Not validated: no results folder given (--from). The compute is ASSUMED " \
+        "(--assume-mfu), not measured: the validation does not cover it."
+    for r in table["rows"]:
+        n = r["devices"]
+        # Strong scaling: 64 in all at every count, each count's efficiency against one device's share of it.
+        one = predict(TINY, Layout(), 64 / n, hw, basis, "torch_3d").samples_per_s
+        p = predict(TINY, Layout.parse(r["layout"], n), 64, hw, basis, "torch_3d")
+        assert r["global_batch"] == 64 and r["efficiency"] == pytest.approx(p.samples_per_s / (n * one))
+        assert r == json.loads(json.dumps({
+            "layout": r["layout"], "devices": n, "global_batch": 64, "layout_full": Layout.parse(r["layout"], n).name,
+            "step_s": p.step_s, "samples_per_s": p.samples_per_s, "memory_per_rank_max": p.memory_max,
+            "fits": p.fits(hw.memory_bytes), "comm_exposed_share": p.comm_exposed_s / p.step_s,
+            "bubble_share": p.bubble_s / p.step_s, "parts_s": p.parts_s,
+            "collectives": [asdict(c) for c in p.collectives], "notes": p.notes,
+            "efficiency": r["efficiency"], "state_per_rank_max": max(s.total for s in p.state_per_rank),
+            **({"layers_per_stage": [1, 1]} if r["layout"] == "pp2-nmb4" else {})}))
+    assert [(r["layout"], r["devices"]) for r in table["rows"]] == [(n, d) for d in (2, 4)
+                                                                      for n in ("dp", "tp2xdp", "pp2-nmb4")]
+    pipeline = table["rows"][2]
+    assert pipeline["bubble_share"] > 0 and pipeline["comm_exposed_share"] > 0 and pipeline["fits"]
+    assert figure.drawn[0][2] == f"mlm-tiny on h100-sxm-8: predicted per layout\n{basis.label}"
+
+
+def test_a_measured_run_unlike_the_prediction_says_how_it_differs_and_whether_it_was_validated(tmp_path,
+                                                                                               monkeypatch):
+    """The folder's one run: the tiny MLM at fp32, batch 32, on this VM's CPU; predicted: mini at amp, 16 per
+    device, so the label names all three differences; the folder has no validation.json until it is given one."""
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    results = _runs_folder(tmp_path / "results", [_record("one", 1, 32)])
+    argv = ["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "2", "--layouts", "dp",
+            "--model-size", "mini", "--precision", "amp", "--batch-size", "16"]
+    assert predict_cli.main(argv) == 0
+    table = json.loads((results / "predict-mlm-mini-cpu-loopback-2core.json").read_text())
+    basis, main, _ = predict_cli.measured_basis(results, hardware_files.load("cpu-loopback-2core"), "mlm", "mini",
+                                                "amp", 16)
+    assert main["run_id"] == "one" and not table["assumed"]
+    assert table["compute"] == basis.label + "; measured at fp32, not amp (none of that precision); measured at " \
+        "batch 32, predicted at 16 per device by multiply-adds (an assumption: pass --batch-size to use a measured " \
+        "one); measured at size tiny, scaled to mini by multiply-adds (an assumption)"
+    assert table["validation"] == f"Not validated: no validation.json in {results} (run bench.predict --validate " \
+        f"{results})."
+    assert table["rows"][0]["global_batch"] == 32   # 16 on each of 2
+    # Asked as measured (tiny, fp32, its batch of 32): nothing to say; a validation.json is quoted.
+    validation = validate(load_records(results), hardware_files.load("cpu-loopback-2core"))
+    (results / "validation.json").write_text(json.dumps(validation))
+    assert predict_cli.main(argv[:-6] + ["--model-size", "tiny", "--precision", "fp32"]) == 0
+    table = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
+    assert table["compute"] == predict_cli.measured_basis(results, hardware_files.load("cpu-loopback-2core"), "mlm",
+                                                          "tiny", "fp32", 32)[0].label
+    assert table["validation"] == validation_report.summary_line(validation, str(results / "validation.json"))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--devices", "8"], "--hardware is needed to predict (or --validate RESULTS)"),
+    (["--hardware", "h100-sxm-8"], "give --from RESULTS (a measured 1-device run) or --assume-mfu MFU"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--precision", "fp32"],
+     "--model predicts bf16 mixed precision (--precision amp), not fp32: fp8 and fp32 are not modelled"),
+    (["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--precision", "fp16"],
+     "--model predicts bf16 mixed precision (--precision amp), not fp16: fp8 and fp32 are not modelled"),
+    (["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--layouts", "dp,dp-fast"], None),
+])
+def test_what_cannot_be_predicted_is_refused_in_one_line(argv, says, capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    with pytest.raises(SystemExit) as exit_:
+        predict_cli.main(argv + ["--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bench.predict: error: ")
+    if says:
+        assert err == f"bench.predict: error: {says}\n"
+    assert list(tmp_path.iterdir()) == []   # a layout no count can lay out is refused before anything is predicted
+
+
+def test_strong_scaling_takes_the_measured_batch_nearest_the_smallest_count_s_share_and_says_nothing_of_it(
+        tmp_path, monkeypatch):
+    """--global-batch 64 on 2 and 4 devices: the 1-device run of 32 (64 over the smallest count), not of 16; each
+    count runs the batch given, so no batch is scaled and the label says none was."""
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    results = _runs_folder(tmp_path / "results", [_record("of16", 1, 16), _record("of32", 1, 32)])
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "4,2",
+                             "--layouts", "dp", "--model-size", "tiny", "--precision", "fp32", "--global-batch",
+                             "64"]) == 0
+    table = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
+    basis, main, _ = predict_cli.measured_basis(results, hardware_files.load("cpu-loopback-2core"), "mlm", "tiny",
+                                                "fp32", 32)
+    assert main["run_id"] == "of32" and table["compute"] == basis.label and "batch" not in basis.label
+    assert [r["global_batch"] for r in table["rows"]] == [64, 64]
+    # On 4 and 8: the run of 16 (not the workload's 32 per device), and still nothing scaled to say.
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "4,8",
+                             "--layouts", "dp", "--model-size", "tiny", "--precision", "fp32", "--global-batch",
+                             "64"]) == 0
+    table = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())
+    assert "of16" in table["compute"] and "batch" not in table["compute"]
+
+
+def test_a_device_is_known_by_its_gpu_model_or_its_kind():
+    assert predict_cli._kind("cuda", "NVIDIA H100 80GB HBM3") == "H100 SXM"
+    assert predict_cli._kind("cuda", "Some GPU") == "cuda" and predict_cli._kind("cpu", "NVIDIA H100 80GB HBM3") == \
+        "cpu"
+    assert predict_cli._kind(None, None) == "None"
+    of = predict_cli._device_kind_of
+    assert of({"device_kind": "cuda", "host": {"gpus": ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]}}) == "A100"
+    assert of({"device_kind": "cuda", "host": None}) == of({"device_kind": "cuda", "host": {"gpus": []}}) == "cuda"
+    assert of({"device_kind": "cpu"}) == "cpu"
+
+
+def test_the_main_run_is_torch_3d_s_plain_run_of_the_size_precision_and_batch_asked_the_latest_among_equals(
+        tmp_path):
+    """Each candidate below differs from the wanted one (torch_3d, tiny, fp32, plain, no accumulation, batch 32) in
+    one thing, and is chosen only once every better one is gone; the order is measured_basis's preference (a
+    --recompute run and a compiled one are alike: the later first)."""
+    from tests.test_predict_validation import _record
+    cpu = hardware_files.load("cpu-loopback-2core")
+
+    def run(run_id, started="2026-01-01T00:00:00", **changes):
+        r = _record(run_id, 1, 32, started=started)
+        config = changes.pop("config", {})
+        return {**r, **changes, "config": {**r["config"], **config}}
+    unstated = run("earlier")
+    del unstated["config"]["precision"]   # fp32, as a record of before --precision says it
+    ranked = [run("latest", "2026-01-02T00:00:00"), unstated,
+              run("batch-48", global_batch=48), run("batch-12", global_batch=12),
+              run("accumulating", config={"grad_accum": 2}),
+              run("recomputing", "2026-01-01T00:00:01", layout={"dp": 1, "recompute": "full"}),
+              run("compiled", config={"compile": "default"}), run("amp", config={"precision": "amp"}),
+              run("mini", config={"model_size": "mini"}), run("ddp", backend="torch_ddp")]
+    ignored = [run("failed", "2026-02-01", status="failed"), run("two", "2026-02-01", devices=2),
+               run("cnn", "2026-02-01", workload="cnn"), run("unmeasured", "2026-02-01", step_time_s={}),
+               run("gpu", "2026-02-01", device_kind="cuda")]
+    for i, expected in enumerate(r["run_id"] for r in ranked):
+        folder = tmp_path / str(i)
+        _runs_folder(folder, ranked[i:] + ignored)
+        assert predict_cli.measured_basis(folder, cpu, "mlm", "tiny", "fp32", 32)[1]["run_id"] == expected
+    _runs_folder(tmp_path / "none", ignored)
+    with pytest.raises(ValueError) as refused:
+        predict_cli.measured_basis(tmp_path / "none", cpu, "mlm", "tiny", "fp32", 32)
+    assert str(refused.value) == f"{tmp_path / 'none'} has no 1-device mlm run on cpu (its runs: cuda); compute " \
+        "measured on one kind of device does not predict cpu-loopback-2core: pass --assume-mfu MFU to predict from " \
+        "an assumed utilisation"
+    _runs_folder(tmp_path / "empty", [])
+    with pytest.raises(ValueError, match=r"no 1-device cnn run on cpu \(its runs: none\)"):
+        predict_cli.measured_basis(tmp_path / "empty", cpu, "cnn", "tiny", "fp32", 32)
+
+
+def test_an_assumed_mfu_takes_the_latest_peak_measured_on_the_part_at_the_precision_asked(tmp_path):
+    from types import SimpleNamespace
+
+    from tests.test_predict_validation import _record
+    hw = hardware_files.load("h100-sxm-8")
+
+    def run(run_id, peak, started=None, gpu="NVIDIA H100 80GB HBM3", precision="fp32", status="ok"):
+        r = _record(run_id, 1, 32)
+        r.pop("started_at")
+        return {**r, "status": status, "device_kind": "cuda", "host": {"name": "h", "gpus": [gpu]},
+                "config": {**r["config"], "precision": precision}, **({"started_at": started} if started else {}),
+                **({"achievable_peak": {"flops_per_s": peak}} if peak != "none" else {})}
+    folder = _runs_folder(tmp_path / "r", [
+        run("undated", 4e14), run("older", 6e14, "2026-01-01"), run("latest", 5e14, "2026-01-02"),
+        run("failed", 7e14, "2026-01-03", status="failed"),
+        run("a100", 8e14, "2026-01-04", gpu="NVIDIA A100-SXM4-80GB"),
+        run("amp", 9e14, "2026-01-05", precision="amp"), run("unprobed", "none", "2026-01-06"),
+        run("no-figure", None, "2026-01-07"), {**run("of-64", None, "2026-01-01"), "global_batch": 64}])
+    args = SimpleNamespace(assume_mfu=0.5, precision="fp32", workload="mlm", model_size="tiny")
+    assert predict_cli.chosen_basis(args, hw, folder, 32) == (from_mfu(0.5, hw, "fp32", 5e14), None, None)
+    assert predict_cli.chosen_basis(args, hw, None, 32) == (from_mfu(0.5, hw, "fp32", None), None, None)
+    # Without --assume-mfu: measured_basis's, of the workload, size, precision and batch asked.
+    measured = predict_cli.chosen_basis(SimpleNamespace(**{**vars(args), "assume_mfu": None}), hw, folder, 32)
+    assert measured[:2] == predict_cli.measured_basis(folder, hw, "mlm", "tiny", "fp32", 32)[:2]
+    assert measured[1]["run_id"] == "no-figure"   # the latest plain run: a peak is not what it is chosen by
+
+
+def test_the_label_says_nothing_of_a_run_measured_as_asked_and_a_share_is_whole_samples(tmp_path, monkeypatch):
+    """A run at amp predicted at amp: no precision to name. --global-batch 64 over at least 3 devices: 21 samples
+    each (not 21.3), nearer the run of 18 than the run of 25 (their geometric middle is 21.2)."""
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    runs = [{**_record(f"of{b}", 1, b), "config": {"model_size": "tiny", "precision": "amp"}} for b in (18, 25)]
+    results = _runs_folder(tmp_path / "results", runs)
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "3,6",
+                             "--layouts", "dp", "--model-size", "tiny", "--global-batch", "64"]) == 0
+    compute = json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())["compute"]
+    assert "of18" in compute and "of25" not in compute and "measured at" not in compute
+
+
+def test_a_run_of_before_precision_was_recorded_is_fp32_and_the_cnn_is_predicted_as_the_cnn(tmp_path, monkeypatch):
+    from common.spec import CNN
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    old = _record("old", 1, 32)
+    del old["config"]["precision"]
+    results = _runs_folder(tmp_path / "results", [old])
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "2",
+                             "--layouts", "dp", "--model-size", "tiny", "--precision", "fp32"]) == 0
+    assert "measured at" not in json.loads((results / "predict-mlm-tiny-cpu-loopback-2core.json").read_text())[
+        "compute"]
+    hw = hardware_files.load("h100-sxm-8")
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--workload", "cnn", "--devices", "2",
+                             "--layouts", "dp", "--out", str(tmp_path)]) == 0
+    [row] = json.loads((tmp_path / "predict-cnn-base-h100-sxm-8.json").read_text())["rows"]
+    expected = predict(CNN, Layout(dp=2), row["global_batch"], hw, from_mfu(0.4, hw, "amp"), "torch_3d")
+    assert row["step_s"] == pytest.approx(expected.step_s)
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--model-size", "mini", "--devices",
+                             "2", "--layouts", "dp", "--out", str(tmp_path)]) == 0
+    [row] = json.loads((tmp_path / "predict-mlm-mini-h100-sxm-8.json").read_text())["rows"]
+    mini = predict(BERT_SIZES["mini"], Layout(dp=2), row["global_batch"], hw, from_mfu(0.4, hw, "amp"), "torch_3d")
+    assert row["step_s"] == pytest.approx(mini.step_s)
+
+
+def test_weak_scaling_gives_every_device_the_workload_s_batch_whatever_the_layout(tmp_path, monkeypatch):
+    """The MLM's 32 a device: 128 on 4 devices for dp and for tp2xdp alike (a decoder's batch is per data rank)."""
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    assert predict_cli.main(["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--model-size", "tiny", "--devices",
+                             "4", "--layouts", "dp,tp2xdp", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "predict-mlm-tiny-h100-sxm-8.json").read_text())["rows"]
+    assert [r["global_batch"] for r in rows] == [128, 128]

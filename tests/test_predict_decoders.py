@@ -688,3 +688,74 @@ def test_a_model_file_is_read_or_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match="is not one of gelu, relu, swiglu; hidden 64, heads 4, kv_heads 3 do not "
                                          "divide$"):
         decoder.load(str(bad))
+
+
+def _published_result(tables: dict) -> dict:
+    """check()'s answer for two points, one predicted and one refused, every figure chosen here."""
+    errors = {"median_abs_error": 0.1, "max_abs_error": 0.2, "worst_median_abs_error": 0.15, "worst_max_abs_error": 0.3}
+    return {"points": [{"name": "p1", "generation": "H100", "publisher": "NVIDIA", "metric": "mfu", "published": 0.5,
+                        "predicted": 0.55, "error": 0.1, "error_by_table": {"t2": 0.3}, "layout_full": "fsdp8",
+                        "stack": "megatron-te"},
+                       {"name": "p2", "generation": "A100", "publisher": "Meta", "metric": "mfu", "published": 0.4,
+                        "predicted": None, "refused": "fp8 is not modelled"}],
+            **errors, "predicted": 1, "refused": 1, "tables": tables,
+            "groups": [{"by": "generation", "group": "H100", "predicted": 1, "refused": 0, **errors},
+                       {"by": "publisher", "group": "Meta", "predicted": 0, "refused": 1, **dict.fromkeys(errors)}],
+            "rankings": [{"model": "llama3-8b", "hardware": "h100-sxm-8", "devices": 8, "points": ["a", "b"],
+                          "spearman": None, "order_holds": True},
+                         {"model": "gpt3-175b", "hardware": "a100-sxm-8", "devices": 64, "points": ["a", "b", "c"],
+                          "spearman": 0.456, "order_holds": False}]}
+
+
+def test_published_prints_the_check_s_tables_groups_and_rankings_and_writes_them(tmp_path, monkeypatch, capsys):
+    from rich.console import Console
+
+    from bench.reporting import published_plot as published_table
+    from tests.test_plan_cli import _table
+    result = _published_result({"h100-sxm-8": [1, 2, 3], "h100-96gb-500w-8": [1]})
+    monkeypatch.setattr(published, "check", lambda: result)
+    drawn = []
+    monkeypatch.setattr(published_table, "published_plot",
+                        lambda r: drawn.append(r) or type("Plot", (), {"png": lambda self: b"png"})())
+    monkeypatch.setattr(predict_cli, "Console", lambda width: Console(width=400))
+    out, json_at = tmp_path / "out", tmp_path / "elsewhere" / "p.json"
+    assert predict_cli.main(["--published", "--out", str(out), "--json", str(json_at)]) == 0
+    assert json.loads(json_at.read_text()) == result and drawn == [result]
+    assert (out / "plots" / "predicted-vs-published.png").read_bytes() == b"png"
+    lines = capsys.readouterr().out.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("by GPU generation")))
+    assert lines[0].strip() == "predicted against published GPU-cluster results"
+    assert _table(lines[:first]) == (published_table.COLUMNS, [
+        ["A100", "Meta", "p2", "mfu", "0.4", "refused", "", "", "fp8 is not modelled"],
+        ["H100", "NVIDIA", "p1", "mfu", "0.5", "0.550", "+10.0%", "+10.0% to +30.0%", "fsdp8 megatron-te"]])
+    assert _table(lines[first:])[1] == [["generation", "H100", "1", "0", "10.0%", "20.0%", "15.0%", "30.0%"],
+                                        ["publisher", "Meta", "0", "1", "", "", "", ""]]
+    assert lines[-6:] == [
+        f"1 points predicted, 1 refused: {published.error_line(result)} (3 tables of the H100)",
+        f"generation H100: 1 predicted, 0 refused; {published.error_line(result['groups'][0])}",
+        "publisher Meta: 0 predicted, 1 refused",
+        "ranking llama3-8b on 8 x h100-sxm-8: Spearman n/a; order of points more than 10% apart holds (2 points)",
+        "ranking gpt3-175b on 64 x a100-sxm-8: Spearman +0.46; order of points more than 10% apart DOES NOT hold "
+        "(3 points)",
+        f"table: {json_at}; figure: {out / 'plots' / 'predicted-vs-published.png'}"]
+    # Without --json the points go beside the figure; no tables: none counted.
+    monkeypatch.setattr(published, "check", lambda: _published_result({}))
+    monkeypatch.chdir(tmp_path)
+    assert predict_cli.main(["--published"]) == 0
+    assert json.loads((tmp_path / "predictions" / "published.json").read_text())["tables"] == {}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-6].endswith("(0 tables of the H100)")
+    assert lines[-1] == "table: predictions/published.json; figure: predictions/plots/predicted-vs-published.png"
+
+
+def test_constants_of_one_hardware_file_are_its_own_and_the_model_s(monkeypatch, capsys):
+    from rich.console import Console
+
+    from tests.test_plan_cli import _table
+    monkeypatch.setattr(predict_cli, "Console", lambda width: Console(width=2000))
+    assert predict_cli.main(["--constants", "--hardware", "a100-sxm-8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].strip() == "bench.predict's GPU-cluster constants"
+    assert _table(lines) == (["constant", "value", "unit", "source"],
+                             [[c.name, c.value, c.unit, c.source] for c in constants.table(["a100-sxm-8"])])
+    assert not any(line.startswith("│ h100") for line in lines)
