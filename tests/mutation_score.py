@@ -99,7 +99,7 @@ def score(found: dict[str, dict[str, str]], equivalents: dict[str, dict], diff_o
                 problems.append(f"{name}: listed as equivalent but a test kills it")
             elif STATUS[status] == "no_tests":
                 problems.append(f"{name}: listed as equivalent but no test runs it: not killed, whatever its reason")
-            elif diff_of(name, module) != equivalents[name]["diff"]:
+            elif diff_of(name, module).strip("\n") != equivalents[name]["diff"]:  # as load_equivalents reads it
                 problems.append(f"{name}: listed as equivalent, but its diff is not the entry's (mutmut names "
                                 f"mutants by position: the function changed); now:\n{diff_of(name, module)}")
             else:

@@ -228,3 +228,79 @@ def test_a_sweep_speaks_of_threads_per_virtual_cpu_only_where_its_devices_are_cp
     assert devices.threads_phrase(16, "auto") == ""
     monkeypatch.setattr(devices, "accelerator_driver_present", lambda: False)
     assert devices.threads_phrase(1, "auto") == ", 1 thread(s) per virtual CPU device"
+
+
+# ----------------------------------------------------------------------------- every figure of a section, by hand
+
+HAND_RULES = (("optimizer", r"Optimizer"), ("matmul", r"mm$"), ("attention", r"attn$"), ("all_reduce", r"allreduce$"),
+              ("elementwise", r"add$"), ("host_idle", r"wrapper$"))
+
+
+def test_a_section_of_two_steps_worked_by_hand():
+    """Steps 0-4 and 10-14. Step 1: mm 1 s (4e9 FLOPs), attn 0.5 s, idle 0.5, foo 1 s, idle 1. Step 2: allreduce
+    1 s, idle 1, bar 1.5 s, baz 0.25 s, idle 0.25. An mm starting at 4.0, the first step's end, is outside it:
+    neither its time nor its FLOPs count."""
+    events = [OpEvent("mm", 0.0, 1.0, "t", flops=4e9), ev("attn", 1.0, 1.5, "t"), ev("foo", 2.0, 3.0, "t"),
+              OpEvent("mm", 4.0, 5.0, "t", flops=8e9), ev("allreduce", 10.0, 11.0, "t"),
+              ev("bar", 12.0, 13.5, "t"), ev("baz", 13.5, 13.75, "t")]
+    section = attribution(events, [(0.0, 4.0), (10.0, 14.0)], Classifier(HAND_RULES), wall_step_s=4.5,
+                          measured_step_s=3.9, profiler="hand", trace_dir="/traces/r1", model_flops_per_step=6e9,
+                          bytes_per_step={"all_reduce": 3e9, "matmul": 0.0})
+    per_step = {"matmul": 0.5, "attention": 0.25, "all_reduce": 0.5, "other": 1.375, "host_idle": 1.375}
+    assert (section.step_s, section.wall_step_s, section.measured_step_s, section.steps) == (4.0, 4.5, 3.9, 2)
+    assert (section.profiler, section.trace_dir) == ("hand", "/traces/r1")
+    assert {c: t.seconds for c, t in section.categories.items() if t.seconds} == pytest.approx(per_step)
+    assert {c: t.share for c, t in section.categories.items() if t.share} == pytest.approx(
+        {c: s / 4.0 for c, s in per_step.items()})
+    # 4e9 FLOPs over 2 steps in 0.5 s of matmul per step; 3e9 bytes per step in 0.5 s of all-reduce.
+    assert {c: t.flops_per_s for c, t in section.categories.items() if t.flops_per_s is not None} == {"matmul": 4e9}
+    assert {c: t.bytes_per_s for c, t in section.categories.items() if t.bytes_per_s is not None} == {
+        "all_reduce": 6e9}
+    assert section.model_flops_per_s_in_matmul == pytest.approx(6e9 / 0.75)  # matmul + attention: 0.75 s a step
+    assert section.unclassified == [["bar", 0.75], ["foo", 0.5], ["baz", 0.125]]  # largest first, per step
+    assert section.op_concurrency == 1.0
+
+
+def test_a_section_with_no_events_is_all_host_idle():
+    section = attribution([], [(0.0, 2.0)], Classifier(HAND_RULES), wall_step_s=2.0, measured_step_s=None,
+                          profiler="hand", trace_dir="")
+    assert {c: t.seconds for c, t in section.categories.items() if t.seconds} == {"host_idle": 2.0}
+    assert section.categories["host_idle"].share == 1.0 and section.categories["matmul"].share == 0.0
+    assert section.op_concurrency is None and section.unclassified == [] and section.model_flops_per_s_in_matmul is None
+    # A window of no length has no shares to give.
+    empty = attribution([], [(1.0, 1.0)], Classifier(HAND_RULES), wall_step_s=0.0, measured_step_s=None,
+                        profiler="hand", trace_dir="")
+    assert {t.share for t in empty.categories.values()} == {0.0}
+
+
+def test_the_same_op_on_two_threads_takes_its_share_of_each_instant():
+    """foo on threads a and b over 0-3, add on c over 1-3: 0-1 is foo's alone (1 s), in 1-3 foo holds 2 of the 3
+    working threads (4/3 s) and add 1 (2/3 s); 3-4 is idle."""
+    events = [ev("foo", 0.0, 3.0, "a"), ev("foo", 0.0, 3.0, "b"), ev("add", 1.0, 3.0, "c")]
+    seconds, unclassified, flops, concurrency = split_time(events, [(0.0, 4.0)], Classifier(HAND_RULES))
+    assert seconds == pytest.approx({"other": 7 / 3, "elementwise": 2 / 3, "host_idle": 1.0})
+    assert unclassified == pytest.approx({"foo": 7 / 3})
+    assert flops == {} and concurrency == pytest.approx(8 / 3)  # 2 threads for 1 s, 3 for 2 s
+
+
+def test_a_step_that_is_all_work_has_no_idle_entry():
+    seconds, _, _, concurrency = split_time([ev("mm", 0.0, 1.0, "a"), ev("add", 1.0, 2.0, "b")], [(0.0, 2.0)],
+                                            Classifier(HAND_RULES))
+    assert seconds == {"matmul": 1.0, "elementwise": 1.0} and concurrency == 1.0
+
+
+def test_flops_add_up_per_category_and_only_for_events_that_last():
+    events = [OpEvent("mm", 0.0, 1.0, "t", flops=4e9), OpEvent("mm", 1.0, 2.0, "t", flops=2e9),
+              OpEvent("add", 2.0, 3.0, "t"), OpEvent("mm", 2.5, 2.5, "t", flops=5e9)]  # no length: not an op run
+    seconds, _, flops, _ = split_time(events, [(0.0, 4.0)], Classifier(HAND_RULES))
+    assert flops == {"matmul": 6e9}
+    assert seconds == {"matmul": 2.0, "elementwise": 1.0, "host_idle": 1.0}
+
+
+def test_an_event_opened_with_its_parent_is_inside_it_and_cut_at_its_end():
+    # Optimizer and mm start together: the longer one encloses the other, so the mm is the optimizer's.
+    seconds, *_ = split_time([ev("Optimizer", 0.0, 4.0), ev("mm", 0.0, 1.0)], [(0.0, 4.0)], Classifier(HAND_RULES))
+    assert seconds == {"optimizer": 4.0}
+    # An mm that outlives its wrapper is cut at the wrapper's end; after it nothing runs.
+    seconds, *_ = split_time([ev("wrapper", 0.0, 2.0), ev("mm", 1.0, 3.0)], [(0.0, 4.0)], Classifier(HAND_RULES))
+    assert seconds == {"host_idle": 3.0, "matmul": 1.0}

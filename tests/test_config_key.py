@@ -16,7 +16,17 @@ from bench.reporting.layouts import in_layout_table
 from bench.reporting.plots import PLOTTERS
 from bench.reporting.series import build_series
 from bench.reporting.tables import workload_table
-from common.config_key import NO_REFERENCE, config_key, reference_key
+from common.config_key import (
+    NO_REFERENCE,
+    ConfigKey,
+    config_key,
+    describe,
+    latest_within_sweep,
+    layout_label,
+    reference_key,
+    reference_throughputs,
+    started,
+)
 from common.layout import Layout
 from common.record import skeleton
 from common.results import load_records, summary_frame, validate_record, write_record
@@ -221,3 +231,90 @@ def test_a_sweep_records_its_command_and_each_run_its_mode(torch_sweep):
                                                                  "--out", str(out)])}
     modes = {r["backend"]: r["mode"] for r in records if r["status"] == "ok"}
     assert modes.get("torch_ddp") == "DistributedDataParallel"
+
+
+# ----------------------------------------------------------------------------- a key, field by field
+
+def _keyed(**fields) -> dict:
+    record = {"workload": "mlm", "backend": "torch_3d", "mode": "ddp", "scaling": "weak", "global_batch": 64,
+              "per_device_batch": 8, "data": "synthetic", "device_kind": "H100", "host": {"name": "node1"},
+              "threads_per_device": 4, "devices": 4,
+              "config": {"model_size": "mini", "precision": "bf16", "grad_accum": 2, "compile": "max-autotune"},
+              "layout": {"dp": 2, "tp": 2, "micro_batches": 2}}
+    return record | fields
+
+
+def test_a_record_s_key_holds_each_of_its_fields():
+    # Weak scaling keys on the per-device batch; micro-batches are --grad-accum 2 x the layout's 2.
+    assert config_key(_keyed()) == ConfigKey(
+        workload="mlm", backend="torch_3d", mode="ddp", model_size="mini", precision="bf16", scaling="weak", batch=8,
+        micro_batches=4, layout=Layout(tp=2, micro_batches=2), compile="max-autotune", data="synthetic",
+        device_kind="H100", host="node1", threads_per_device=4)
+    assert config_key(_keyed(scaling="strong")).batch == 64
+    assert config_key(_keyed(scaling=None)).batch == 8
+
+
+def test_a_record_without_a_mode_keys_on_its_strategy_without_dp_counts():
+    assert config_key(_keyed(mode=None, strategy="dp2 x tp2")).mode == "dp x tp2"
+    assert config_key(_keyed(mode=None, strategy="fsdp8 hybrid")).mode == "fsdp hybrid"
+    assert config_key(_keyed(mode=None)).mode == ""
+    assert config_key(_keyed(mode=None, strategy=None)).mode == ""
+
+
+def test_the_key_s_layout_drops_the_devices_count_and_options_without_their_dimension():
+    def keyed(**layout):
+        return config_key(_keyed(layout=layout)).layout
+    assert keyed(dp=4, schedule="1f1b", virtual_stages=2) == Layout()  # no pipeline: a schedule means nothing
+    assert keyed(pp=2, schedule="1f1b", micro_batches=4) == Layout(pp=2, schedule="1f1b", micro_batches=4)
+    assert keyed(tp=2, sp=True) == Layout(tp=2, sp=True) and keyed(sp=True) == Layout()
+    # FSDP over every device: 2 stands for any count; HSDP keeps its group size.
+    assert keyed(fsdp=4) == keyed(fsdp=8) == Layout(fsdp=2)
+    assert keyed(dp=2, fsdp=4) == Layout(fsdp=4)
+
+
+@pytest.mark.parametrize("layout, label", [
+    (Layout(dp=4), "dp"),
+    (Layout(fsdp=4), "fsdp"),
+    (Layout(dp=2, fsdp=4), "dp x fsdp4"),
+    (Layout(tp=2, vocab_split=True), "dp x tp2-vocab"),
+    (Layout(tp=2, pp=2, micro_batches=4, schedule="1f1b"), "dp x tp2 x pp2-nmb4-1f1b"),
+    (Layout(cp=2), "dp x cp2"),
+    (Layout(recompute="full"), "dp-rc"),
+])
+def test_a_layout_label_is_its_name_without_the_dp_count(layout, label):
+    assert layout_label(layout) == label
+
+
+def test_a_key_field_reads_as_a_table_cell():
+    key = config_key(_keyed(config={"compile": ""}, data="", host=None, threads_per_device=None))
+    assert describe(key, "batch") == "8 per device"
+    assert describe(config_key(_keyed(scaling="strong")), "batch") == "64 global"
+    assert describe(config_key(_keyed(per_device_batch=None)), "batch") == "?"
+    assert describe(key, "compile") == "eager" and describe(config_key(_keyed()), "compile") == "max-autotune"
+    assert [describe(key, f) for f in ("data", "host", "threads_per_device", "model_size")] == ["?", "?", "?", "tiny"]
+    assert [describe(config_key(_keyed()), f) for f in ("threads_per_device", "micro_batches", "layout")] == [
+        "4", "4", "dp x tp2-nmb2"]
+
+
+def test_without_blanks_the_named_fields_only():
+    key = config_key(_keyed())
+    assert key.without("host", "device_kind") == ConfigKey(**{**key.__dict__, "host": None, "device_kind": None})
+
+
+def test_latest_is_by_start_time_then_run_id_and_a_record_without_either_comes_first():
+    assert started({}) == ("", "") and started({"started_at": "2026-11-24", "run_id": "r1"}) == ("2026-11-24", "r1")
+    late = _keyed(run_id="b", started_at="2026-11-24T10:00:00")
+    early = _keyed(run_id="a", started_at="2026-11-24T10:00:00")
+    unstarted = _keyed(run_id="c", started_at=None)
+    # Two runs started together: the run id breaks the tie; one with no start time is the earliest.
+    assert latest_within_sweep([late, early, unstarted]) == [late]
+    assert [r["run_id"] for r in sorted([late, early, unstarted], key=started)] == ["c", "a", "b"]
+    assert latest_within_sweep([unstarted, _keyed(started_at="2026")]) == [_keyed(started_at="2026")]
+
+
+def test_a_failed_one_device_run_is_no_reference_even_with_a_throughput():
+    one = _keyed(run_id="r1", devices=1, status="failed", samples_per_s=100.0, layout={}, config={})
+    two = _keyed(run_id="r2", devices=2, status="ok", samples_per_s=150.0, layout={"dp": 2}, config={})
+    assert reference_throughputs([one, two]) == {}
+    assert reference_throughputs([{**one, "status": "ok"}, two]) == {"r1": 100.0, "r2": 100.0}
+    assert reference_throughputs([{**one, "status": "ok", "samples_per_s": None}, two]) == {}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import shutil
 import struct
 from pathlib import Path
@@ -10,13 +11,23 @@ import numpy as np
 import pytest
 
 from common.data import token_cache
-from common.data.batches import TrainBatches, epoch_order, eval_batches, eval_indices, eval_samples
-from common.data.datasets import load_split, resolve_data_mode
-from common.data.masking import mask_tokens
+from common.data.batches import (
+    TOKEN_WEIGHTS,
+    TrainBatches,
+    _model_inputs,
+    batch_weight,
+    epoch_order,
+    eval_batches,
+    eval_indices,
+    eval_samples,
+    next_token_inputs,
+)
+from common.data.datasets import SplitData, load_split, resolve_data_mode
+from common.data.masking import EVAL_EPOCH, mask_tokens
 from common.data.mnist import load_mnist, read_idx_images, read_idx_labels
 from common.data.synthetic import synthetic_mnist, synthetic_wikitext
 from common.data.wikitext import build_vocab, load_wikitext, token_stream
-from common.errors import DataError
+from common.errors import BadInput, DataError
 from common.spec import BERT_SIZES, CLS_ID, CNN, MASK_ID, PAD_ID, SEP_ID, WIKITEXT2_VOCAB_SIZE
 
 TINY = BERT_SIZES["tiny"]
@@ -250,3 +261,143 @@ def test_synthetic_wikitext_is_predictable_from_the_left_neighbour():
         pairs.setdefault(a, []).append(b)
     agree = np.mean([np.mean(np.array(v) == np.bincount(v).argmax()) for v in pairs.values()])
     assert agree > 0.85
+
+
+# ----------------------------------------------------------------------------- one rank's shard, by hand
+# Eight samples whose label is their id and whose pixels are 51 x (id % 6): which ids each rank, micro-batch and
+# device gets is read back from the batch itself.
+
+# epoch_order(8, seed 0, ...): every backend's global order, so the exact permutation is part of the experiment.
+ORDER_0 = [7, 6, 4, 2, 1, 3, 5, 0]
+ORDER_1 = [2, 5, 4, 7, 0, 6, 1, 3]
+
+
+def _ids(n: int = 8) -> SplitData:
+    ids = np.arange(n, dtype=np.uint8)
+    return SplitData("cnn", "train", True, {"image": np.broadcast_to((51 * (ids % 6))[:, None, None], (n, 2, 2)).copy(),
+                                            "label": ids})
+
+
+def _labels(step_batch) -> list[list[int]]:
+    return [b["label"].tolist() for b in step_batch.micro]
+
+
+def test_the_epoch_order_is_the_shared_permutation_of_seed_and_epoch():
+    assert epoch_order(8, 0, 0).tolist() == ORDER_0
+    assert epoch_order(8, 0, 1).tolist() == ORDER_1
+    assert epoch_order(8, 1, 0).tolist() == [4, 5, 3, 0, 2, 6, 1, 7]
+
+
+def test_each_rank_gets_its_slice_of_every_micro_batch():
+    # b=1, 2 ranks, 2 micro-batches: a global batch of 4, two steps an epoch. Step 0 takes ORDER_0[0:4] = 7 6 4 2:
+    # micro-batch 0 is 7 (rank 0), 6 (rank 1); micro-batch 1 is 4, 2.
+    ranks = [TrainBatches(_ids(), CNN, 0, 1, 2, r, micro_batches=2) for r in range(2)]
+    assert (ranks[1].global_batch, ranks[1].steps_per_epoch) == (4, 2)
+    assert [_labels(r.get(0)) for r in ranks] == [[[7], [4]], [[6], [2]]]
+    assert [_labels(r.get(1)) for r in ranks] == [[[1], [5]], [[3], [0]]]
+    # Step 2 is the first of epoch 1: ORDER_1[0:4] = 2 5 4 7.
+    second = ranks[1].get(2)
+    assert _labels(second) == [[5], [7]] and second.epoch == 1 and type(second.epoch) is int
+    assert ranks[1].get(3).epoch == 1 and ranks[1].get(1).epoch == 0
+    assert [i.tolist() for i in ranks[1].rank_indices(3)] == [[6], [3]]
+    assert ranks[1].global_indices(3).tolist() == [0, 6, 1, 3]
+    assert ranks[0].get(0).denominator == 4.0 and ranks[0].get(0).device_ids[0].tolist() == [7, 4]
+
+
+def test_a_cnn_batch_is_scaled_once_to_float32_and_labelled_int32():
+    [micro] = TrainBatches(_ids(), CNN, 0, 2, 1, 0).get(0).micro  # ids 7 and 6: pixels 51 and 0
+    assert micro["image"].dtype == np.float32 and micro["label"].dtype == np.int32
+    assert micro["label"].tolist() == [7, 6]
+    assert micro["image"][:, 0, 0].tolist() == [pytest.approx(0.2, rel=1e-6), 0.0]
+    [micro] = TrainBatches(_ids(), CNN, 0, 2, 1, 0).get(1).micro  # ids 4 and 2: pixels 204 and 102
+    assert micro["image"][:, 1, 1].tolist() == [pytest.approx(0.8, rel=1e-6), pytest.approx(0.4, rel=1e-6)]
+    [micro] = TrainBatches(_ids(11), CNN, 0, 11, 1, 0).get(0).micro  # id 5: pixel 255 is 1
+    assert micro["image"].max() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_a_rank_driving_two_devices_hands_each_its_contiguous_piece():
+    # One rank, b=2 over 2 local devices, 2 micro-batches: 7 6 | 4 2; device 0 trains on 7 then 4, device 1 on 6, 2.
+    local = TrainBatches(_ids(), CNN, 0, 2, 1, 0, micro_batches=2, local_devices=2)
+    assert [d.tolist() for d in local.get(0).device_ids] == [[7, 4], [6, 2]]
+    # Of 2 ranks with b=2 each, rank 1 holds 4 2: device 0 gets 4, device 1 gets 2.
+    rank1 = TrainBatches(_ids(), CNN, 0, 2, 2, 1, local_devices=2)
+    assert [d.tolist() for d in rank1.get(0).device_ids] == [[4], [2]]
+    # One device by default: it trains on the whole rank's share.
+    assert [d.tolist() for d in TrainBatches(_ids(), CNN, 0, 2, 1, 0, micro_batches=2).get(0).device_ids] == [
+        [7, 6, 4, 2]]
+
+
+def test_a_global_batch_may_take_every_sample_and_no_more():
+    whole = TrainBatches(_ids(), CNN, 0, 4, 2, 0)
+    assert whole.steps_per_epoch == 1 and _labels(whole.get(1)) == [[2, 5, 4, 7]]
+    with pytest.raises(BadInput, match=r"^global batch 9 exceeds the 8 samples of cnn/train$"):
+        TrainBatches(_ids(), CNN, 0, 3, 3, 0)
+
+
+def test_an_epoch_digest_is_the_sha256_of_the_rank_s_ids_as_int64():
+    # Epoch 1 of rank 1 (b=1, 2 ranks, 2 micro-batches): steps 2 and 3 give it 5 7 and 6 3.
+    rank1 = TrainBatches(_ids(), CNN, 0, 1, 2, 1, micro_batches=2)
+    assert rank1.epoch_digest(1) == hashlib.sha256(np.array([5, 7, 6, 3], np.int64).tobytes()).hexdigest()
+    assert rank1.epoch_digest(0) == hashlib.sha256(np.array([6, 2, 3, 0], np.int64).tobytes()).hexdigest()
+
+
+def test_an_epoch_is_drawn_once_however_many_steps_read_it(monkeypatch):
+    drawn = []
+    orders = epoch_order
+
+    def counted(n, seed, epoch):
+        drawn.append(epoch)
+        return orders(n, seed, epoch)
+    monkeypatch.setattr("common.data.batches.epoch_order", counted)
+    batches = TrainBatches(_ids(), CNN, 0, 1, 2, 0, micro_batches=2)
+    for step in (0, 1, 0, 2, 3):
+        batches.get(step)
+    assert drawn == [0, 1]
+
+
+LM_TOKENS = np.array([[CLS_ID, 5, 6, 7], [CLS_ID, 8, PAD_ID, PAD_ID]], np.int32)
+
+
+def test_next_token_inputs_shift_by_one_and_weigh_real_labels():
+    got = next_token_inputs(LM_TOKENS)
+    assert got["input_ids"].tolist() == [[CLS_ID, 5, 6], [CLS_ID, 8, PAD_ID]]
+    assert got["labels"].tolist() == [[5, 6, 7], [8, PAD_ID, PAD_ID]]
+    assert got["label_weights"].tolist() == [[1, 1, 1], [1, 0, 0]] and got["label_weights"].dtype == np.float32
+    assert set(got) == {"input_ids", "labels", "label_weights"}
+
+
+def test_an_lm_step_is_the_shifted_tokens_and_its_denominator_the_real_labels():
+    data = SplitData("lm", "train", True, {"tokens": LM_TOKENS})
+    assert _model_inputs(data, TINY, 0, 0)["labels"].tolist() == [[5, 6, 7], [8, PAD_ID, PAD_ID]]
+    step = TrainBatches(data, TINY, 0, 1, 1, 0, micro_batches=2).get(0)
+    order = epoch_order(2, 0, 0).tolist()
+    assert [m["labels"][0, 0] for m in step.micro] == [[5, 8][i] for i in order]
+    assert step.denominator == 4.0  # 3 real labels in row 0, 1 in row 1
+
+
+def test_batch_weight_is_samples_for_the_cnn_and_weighted_tokens_otherwise():
+    assert TOKEN_WEIGHTS == {"mlm": "mask_weights", "lm": "label_weights"}
+    assert batch_weight("cnn", {"label": np.zeros(3, np.int32)}) == 3.0
+    assert batch_weight("mlm", {"mask_weights": np.array([[1.0, 0.0, 1.0]]), "label": np.zeros(5)}) == 2.0
+    assert batch_weight("lm", {"label_weights": np.array([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])}) == 3.0
+
+
+def test_eval_batches_take_the_rank_s_contiguous_shard_in_batches():
+    # 8 samples over 3 ranks: 0 1 2 | 3 4 5 | 6 7; rank 1 in batches of 2: 3 4, then 5, scaled like training.
+    batches = list(eval_batches(_ids(), CNN, 0, 1, 3, 2))
+    assert [b["label"].tolist() for b in batches] == [[3, 4], [5]]
+    assert batches[0]["image"].dtype == np.float32 and batches[0]["image"][0, 0, 0] == pytest.approx(0.6, rel=1e-6)
+    # The first 4 only: 0 1 | 2 | 3.
+    assert [b["label"].tolist() for b in eval_batches(_ids(), CNN, 0, 1, 3, 2, limit=4)] == [[2]]
+
+
+def test_mlm_eval_batches_are_masked_the_fixed_evaluation_way():
+    tokens = np.random.default_rng(0).integers(5, 100, (6, 32)).astype(np.int32)
+    tokens[:, 0] = CLS_ID
+    data = SplitData("mlm", "valid", True, {"tokens": tokens})
+    got = list(eval_batches(data, TINY, 3, 0, 1, 4))
+    want = mask_tokens(tokens, TINY, 3, EVAL_EPOCH)
+    assert [len(b["input_ids"]) for b in got] == [4, 2]
+    for key in want:
+        assert np.array_equal(np.concatenate([b[key] for b in got]), want[key])
+    assert not np.array_equal(want["mask_positions"], mask_tokens(tokens, TINY, 3, 0)["mask_positions"])

@@ -44,6 +44,17 @@ def test_an_equivalent_is_credited_while_its_diff_is_the_entry_s():
     assert any("its diff is not the entry's" in p and moved in p for p in problems)
 
 
+def test_an_entry_whose_hunk_begins_or_ends_with_a_blank_line_is_credited(tmp_path):
+    # mutant_diff right-strips every line, so a blank context line at either end of the hunk is an empty line,
+    # which the entry's text loses when it is read back.
+    blank = "\n def f(x):\n-    return x > 1\n+    return x >= 1\n"
+    path = tmp_path / "eq.toml"
+    path.write_text(f"[[equivalent]]\nmutant = \"common.a.x_f__mutmut_1\"\nwhy = \"w\"\ndiff = '''\n{blank}\n'''\n")
+    result, problems = score(FOUND, load_equivalents(path), _diffs({"common.a.x_f__mutmut_1": blank}))
+    assert result["modules"]["common/a.py"]["equivalent"] == 1
+    assert not [p for p in problems if "diff is not the entry's" in p]
+
+
 def test_a_listed_mutant_that_is_killed_untested_or_gone_is_refused_and_not_credited():
     listed = {name: {"why": "w", "diff": DIFF} for name in
               ("common.a.x_f__mutmut_2", "common.a.x_f__mutmut_3", "common.a.x_f__mutmut_9")}

@@ -122,3 +122,89 @@ def test_an_attribution_without_every_category_is_refused():
     section = WRITTEN[7].to_metrics()
     del section["attribution"]["categories"]["host_idle"]
     assert any("host_idle missing" in p for p in section_problems(section))
+
+
+# ----------------------------------------------------------------------------- what a refusal says, word for word
+# validate_record prints these lines for a record it refuses: each names the section, the field and the value.
+
+MEMORY = {"process_peak_per_rank": [1], "training_per_rank": [1], "method": None, "processes_share": False}
+PEAK = {"flops_per_s": 1.0, "precision": "fp32", "method": "m", "shape": [4, 4, 4], "per_rank": [1.0]}
+FIT = {"predicted_per_rank": [1], "available_bytes": 2, "limit": "x", "verdict": "fits", "counts": "y"}
+CO_RUN = {"processes": 2, "step_s_p50": [0.6, 0.7], "slowdown": 1.1, "run_ids": ["a", "b"]}
+
+
+@pytest.mark.parametrize("section, raw, says", [
+    (TrainableParams, "many", "backend_metrics.trainable_params: expected an integer, got 'many'"),
+    (TrainableParams, True, "backend_metrics.trainable_params: expected an integer, got True"),
+    (Fp32Math, "fp8", "backend_metrics.fp32_math: expected one of ('fp32', 'tf32'), got 'fp8'"),
+    (Memory, {**MEMORY, "process_peak_per_rank": [None]}, "memory: process_peak_per_rank: expected numbers, got None"),
+    (Memory, {**MEMORY, "process_peak_per_rank": 5}, "memory: process_peak_per_rank: expected a list, got 5"),
+    (Memory, {**MEMORY, "training_per_rank": ["big"]},
+     "memory: training_per_rank: expected numbers or null, got 'big'"),
+    (Memory, {**MEMORY, "training_per_rank": [True]}, "memory: training_per_rank: expected numbers or null, got True"),
+    (Memory, {**MEMORY, "at_start_per_rank": ["x"]}, "memory: at_start_per_rank: expected numbers or null, got 'x'"),
+    (Memory, {**MEMORY, "processes_share": "no"}, "memory: processes_share: expected true or false, got 'no'"),
+    (AchievablePeak, {**PEAK, "flops_per_s": None}, "achievable_peak: flops_per_s: expected numbers, got None"),
+    (AchievablePeak, {**PEAK, "flops_per_s": "fast"}, "achievable_peak: flops_per_s: expected numbers, got 'fast'"),
+    (AchievablePeak, {**PEAK, "per_rank": ["x"]}, "achievable_peak: per_rank: expected numbers or null, got 'x'"),
+    (AchievablePeak, {**PEAK, "shape": [4, 4]}, "achievable_peak: shape: expected [m, n, k], got [4, 4]"),
+    (AchievablePeak, {**PEAK, "shape": [4, 4, None]}, "achievable_peak: shape: expected numbers, got None"),
+    (FitCheck, {**FIT, "predicted_per_rank": [None]}, "fit_check: predicted_per_rank: expected numbers, got None"),
+    (FitCheck, {**FIT, "predicted_per_rank": ["x"]}, "fit_check: predicted_per_rank: expected numbers, got 'x'"),
+    (FitCheck, {**FIT, "available_bytes": 2.5}, "fit_check: available_bytes: expected numbers, got 2.5"),
+    (FitCheck, {**FIT, "verdict": "squeezes"},
+     "fit_check: verdict: expected one of ('fits', 'may not fit', 'does not fit', 'not checked'), got 'squeezes'"),
+    (CoRun, {**CO_RUN, "processes": "2"}, "co_run: processes: expected numbers, got '2'"),
+    (CoRun, {**CO_RUN, "processes": None}, "co_run: processes: expected numbers, got None"),
+    (CoRun, {**CO_RUN, "step_s_p50": [0.6, None]}, "co_run: step_s_p50: expected numbers, got None"),
+    (CoRun, {**CO_RUN, "step_s_p50": [0.6, "x"]}, "co_run: step_s_p50: expected numbers, got 'x'"),
+    (CoRun, {**CO_RUN, "slowdown": None}, "co_run: slowdown: expected numbers, got None"),
+    (CoRun, {**CO_RUN, "slowdown": "x"}, "co_run: slowdown: expected numbers, got 'x'"),
+    (CoRun, {**CO_RUN, "processes": 1, "step_s_p50": [0.6]},
+     "co_run: expected 1 >= 2 medians and a positive slowdown, got [0.6] and 1.1"),
+    (CoRun, {**CO_RUN, "step_s_p50": [0.6]},
+     "co_run: expected 2 >= 2 medians and a positive slowdown, got [0.6] and 1.1"),
+    (CoRun, {**CO_RUN, "slowdown": 0}, "co_run: expected 2 >= 2 medians and a positive slowdown, got [0.6, 0.7] and 0"),
+], ids=lambda v: v.__name__ if isinstance(v, type) else "")
+def test_a_refused_section_says_which_field_and_value(section, raw, says):
+    assert section.problems(raw) == [says]
+
+
+@pytest.mark.parametrize("section, raw", [
+    (Memory, {**MEMORY, "training_per_rank": [None], "at_start_per_rank": [None, 3]}),
+    (AchievablePeak, {**PEAK, "per_rank": [None, 2]}),
+    (FitCheck, {**FIT, "predicted_per_rank": None, "available_bytes": None}),
+    (CoRun, {**CO_RUN, "slowdown": 0.5}),  # co-running may even be faster: any positive slowdown reads
+], ids=lambda v: v.__name__ if isinstance(v, type) else "")
+def test_what_a_section_allows_reads(section, raw):
+    assert section.problems(raw) == []
+    assert section.from_record({section.key: raw}) == section.from_value(raw)
+
+
+def test_a_record_without_a_top_level_section_reads_none():
+    assert Memory.from_record({}) is None and CoRun.from_record(None) is None and FitCheck.from_record({"x": 1}) is None
+
+
+def test_missing_state_parts_read_as_zero_bytes():
+    [rank] = StateBytesPerRank.from_value([{"params": 5, "grads": None}]).ranks
+    assert rank == StateBytes(5, 0, 0) and rank.total == 5
+
+
+def test_a_rank_s_bytes_of_a_collective_it_did_not_issue_are_zero():
+    comm = CommPerStep([{"all_reduce": Collective(4096, 2, 0.01)}, None])
+    assert comm.bytes_of(0, "all_reduce") == 4096
+    assert comm.bytes_of(0, "all_gather") == 0 and comm.bytes_of(1, "all_reduce") == 0
+
+
+def test_an_attribution_is_written_with_its_fields_only_and_adds_up_its_categories():
+    section = WRITTEN[7]
+    written = section.to_metrics()["attribution"]
+    assert set(written) == {"step_s", "wall_step_s", "measured_step_s", "steps", "categories", "profiler", "trace_dir",
+                            "model_flops_per_s_in_matmul", "unclassified", "op_concurrency"}
+    assert written["categories"]["matmul"] == {"seconds": 0.5 / len(ATTRIBUTION_CATEGORIES),
+                                               "share": 1 / len(ATTRIBUTION_CATEGORIES), "flops_per_s": 2e9,
+                                               "bytes_per_s": None}
+    assert section.seconds("matmul", "attention", "other") == pytest.approx(3 * 0.5 / len(ATTRIBUTION_CATEGORIES))
+    assert section.seconds() == 0
+    del written["categories"]["host_idle"], written["categories"]["softmax"]
+    assert Attribution.problems(written) == ["backend_metrics.attribution: categories: softmax, host_idle missing"]
