@@ -804,6 +804,7 @@ def test_a_sweep_runs_its_plan_records_a_bad_run_once_and_prints_its_tables(tmp_
 
 
 def test_a_one_repeat_sweep_prints_no_intervals_and_records_a_dead_run_as_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # the lines on stderr unwrapped: a long tmp_path would break inside a path
     stand_in = BenchRun(fail=(2,))
     monkeypatch.setattr(compare, "launch", stand_in)
     out = tmp_path / "out"
