@@ -20,8 +20,15 @@ BAR_COLOR, STATE_COLOR, RANK_COLOR = "#1f77b4", "#ff7f0e", "black"
 def _labels(ok: pd.DataFrame) -> list[str]:
     """The layout name, plus whatever else tells two bars apart (backend, host, global batch)."""
     extra = [c for c in ("backend", "host", "global_batch") if ok[c].nunique(dropna=False) > 1]
-    return [" · ".join([row.layout, *(f"batch {row.global_batch}" if c == "global_batch" else str(getattr(row, c))
-                                      for c in extra)]) for row in ok.itertuples()]
+    return [" · ".join([row.layout, *(_told_apart_by(row, c) for c in extra)]) for row in ok.itertuples()]
+
+
+def _told_apart_by(row, column: str) -> str:
+    if column == "global_batch":
+        return f"batch {row.global_batch}"
+    if column == "host" and pd.isna(row.host):
+        return "host unknown"  # a record without a host (the frame holds it as a missing value, printed "nan")
+    return str(getattr(row, column))
 
 
 def layout_plot(workload: str, frame: pd.DataFrame, records_by_id: dict[str, dict], caption: str) -> Plot:
