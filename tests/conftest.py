@@ -92,6 +92,19 @@ def data_dir() -> Path:
     return path
 
 
+def summary_record(run_id: str, devices: int, samples_per_s: float | None, started: str, *,
+                   backend: str = "torch_ddp", precision: str = "fp32", host: str = "h1", workload: str = "mlm",
+                   size: str = "tiny", status: str = "ok", virtual: bool = False, batch: int = 32,
+                   sweep: str = "sweep-a", **fields) -> dict:
+    """A run record with what the report's summary frame reads (128 tokens a sample), plus `fields`."""
+    return {"run_id": run_id, "status": status, "workload": workload, "backend": backend, "strategy": backend,
+            "devices": devices, "device_kind": "cpu", "virtual": virtual, "threads_per_device": 1,
+            "scaling": "weak", "per_device_batch": batch, "global_batch": batch * devices, "data": "synthetic",
+            "sweep_id": sweep, "config": {"precision": precision, "model_size": size}, "host": {"name": host},
+            "started_at": started, "samples_per_s": samples_per_s,
+            "tokens_per_s": None if samples_per_s is None else samples_per_s * 128, **fields}
+
+
 def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `python -m module args` from the repo root, as a user would."""
     full_env = {**os.environ, **(env or {})}

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from bench.reporting import series as s
 from common.results import summary_frame
-
-
-def _record(run_id: str, devices: int, speed: float | None, started: str, backend: str = "torch_ddp",
-            precision: str = "fp32", host: str = "h1", workload: str = "mlm", size: str = "tiny", status: str = "ok",
-            virtual: bool = False, batch: int = 32, sweep: str = "sweep-a") -> dict:
-    return {"run_id": run_id, "status": status, "workload": workload, "backend": backend, "strategy": backend,
-            "devices": devices, "device_kind": "cpu", "virtual": virtual, "threads_per_device": 1,
-            "scaling": "weak", "per_device_batch": batch, "global_batch": batch * devices, "data": "synthetic",
-            "sweep_id": sweep, "config": {"precision": precision, "model_size": size}, "host": {"name": host},
-            "started_at": started, "samples_per_s": speed, "tokens_per_s": None if speed is None else speed * 128}
+from tests.conftest import summary_record
 
 
 def _series(records):
@@ -21,15 +12,15 @@ def _series(records):
 
 
 def test_each_configuration_in_each_sweep_is_a_line_of_its_latest_ok_runs():
-    records = [_record("old", 1, 50.0, "2026-01-01T00"), _record("one", 1, 100.0, "2026-01-01T01"),
-               _record("two", 2, 160.0, "2026-01-01T02", virtual=True),
-               _record("broken", 4, None, "2026-01-01T03", status="failed"),
-               _record("eval-only", 8, None, "2026-01-01T04"),
-               _record("amp", 1, 90.0, "2026-01-01T05", precision="amp"),
-               _record("tf", 1, 80.0, "2026-01-01T06", backend="tf_mirrored"),
-               _record("far", 1, 70.0, "2026-01-01T07", host="h2"),
-               _record("again", 1, 95.0, "2026-01-01T08", sweep="sweep-b"),
-               _record("cnn", 1, 10.0, "2026-01-01T09", workload="cnn")]
+    records = [summary_record("old", 1, 50.0, "2026-01-01T00"), summary_record("one", 1, 100.0, "2026-01-01T01"),
+               summary_record("two", 2, 160.0, "2026-01-01T02", virtual=True),
+               summary_record("broken", 4, None, "2026-01-01T03", status="failed"),
+               summary_record("eval-only", 8, None, "2026-01-01T04"),
+               summary_record("amp", 1, 90.0, "2026-01-01T05", precision="amp"),
+               summary_record("tf", 1, 80.0, "2026-01-01T06", backend="tf_mirrored"),
+               summary_record("far", 1, 70.0, "2026-01-01T07", host="h2"),
+               summary_record("again", 1, 95.0, "2026-01-01T08", sweep="sweep-b"),
+               summary_record("cnn", 1, 10.0, "2026-01-01T09", workload="cnn")]
     out = _series(records)
     assert list(out) == ["mlm", "cnn"]
     mlm = out["mlm"]
@@ -53,21 +44,21 @@ def test_each_configuration_in_each_sweep_is_a_line_of_its_latest_ok_runs():
 
 
 def test_a_panel_title_says_which_of_its_devices_were_virtual():
-    whole, part = _series([_record("a", 1, 1.0, "1", virtual=True), _record("b", 2, 1.0, "2", virtual=True)]), \
-        _series([_record("a", 1, 1.0, "1"), _record("b", 2, 1.0, "2", virtual=True)])
+    whole = _series([summary_record("a", 1, 1.0, "1", virtual=True), summary_record("b", 2, 1.0, "2", virtual=True)])
+    part = _series([summary_record("a", 1, 1.0, "1"), summary_record("b", 2, 1.0, "2", virtual=True)])
     assert s.panel_title("m", whole["mlm"]) == "m (virtual)"
     assert s.panel_title("m", part["mlm"]) == "m (hollow markers: virtual devices)"
-    assert s.panel_title("m", _series([_record("a", 1, 1.0, "1")])["mlm"]) == "m"
+    assert s.panel_title("m", _series([summary_record("a", 1, 1.0, "1")])["mlm"]) == "m"
 
 
 def test_model_sizes_get_panels_of_their_own_and_styles_and_colours_wrap_around():
-    sized = _series([_record("t", 1, 1.0, "1"), _record("b", 1, 1.0, "2", size="base")])["mlm"]
+    sized = _series([summary_record("t", 1, 1.0, "1"), summary_record("b", 1, 1.0, "2", size="base")])["mlm"]
     assert [(x.label, x.panel) for x in sized] == [("torch_ddp · base", "h1 · cpu · model base"),
                                                    ("torch_ddp · tiny", "h1 · cpu · model tiny")]
-    hosts = _series([_record(f"h{i}", 1, 1.0, str(i), host=f"h{i}") for i in range(7)])["mlm"]
+    hosts = _series([summary_record(f"h{i}", 1, 1.0, str(i), host=f"h{i}") for i in range(7)])["mlm"]
     assert [x.marker for x in hosts] == ["o", "s", "^", "D", "v", "P", "o"]
     assert [x.color for x in hosts] == ["#1f77b4"] * 7
-    batches = _series([_record(f"b{i}", 1, 1.0, str(i), batch=10 + i) for i in range(17)])["mlm"]
+    batches = _series([summary_record(f"b{i}", 1, 1.0, str(i), batch=10 + i) for i in range(17)])["mlm"]
     assert [x.color for x in batches] == [*s.COLORS, s.COLORS[0]]
 
 
@@ -75,8 +66,8 @@ def test_a_line_s_label_and_what_its_figure_says_once():
     cells = {"backend": "torch_ddp", "micro_batches": "4", "precision": "amp"}
     assert s.series_label(cells, ["precision", "micro_batches"]) == "torch_ddp · amp · 4 micro-batches"
     assert s.series_label(cells, []) == "torch_ddp"
-    lines = _series([_record("a", 1, 1.0, "1"), _record("b", 1, 1.0, "2", precision="amp"),
-                     _record("c", 1, 1.0, "3", backend="tf_mirrored")])["mlm"]
+    lines = _series([summary_record("a", 1, 1.0, "1"), summary_record("b", 1, 1.0, "2", precision="amp"),
+                     summary_record("c", 1, 1.0, "3", backend="tf_mirrored")])["mlm"]
     assert s.describe_lines(lines) == (
         "Same in every line: host h1, device cpu, model tiny, batch 32 per device, micro-batches 1, layout dp, "
         "compile eager, threads/device 1, scaling weak, sweep a. tf_mirrored: strategy/mode tf_mirrored. "

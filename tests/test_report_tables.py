@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from functools import partial
 from types import SimpleNamespace
 
 from bench.reporting import tables
@@ -11,6 +12,7 @@ from bench.reporting.document import Heading, Table, Text
 from bench.reporting.plan import COLUMNS, PLANS_DIR, plan_blocks, plan_rows
 from common.config_key import NO_REFERENCE
 from common.results import summary_frame
+from tests.conftest import summary_record
 
 NAN = float("nan")
 
@@ -57,15 +59,7 @@ def test_the_efficiency_cell_says_why_an_ok_run_has_none():
     assert tables.efficiency_cell(_row(status="failed"), True) == ""
 
 
-def _record(run_id: str, devices: int, samples_per_s: float | None, started: str, precision: str = "fp32",
-            backend: str = "torch_ddp", status: str = "ok", workload: str = "mlm", sweep: str = "sweep-a",
-            **fields) -> dict:
-    return {"run_id": run_id, "status": status, "workload": workload, "backend": backend, "strategy": backend,
-            "devices": devices, "device_kind": "cpu", "virtual": True, "threads_per_device": 1, "scaling": "weak",
-            "per_device_batch": 32, "global_batch": 32 * devices, "data": "synthetic", "sweep_id": sweep,
-            "config": {"precision": precision, "model_size": "tiny"}, "host": {"name": "h1"},
-            "started_at": started, "samples_per_s": samples_per_s,
-            "tokens_per_s": None if samples_per_s is None else samples_per_s * 128, **fields}
+_record = partial(summary_record, virtual=True)
 
 
 def test_a_workload_table_keeps_the_latest_run_of_each_row_and_fills_every_cell():
