@@ -167,6 +167,16 @@ def test_layouts_refuse_what_contradicts_them_word_for_word(capsys, flags, says)
     assert exit_.value.code == 2 and capsys.readouterr().err.endswith(f"bench.compare: error: {says}\n")
 
 
+def test_layouts_without_backends_and_no_layout_backend_registered_are_refused(capsys, monkeypatch):
+    from bench import cli
+    monkeypatch.setattr(cli, "layout_backend", lambda: None)
+    with pytest.raises(SystemExit) as exit_:
+        compare.check_layout_options(build_parser(), build_parser().parse_args(["--layouts", "dp2"]))
+    assert exit_.value.code == 2 and capsys.readouterr().err.endswith(
+        "bench.compare: error: --layouts runs no backend by default: none registered runs every layout; give "
+        "--backends\n")
+
+
 # ----------------------------------------------------------------------------- the plan
 
 def test_a_device_sweep_runs_every_workload_backend_and_count_in_that_order():
@@ -242,6 +252,17 @@ def test_bench_run_s_checks_say_which_runs_are_bad_input_by_their_index():
     assert list(bad) == [2] and isinstance(bad[2], BadInput)
     assert str(bad[2]) == "--scaling strong: global batch 4 is not divisible by 3 data-parallel replicas x 1 " \
         "micro-batches"
+
+
+def test_the_checks_see_each_layout_run_s_own_accumulation():
+    """--grad-accum 3 in a layout sweep: pp2-nmb2 runs at 3 (its 1-device reference at 6), which bench.run refuses
+    for a pipeline (its micro-batches already accumulate), so that run, and only it, is bad input."""
+    args = _args("--layouts", "pp2-nmb2", "--backends", "torch_3d", "--workloads", "cnn", "--grad-accum", "3")
+    args.devices = None
+    plan = sweep_plan(args)
+    assert [(lay.name, accum) for *_, lay, accum in plan] == [("1 device", 6), ("pp2-nmb2", 3)]
+    assert {i: str(exc) for i, exc in bad_input(args, plan, "SID").items()} == {
+        1: "--grad-accum 3 with 2 pipeline stages: the pipeline's --micro-batches already accumulate"}
 
 
 def test_under_srun_the_checks_count_every_node_of_the_job():
@@ -321,8 +342,8 @@ def test_a_run_bench_run_recorded_is_left_as_it_wrote_it(tmp_path, monkeypatch):
 def test_bench_run_s_refusal_is_an_invalid_run_with_its_one_line(tmp_path, monkeypatch):
     log = "starting\nbench.run: error: first\nnoise\nbench.run: error: 2 devices do not divide it\nsrun: done\n"
     record = _one(tmp_path, monkeypatch, StandIn(rc=2, log=log))
-    assert (record["status"], record["error"], record["devices"]) == \
-        ("invalid", "invalid for 2 device(s): 2 devices do not divide it", 2)
+    assert (record["status"], record["error"], record["devices"], record["backend"], record["sweep_id"]) == \
+        ("invalid", "invalid for 2 device(s): 2 devices do not divide it", 2, "torch_ddp", "SID")
     record = _one(tmp_path / "l", monkeypatch, StandIn(rc=2, log=log), layout=parse_layout("tp2"))
     assert (record["status"], record["error"], record["config"]) == \
         ("invalid", "invalid for layout tp2: 2 devices do not divide it", {"grad_accum": 3})
@@ -334,6 +355,7 @@ def test_a_run_that_died_without_a_record_is_failed_with_its_log_s_tail(tmp_path
     record = _one(tmp_path, monkeypatch, StandIn(rc=rc, log="loading\n\nbench.run: error: x\nKilled\n"),
                   layout=parse_layout("dp2"))
     assert (record["status"], record["error"]) == ("failed", f"{says}: loading | bench.run: error: x | Killed")
+    assert (record["backend"], record["sweep_id"]) == ("torch_ddp", "SID")
     assert record["layout"]["dp"] == 2 and record["config"] == {"grad_accum": 3}
 
 
@@ -373,6 +395,28 @@ def test_the_refusal_is_bench_run_s_last_error_line_else_the_log_s_last(tmp_path
     log.write_text("Traceback\nValueError: bench.run: error: not at the start\n\n")
     assert refusal(log) == "ValueError: bench.run: error: not at the start"
     assert refusal(tmp_path / "missing.log") == "(no log)"
+    # the last of three error lines; a byte that is no UTF-8 (a worker's binary output) read as a replacement
+    log.write_bytes(b"\xff\xfe worker\nbench.run: error: a\nbench.run: error: b\nbench.run: error: c \xff\n")
+    assert refusal(log) == "c \ufffd"
+
+
+def test_a_run_s_defaults_are_one_accumulation_and_no_srun(tmp_path, monkeypatch):
+    """run_command, record_harness_failure and run_one called without an accumulation or nodes: one step each,
+    no job step; a sweep without a command line of its own records an empty one."""
+    args = _args("--out", str(tmp_path))
+    cmd = _tail(run_command(args, "torch_3d", "mlm", 2, "r", "SID", parse_layout("tp2")))
+    assert cmd[cmd.index("--grad-accum") + 1] == "1"
+    vars(args).pop("sweep_command", None)   # a caller of its own, not main(), sets none
+    record_harness_failure(args, "torch_3d", "mlm", 2, "r-layout", "SID", "failed", "died", parse_layout("tp2"))
+    record = json.loads((tmp_path / "runs" / "r-layout.json").read_text())
+    assert (record["config"], record["sweep_command"]) == ({"grad_accum": 1}, "")
+    stand_in = StandIn(rc=1, log="x\n")
+    monkeypatch.setattr(compare, "launch", stand_in)
+    (tmp_path / "logs").mkdir()
+    run_id = run_one(args, "torch_3d", "mlm", 2, "SID", tmp_path / "logs", parse_layout("tp2"))
+    record = json.loads((tmp_path / "runs" / f"{run_id}.json").read_text())
+    assert stand_in.commands[0][:3] == [sys.executable, "-m", "bench.run"]   # not an srun job step
+    assert (record["backend"], record["sweep_id"], record["config"]) == ("torch_3d", "SID", {"grad_accum": 1})
 
 
 # ----------------------------------------------------------------------------- launching and stopping
@@ -392,6 +436,28 @@ def test_a_launch_returns_the_exit_code_with_the_output_in_the_log(tmp_path):
     assert log.read_text() == ""
     # --timeout 0.1 s allows 0.1 s + the harness's margin: a run of 0.2 s is not cut short
     assert launch(Namespace(timeout=0.1), _sh("sleep 0.2; exit 5"), log, "r", tmp_path / "r.json") == 5
+
+
+def test_a_launched_run_reads_no_terminal_and_imports_this_repo(tmp_path, monkeypatch):
+    """bench.run's stdin is /dev/null even where the sweep's is a terminal or a pipe (a worker waiting on input would
+    hang the sweep): here the sweep's fd 0 is a pipe with a line in it, which the run must not read. Its
+    environment is child_env's: the repo first on PYTHONPATH."""
+    from common.launch import REPO_ROOT
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    log = tmp_path / "r.log"
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"typed\n")
+    os.close(write_end)
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        rc = launch(Namespace(timeout=60.0), _sh('echo "$PYTHONPATH"; read x && echo "read $x"; exit 0'), log, "r",
+                    tmp_path / "r.json")
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(read_end)
+    assert rc == 0 and log.read_text() == f"{REPO_ROOT}\n"
 
 
 def test_a_run_past_its_timeout_is_stopped_and_reads_as_none(tmp_path):
@@ -794,6 +860,7 @@ def test_a_sweep_runs_its_plan_records_a_bad_run_once_and_prints_its_tables(tmp_
         ["cnn", "torch_ddp", "", "2", "2", "60.0 [60.0, 60.0]", "0.75 [0.75, 0.75]", "fastest", ""]]
     intervals = pd.read_csv(out / f"intervals-{sweep_id}.csv")
     assert list(intervals.devices) == [1, 2] and list(intervals.runs) == [2, 2]
+    assert list(intervals.columns) == list(compare.interval_frame(records).columns)   # no index column
     assert len(pd.read_csv(out / "summary.csv")) == 5
     said = _flat(stderr)
     assert said.startswith(f"{sweep_id}: 6 runs (3 rows x 2 repeats), 2 thread(s) per virtual CPU device ")
@@ -821,6 +888,7 @@ def test_a_one_repeat_sweep_prints_no_intervals_and_records_a_dead_run_as_failed
     assert [(c["reference"], c["k"]) for c in probe.calls] == [(ones["torch_ddp"], 2), (ones["torch_dp"], 2)]
     assert [BenchRun.options(c["command"])["--backend"] for c in probe.calls] == ["torch_ddp", "torch_dp"]
     assert all(c["command"][-7:-5] == ["--out", "FOLDER"] and c["stop"] is stop_run for c in probe.calls)
+    assert {BenchRun.options(c["command"])["--sweep-id"] for c in probe.calls} == {load_records(out)[0]["sweep_id"]}
     assert f"co-run probe of {ones['torch_dp']}: 2 copies side by side took a median 120 ms a step against 100 ms " \
         "alone: x1.200" in _flat(stderr)
     assert [(dict(zip(c[3::2], c[4::2]))["--backend"], dict(zip(c[3::2], c[4::2]))["--devices"],
@@ -836,6 +904,46 @@ def test_a_one_repeat_sweep_prints_no_intervals_and_records_a_dead_run_as_failed
     assert said.startswith(f"{sweep_id}: 4 runs, 3 thread(s) per virtual CPU device ")
     assert " torch_dp cnn N=2 " in said
     assert said.endswith(f" 4 runs in 0 s; records in {out / 'runs'}, summary {out / 'summary.csv'}")
+
+
+class _FrozenClock:
+    """datetime for bench.compare at 2026-01-01 12:00:00 UTC, on a machine whose local time is 5 hours behind."""
+
+    @staticmethod
+    def now(tz=None):
+        from datetime import datetime, timedelta, timezone
+        utc = datetime(2026, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+        return utc.astimezone(tz) if tz else (utc - timedelta(hours=5)).replace(tzinfo=None)
+
+
+def test_a_sweep_without_gpus_or_backends_runs_one_and_two_devices_of_every_backend(tmp_path, monkeypatch):
+    """No --gpus: 1 and 2 devices; no --backends: every registered backend. The sweep id is the UTC second it
+    started and 6 hex digits; its log folder may be there already (a sweep id taken again), and on a terminal the
+    tables take the terminal's width (COLUMNS), not 160 columns."""
+    monkeypatch.setenv("COLUMNS", "120")
+    monkeypatch.setattr(compare, "backend_names", lambda: ["torch_ddp", "torch_dp"])
+    monkeypatch.setattr(compare, "datetime", _FrozenClock)
+    monkeypatch.setattr(compare.secrets, "token_hex", lambda n: "ab" * n)
+    stand_in = BenchRun()
+    monkeypatch.setattr(compare, "launch", stand_in)
+    out = tmp_path / "out"
+    (out / "logs" / "sweep-20260101T120000Z-ababab").mkdir(parents=True)
+    real_stdout = sys.stdout
+
+    class _Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    code = compare.main(["--workloads", "cnn", "--device-kind", "cpu", "--threads-per-device", "1", "--out",
+                         str(out)])
+    monkeypatch.setattr(sys, "stdout", real_stdout)
+    assert code == 0
+    assert [(BenchRun.options(c)["--backend"], BenchRun.options(c)["--devices"]) for c in stand_in.commands] == [
+        ("torch_ddp", "1"), ("torch_ddp", "2"), ("torch_dp", "1"), ("torch_dp", "2")]
+    assert {r["sweep_id"] for r in load_records(out)} == {"sweep-20260101T120000Z-ababab"}
+    drawn = re.sub(r"\x1b\[[0-9;]*m", "", terminal.getvalue())   # a terminal's tables come with their colours
+    assert max(len(line) for line in drawn.splitlines()) == 120
 
 
 def test_a_layout_sweep_runs_each_layout_with_its_flags_and_prints_the_layout_table(tmp_path, monkeypatch):

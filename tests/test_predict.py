@@ -930,3 +930,21 @@ def test_weak_scaling_gives_every_device_the_workload_s_batch_whatever_the_layou
                              "4", "--layouts", "dp,tp2xdp", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "predict-mlm-tiny-h100-sxm-8.json").read_text())["rows"]
     assert [r["global_batch"] for r in rows] == [128, 128]
+
+
+def test_a_folder_whose_1_device_run_is_ddp_s_is_predicted_as_ddp_runs_it(tmp_path, monkeypatch):
+    """The main run is the backend the folder holds: with only torch_ddp's 1-device run, every layout is predicted
+    as DDP runs it (base's 440 MB of gradients all-reduced in 25 MiB buckets during the backward), not as torch_3d
+    would."""
+    from tests.test_predict_validation import _record
+    monkeypatch.setattr(predict_cli, "prediction_plot", _Figure())
+    results = _runs_folder(tmp_path / "results", [_record("ddp", 1, 32, backend="torch_ddp")])
+    assert predict_cli.main(["--from", str(results), "--hardware", "cpu-loopback-2core", "--devices", "2",
+                             "--layouts", "dp", "--model-size", "base", "--batch-size", "32"]) == 0
+    row = json.loads((results / "predict-mlm-base-cpu-loopback-2core.json").read_text())["rows"][0]
+    hardware = hardware_files.load("cpu-loopback-2core")
+    basis = predict_cli.measured_basis(results, hardware, "mlm", "base", "amp", 32)[0]
+    spec, dp2 = BERT_SIZES["base"], Layout.parse("dp", 2)
+    ddp, as_3d = (predict(spec, dp2, 64, hardware, basis, backend) for backend in ("torch_ddp", "torch_3d"))
+    assert ddp.step_s != as_3d.step_s
+    assert (row["step_s"], row["collectives"]) == (ddp.step_s, [asdict(c) for c in ddp.collectives])

@@ -79,6 +79,23 @@ def test_the_largest_gap_between_two_frameworks_is_said_with_both_sides_figures(
     assert largest_difference({"torch_ddp": one, "tf_mirrored": other}).startswith("matmul: 500 ms per step in torch")
 
 
+def test_the_gap_skips_a_pair_of_one_framework_and_goes_on_to_the_next():
+    """Sorted by backend, (a_torch, b_torch) is one framework's pair and comes first: it is skipped, not the end.
+    Steps of 2.5 s and 0.5 s and sub-second groups make every ms and share figure its own."""
+    fast = _record("a_torch", "pytorch", {"matmul": 0.9, "host_idle": 0.3}, 2.5)
+    same = _record("b_torch", "pytorch", {"matmul": 0.1}, 0.5)
+    slow = _record("c_tf", "tensorflow", {"matmul": 0.2, "softmax": 0.9}, 1.3)
+    # other compute: 0, 0, 0.9; matmul 0.9, 0.1, 0.2: the largest is a_torch against c_tf's other compute (0.9)
+    assert largest_difference({"a_torch": fast, "b_torch": same, "c_tf": slow}) == (
+        "other compute: 900 ms per step in c_tf (tensorflow, 69% of its 1300 ms step) against 0 ms in a_torch "
+        "(pytorch, 0% of 2500 ms), a difference of 900 ms where the two steps differ by -1200 ms")
+    long = _record("a_torch", "pytorch", {"matmul": 1.4, "host_idle": 0.3}, 2.5)
+    matmul = _record("c_tf", "tensorflow", {"matmul": 0.6, "host_idle": 0.3}, 1.3)
+    assert largest_difference({"a_torch": long, "c_tf": matmul}) == (
+        "matmul: 1400 ms per step in a_torch (pytorch, 56% of its 2500 ms step) against 600 ms in c_tf "
+        "(tensorflow, 46% of 1300 ms), a difference of 800 ms where the two steps differ by +1200 ms")
+
+
 def test_the_figure_stacks_each_backend_s_shares_by_group_with_its_step_at_the_end():
     rows = latest_profiled([TORCH, TF])
     plot = attribution_plot(rows)
@@ -112,6 +129,12 @@ def test_the_figure_stacks_each_backend_s_shares_by_group_with_its_step_at_the_e
     assert ax.get_xlim() == (0, 1.15) and ax.get_xlabel() == "share of the profiled step"
     legend = ax.get_legend()
     assert [t.get_text() for t in legend.get_texts()] == list(GROUPS) and legend._ncols == 4
+    # the legend above the bars, small and unframed; the step's ms beside its bar, centred on it; small labels
+    assert (legend._loc, legend.get_frame_on(), legend.get_texts()[0].get_fontsize()) == (8, False, 8)
+    assert tuple(legend.get_bbox_to_anchor().transformed(ax.transAxes.inverted()).p0) == (0.5, 1.0)
+    assert {(t.get_fontsize(), t.get_va()) for t in ax.texts} == {(8, "center")}
+    assert {t.get_fontsize() for t in ax.get_yticklabels()} == {8}
+    assert fig.get_layout_engine().__class__.__name__ == "ConstrainedLayoutEngine"
 
 
 def test_the_table_gives_each_group_s_ms_and_share_and_the_words_follow_the_figure():
