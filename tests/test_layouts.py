@@ -745,3 +745,25 @@ def test_parity_holds_each_framework_against_the_first_per_layout():
     assert checks["keras_jax 1 device x1: loss at step 0 = torch_3d 1 device x1"].status == "pass"
     assert checks["keras_jax pp2-nmb4: runs"].status == "skip"
     assert "no pipeline" in checks["keras_jax pp2-nmb4: runs"].detail
+
+
+def test_the_layout_table_s_cells_of_what_a_run_lacks_or_holds_twice():
+    """The cell helpers of the layout table, each on the case the whole-table test does not reach: a run without
+    a layout or accumulation, empty sections, two kinds of collective (one the list does not know) with a rank
+    that moved nothing, and the no-reference note on a multi-device run only, where its efficiency is missing."""
+    from bench.reporting import layouts as cells
+    from common.sections import Bubble, CommPerStep, StateBytesPerRank
+    assert cells.layout_name({"devices": 1, "config": {}}) == "?"
+    plain = {"devices": 1, "layout": {"dp": 1}, "config": {}}
+    assert cells.accumulation(plain) == 1 and cells.layout_name(plain) == Layout().name
+    assert (cells._state(None), cells._bubble(None), cells._per_rank([]), cells._comm(None)) == ("", ("", ""), "",
+                                                                                                  "")
+    assert cells._state(StateBytesPerRank([])) == "" and cells._bubble(Bubble(0.25)) == ("25.0%", "")
+    comm = CommPerStep.from_value([{"all_reduce": {"bytes": MIB, "calls": 1, "time_s": 0.1},
+                                    "gossip": {"bytes": 2 * MIB, "calls": 1, "time_s": None}}, None])
+    assert cells._comm(comm) == "all_reduce 1, 0; gossip 2, 0"
+    row = pd.Series({"efficiency": float("nan")})
+    ok = {"status": "ok", "devices": 2}
+    assert cells._remark(ok, row).startswith("no 1-device run of this configuration")
+    assert cells._remark({**ok, "devices": 1}, row) == ""
+    assert cells._remark(ok, pd.Series({"efficiency": 0.8})) == ""
