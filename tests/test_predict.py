@@ -557,7 +557,8 @@ def test_bench_predict_help_says_what_each_option_does(capsys, monkeypatch):
     assert " ".join(capsys.readouterr().out.split()) == " ".join(f"""
 usage: bench.predict [-h] [--validate RESULTS] [--hardware NAME|FILE] [--from RESULTS] [--assume-mfu MFU]
  [--workload {{cnn,mlm,lm}}] [--model-size {{base,mini,small,tiny}}] [--model NAME|FILE]
- [--stack {{megatron-te,torch-compile,torch-eager}}] [--devices DEVICES] [--layouts LAYOUTS]
+ [--stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-eager}}]
+ [--devices DEVICES] [--layouts LAYOUTS]
  [--batch-size B | --global-batch GLOBAL_BATCH] [--precision {{fp32,amp,fp16}}] [--out OUT] [--constants] [--published]
  [--json FILE]
 python -m bench.predict --from RESULTS --hardware NAME|FILE --devices 8,64,512 --layouts dp,fsdp,tp2xdp,pp4-1f1b
@@ -585,8 +586,8 @@ options:
   --out OUT folder for the figure and predictions.json (default: --from's folder, else ./predictions)
 decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md):
   --model NAME|FILE a decoder LLM ({models}) or a TOML file of yours (common/predict/models/README.md)
-  --stack {{megatron-te,torch-compile,torch-eager}} with --model: the software running the step (kernels, fusions,
-  tensor-parallel overlap, optimizer)
+  --stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-eager}}
+  with --model: the software running the step (kernels, fusions, tensor-parallel overlap, optimizer)
   --constants print every constant the GPU-cluster model uses, with its source, and exit
   --published predict every published GPU-cluster result (common/predict/published/) and print predicted against
   published with the error

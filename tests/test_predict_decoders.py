@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -289,7 +289,8 @@ def test_each_constant_row_says_its_figure_unit_and_source_in_full(tmp_path):
                    "20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp", "B"),
                   ("megatron-te: GEMMs split by overlapped tensor-parallel communication",
                    "qkv: tp, fc1: tp, wo.dgrad: tp, w2.dgrad: tp, wo: 4, w2: 4", "chunks")]
-    assert len(rows) == 11 + 10 + 11                  # torch-eager overlaps nothing; torch-compile splits its GEMMs
+    # torch-eager and both llm-foundry stacks overlap nothing; torch-compile splits its GEMMs
+    assert len(rows) == 11 + 10 + 11 + 10 + 10
     for c in rows:
         stack = stacks.load(c.name.split(": ")[0])
         assert c.source == (stack.tp_overlap_source if "overlapped" in c.name else stack.source), c.name
@@ -362,6 +363,67 @@ def test_each_stack_s_memory_bound_bytes_are_its_code_s_counted_by_hand():
     stacks.load("torch-compile").check(Layout.parse("tp2xfsdp4-sp-tpo", 8))
     with pytest.raises(ValueError, match="fsdp8: megatron-te does not run it: Megatron-LM core_r0.8.0 shards no"):
         stacks.load("megatron-te").check(Layout.parse("fsdp8", 8))
+
+
+def test_llm_foundry_s_memory_bound_bytes_and_kernels_are_its_code_s_counted_by_hand():
+    """MPT-7B (h 4096, MHA, GELU f 16384) as llm-foundry runs it (stacks._mpt's comments): forward, 2 LayerNorms
+    (4h) and 2 residual adds (6h); GELU 4f; attn_impl flash unpads Q, K, V (a gather, 2 + 2 each) and pads the output
+    (zeros 2, index_put 2 + 2). The backward counted op by op, over the forward's bytes: LayerNorm's dx (6h) and
+    dgamma/dbeta (4h) x 2, the forked residual's two gradients summed (6h) x 2, GELU's (6f), the pad's gather (4q),
+    the unpad's zeros + scatter (6 per Q, K, V element), Wqkv's split joined (4), the 4 bias gradients (2 per
+    output element); triton the same less the padding."""
+    mpt = decoder.load("mpt-7b")
+    h, q, kv, f = 4096, 4096, 4096, 16384
+    assert (mpt.hidden, mpt.q_width, mpt.kv_width, mpt.ffn) == (h, q, kv, f)
+    flash, triton = stacks.load("llm-foundry"), stacks.load("llm-foundry-triton")
+    assert flash.elementwise(mpt) == (2 * 4 * h + 2 * 6 * h, 4 * f + 4 * (q + 2 * kv) + (2 + 4) * q)
+    assert triton.elementwise(mpt) == (2 * 4 * h + 2 * 6 * h, 4 * f)
+    # a GQA, gated model (Llama 3 8B: q 4096, kv 1024, f 14336): no repeat_kv under flash-attn 2; MPTGLU's act x up
+    assert flash.elementwise(LLAMA) == (20 * 4096, 10 * 14336 + 4 * (4096 + 2 * 1024) + 6 * 4096)
+    bias_grads = 2 * (q + 2 * kv) + 2 * h + 2 * f + 2 * h
+    backward = 2 * (6 * h + 4 * h) + 2 * 6 * h + 6 * f + bias_grads + 4 * (q + 2 * kv)
+    assert flash.backward_factor == (backward + 4 * q + 6 * (q + 2 * kv)) / sum(flash.elementwise(mpt)) == 2.0
+    assert triton.backward_factor == pytest.approx(backward / sum(triton.elementwise(mpt)), rel=1e-15)
+    # forward kernels: LayerNorm, 3 x unpad_input (sum, nonzero, max, cumsum, pad, gather), pad_input's zeros and
+    # index_put, the residual add, LayerNorm, GELU, the residual add; triton: no unpadding, no padding
+    assert flash.elementwise_kernels == 1 + 3 * 6 + 2 + 4 and triton.elementwise_kernels == 1 + 4
+    assert (flash.attention_kernel, triton.attention_kernel, flash.fused_projections) == ("fa2", "mpt_triton", True)
+
+
+def test_llm_foundry_s_bytes_are_its_source_s_sums():
+    """Composer's DecoupledAdamW one parameter at a time, weight decay 0 (exp_avg mul_ 8, add_ 12; exp_avg_sq mul_
+    8, addcmul_ 12; sqrt 8, / 8, + eps 8; addcdiv_ 16) and FSDP's clip_grad_norm_ (4 + 8); flash-attn's fused
+    cross entropy on bf16 logits (forward reads 2, backward reads 2 and writes 2); FSDP1's all-gather lands in the
+    FlatParameter (no copy-out) and its gradient is joined (cat 2 + 2), cast to float32 (2 + 4) and pre-divided
+    (4 + 4) before the reduce-scatter. The triton stack differs in its attention and elementwise work only."""
+    flash, triton = stacks.load("llm-foundry"), stacks.load("llm-foundry-triton")
+    assert flash.optimizer_bytes == (8 + 12) + (8 + 12) + 8 + 8 + 8 + 16 + (4 + 8) == 92
+    assert flash.logit_bytes == 2 + 2 + 2
+    assert (flash.fsdp_gather_copy_bytes, flash.fsdp_scatter_copy_bytes) == (0, (2 + 2) + (2 + 4) + (4 + 4))
+    differ = {"name", "description", "attention_kernel", "elementwise", "elementwise_kernels", "backward_factor",
+              "elementwise_formula", "source"}
+    assert all(getattr(triton, f.name) == getattr(flash, f.name) for f in fields(flash) if f.name not in differ)
+    assert "5e85bd62d4ec" in flash.source and "v0.3.0" in triton.source and "b2a43a1477a4" in triton.source
+
+
+@pytest.mark.parametrize("layout, why", [
+    ("tp2xfsdp4-sp", "llm-foundry 5e85bd62d4ec splits no model"),
+    ("tp2xfsdp4-sp-tpo", "llm-foundry 5e85bd62d4ec splits no model"),     # its own words before tpo's
+    ("fsdp4xpp2-1f1b", "llm-foundry 5e85bd62d4ec splits no model"),
+    ("cp2xfsdp4", "llm-foundry 5e85bd62d4ec splits no model"),
+    ("dp8-zero1", "Composer v0.17.2's FSDP has no ZeRO-1"),
+    ("dp8", "llm-foundry replicates through FSDP's NO_SHARD"),
+    ("fsdp8-sel", "llm-foundry checkpoints whole MPT blocks"),
+    ("fsdp8", None), ("fsdp8-rc", None), ("dp2xfsdp4-mbs2", None),
+])
+def test_llm_foundry_refuses_what_its_code_does_not_run_and_runs_the_rest(layout, why):
+    parsed = Layout.parse(layout, 8)
+    for name in ("llm-foundry", "llm-foundry-triton"):
+        if why is None:
+            stacks.load(name).check(parsed)
+            continue
+        with pytest.raises(ValueError, match=f"^{re.escape(f'{parsed.name}: {name} does not run it: {why}')}"):
+            stacks.load(name).check(parsed)
 
 
 def test_each_stack_s_overlap_splits_the_gemms_its_layer_runs_as_its_source_says():

@@ -122,6 +122,35 @@ def test_each_point_the_model_cannot_predict_is_refused_with_every_reason_in_one
     assert published.predict_point(moved, lambda _hw: h100)["predicted"] > 0
 
 
+def test_llm_foundry_s_points_are_predicted_where_their_attention_has_a_rate_and_refused_for_it_else():
+    """Each row's stack is the attention its runs took: the H100 large-scale table's sweep.py (5e85bd62d4ec) passes
+    --attn_impl flash for 1b, 3b, 7b and 70b and triton for 13b and 30b; the other tables' sweep.sh (b2a43a1477a4)
+    none, submit_benchmarks.py's default triton; the A100 table's 70B rows are older runs in PURE bf16. The six
+    FULL_SHARD rows that ran flash are predicted, the six SHARD_GRAD_OP rows stay refused as ZeRO-2 alone, and the
+    26 others that ran MPT's Triton attention are refused for its rate alone, in one line."""
+    h100, a100 = _points("llm-foundry-mpt-h100.toml"), _points("llm-foundry-mpt-a100.toml")
+    for p in h100:
+        flash = p.quote.startswith("H100 80GB BF16 (Large Scale") and p.model in ("mpt-1b", "mpt-3b", "mpt-7b",
+                                                                                  "mpt-70b")
+        assert p.stack == ("llm-foundry" if flash else "llm-foundry-triton"), p.name
+    for p in a100:
+        assert p.stack == ("llm-foundry-triton-pure" if "| bf16 | PURE |" in p.quote else "llm-foundry-triton")
+    rows = [published.predict_point(p) for p in h100]
+    assert sorted(r["name"] for r in rows if r["predicted"] is not None) == sorted(
+        f"llm-foundry MPT-{size}, {n} H100" for size in ("70B", "7B") for n in (512, 256, 128))
+    kernel = ("h100-sxm: no rate of the attention kernel llm-foundry-triton runs ('mpt_triton'; the table has "
+              "torch_flash, torch_cudnn, fa2, cudnn)")
+    assert sum(r.get("refused") == kernel for r in rows) == 26
+    assert sum(r.get("refused", "").startswith("'dp") and "ZeRO-2" in r["refused"] and ";" not in r["refused"]
+               for r in rows) == 6
+    # the rate is all a triton point lacks: a table that has one (here fa2's, for the mechanics only) predicts it
+    h100_table = compute_for(hardware_files.load("h100-sxm-8"))
+    rated = replace(h100_table, attention={**h100_table.attention, "mpt_triton": h100_table.attention["fa2"]})
+    triton = next(p for p in h100 if p.stack == "llm-foundry-triton")
+    assert published.refusal(triton, lambda _hw: rated) == "" and \
+        published.predict_point(triton, lambda _hw: rated)["predicted"] > 0
+
+
 def test_the_grammar_refuses_zero2_and_the_decoder_format_takes_relu_and_alibi(tmp_path):
     with pytest.raises(Refused, match="'fsdp8-zero2': ZeRO-2 .* is not modelled"):
         Layout.parse("fsdp8-zero2", 8)
@@ -331,7 +360,7 @@ def test_a_refusal_gives_every_reason_in_its_own_words_in_one_line():
     assert published.refusal(point) == (
         "'tp3' at 8 devices: the other dimensions (3) do not divide them; "
         "stack 'deepspeed' is not described (common/predict/stacks.py describes megatron-te, torch-eager, "
-        "torch-compile); "
+        "torch-compile, llm-foundry, llm-foundry-triton); "
         "--hardware a100-sxm-8: no compute table; "                       # the advice after " (" left out
         "mfu: its publisher's FLOP count is not known (flops = 'palm')")
     # a layout the grammar takes, at the point's own device count, that its described stack does not run

@@ -110,7 +110,8 @@ def generation(hardware: str) -> str:
 def refusal(point: Point, compute_of=compute_for) -> str:
     """Why the model cannot predict `point`, every reason in one line ("" where it can): a layout the grammar
     refuses, a stack not described in common.predict.stacks or one that does not run the layout, a device without
-    a compute table, a FLOP count its publisher does not give."""
+    a compute table or whose table has no rate of the stack's attention kernel, a FLOP count its publisher does not
+    give."""
     why, layout = [], None
     try:
         layout = Layout.parse(point.layout, point.devices)
@@ -125,9 +126,14 @@ def refusal(point: Point, compute_of=compute_for) -> str:
         except ValueError as exc:
             why.append(str(exc))
     try:
-        compute_of(hardware_files.load(point.hardware))
+        compute = compute_of(hardware_files.load(point.hardware))
     except ValueError as exc:
         why.append(str(exc).split(" (")[0])   # what follows is the command line's advice
+    else:
+        kernel = stacks.STACKS[point.stack].attention_kernel if point.stack in stacks.STACKS else None
+        if kernel is not None and kernel not in compute.attention:
+            why.append(f"{compute.name}: no rate of the attention kernel {point.stack} runs ({kernel!r}; the table "
+                       f"has {', '.join(compute.attention)})")
     if point.metric != "tokens_per_s_per_gpu" and point.flops not in FLOP_COUNTS:
         why.append(f"{point.metric}: its publisher's FLOP count is not known (flops = {point.flops!r})")
     return "; ".join(why)

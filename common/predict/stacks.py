@@ -37,12 +37,12 @@ class Stack:
 
     def check(self, layout: Layout) -> None:
         """ValueError in one line for a layout this stack does not run."""
+        for refused, why in self.refuses:     # first: a stack without tensor parallelism says so, not tpo's words
+            if refused(layout):
+                raise ValueError(f"{layout.name}: {self.name} does not run it: {why}")
         if layout.tp_overlap and not self.tp_overlap_split:   # the grammar takes tpo with tp only
             raise ValueError(f"{layout.name}: {self.name} cannot overlap tensor-parallel communication (tpo): "
                              "torch's async TP needs torch.compile (--stack torch-compile)")
-        for refused, why in self.refuses:
-            if refused(layout):
-                raise ValueError(f"{layout.name}: {self.name} does not run it: {why}")
 
 
 def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
@@ -70,6 +70,19 @@ def _torchtitan(spec: DecoderSpec, compiled: bool = False) -> tuple[float, float
     repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
     ffn = (6 if compiled else 10) * f if spec.ffn_kind == "swiglu" else 4 * f
     return wide, rope + repeat + 4 * q + ffn
+
+
+def _mpt(spec: DecoderSpec, unpadded: bool = True) -> tuple[float, float]:
+    # llm-foundry's MPTBlock.forward in eager torch 2.1 under bf16 autocast, the residual stream in bf16 (FSDP's
+    # param_dtype): low_precision_layernorm x 2 (LPLayerNorm: F.layer_norm on the bf16 input, one kernel: 4h each),
+    # the residual adds x + resid_dropout(b) (resid_pdrop 0.0: the identity; 6h each); each Linear's bias added in
+    # its GEMM (F.linear: addmm, cuBLASLt's bias epilogue); GELU (approximate 'none': 4f), or a gated FFN's
+    # (MPTGLU) act(gate) (4f) times up (6f). attn_impl flash (flash_attn_fn): flash-attn's bert_padding unpads Q,
+    # K and V (index_first_axis, a gather each: 4(q + 2kv)) and pads the output back (index_put_first_axis: zeros,
+    # then index_put: 6q); attn_impl triton takes Q, K, V and gives the output as views (no copy).
+    h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
+    ffn = 10 * f if spec.ffn_kind == "swiglu" else 4 * f
+    return 2 * 4 * h + 2 * 6 * h, ffn + (4 * (q + 2 * kv) + 6 * q if unpadded else 0)
 
 
 # torchtitan 9dec370 (torchtitan/parallelisms/parallelize_llama.py, parallel_dims.py): what it runs.
@@ -131,7 +144,63 @@ TORCH_COMPILE = replace(
                       "into tp chunk matmuls; torchtitan needs torch.compile for it)",
     source="torchtitan 9dec370 parallelize_llama.apply_compile (each TransformerBlock compiled, the loss and "
            "optimizer not); otherwise as torch-eager")
-STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE)}
+# llm-foundry 5e85bd62d4ec (llmfoundry/models/mpt, scripts/train/train.py) on Composer v0.17.2 (composer/trainer/
+# dist_strategy.py, mosaic_fsdp_utils.py SHARDING_MAP): what it runs.
+LLM_FOUNDRY_REFUSES = (
+    (lambda layout: layout.tp > 1 or layout.pp > 1 or layout.cp > 1,
+     "llm-foundry 5e85bd62d4ec splits no model (no tensor, pipeline or context parallelism): Composer wraps it in "
+     "torch FSDP only"),
+    (lambda layout: layout.zero1, "Composer v0.17.2's FSDP has no ZeRO-1 (its sharding strategies: FULL_SHARD, "
+     "SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, _HYBRID_SHARD_ZERO2)"),
+    (lambda layout: layout.dp > 1 and layout.fsdp == 1,
+     "llm-foundry replicates through FSDP's NO_SHARD (an all-reduce per FSDP unit), not modelled: shard with fsdp"),
+    (lambda layout: layout.recompute == "selective",
+     "llm-foundry checkpoints whole MPT blocks (activation_checkpointing_fn: MPTBlock): recompute full (rc) or none"),
+)
+LLM_FOUNDRY = Stack(
+    "llm-foundry", "MosaicML llm-foundry's MPT on Composer and torch FSDP (FSDP1), attn_impl flash (flash-attn 2)",
+    attention_kernel="fa2", fused_projections=True, elementwise=_mpt, elementwise_kernels=25,
+    # The backward's memory-bound bytes, op by op: LayerNorm's input gradient (dy, x, dx: 6h) and weight gradient
+    # (dy, x: 4h) x 2; the two gradients of x summed where it forks to the norm and the residual (6h) x 2; GELU's
+    # (6f); pad_input's gather (4q); unpad_input's zeros + scatter (6(q + 2kv)); Wqkv's split joined (cat: 4(q +
+    # 2kv)); the four bias gradients, sums over the tokens of each output gradient (2(q + 2kv) + 2h + 2f + 2h):
+    # 76h + 8f at MPT's MHA, 2.0 x the forward's 38h + 4f at MPT's f = 4h.
+    # Not counted (the model has no term for a host sync): unpad_input's max().item() at every attention call and
+    # DecoupledAdamW's state_steps[i].item() at every parameter. selective: refused (whole blocks checkpointed).
+    backward_factor=2.0, logit_bytes=6.0, selective="attention", optimizer_bytes=92.0,
+    fsdp_gather_copy_bytes=0.0, fsdp_scatter_copy_bytes=18.0,
+    elementwise_formula="20h + 4f (GELU) or 10f (MPTGLU) + 4(q + 2kv) (unpad Q, K, V) + 6q (pad the output)",
+    source="llm-foundry 5e85bd62d4ec (the H100 large-scale table: scripts/train/benchmarking/sweep.py --attn_impl "
+           "flash for 1b, 3b, 7b, 70b; submit_benchmarks.py: pip '.[gpu-flash2]' (flash-attn 2.4.2), torch 2.1.0, "
+           "norm_type low_precision_layernorm, FSDP mixed_precision DEFAULT as mod_parameters' default): MPTBlock "
+           "(llmfoundry/models/layers/blocks.py, norm.py LPLayerNorm, ffn.py MPTMLP GELU), attention.py flash_attn_fn "
+           "(Wqkv one GEMM; flash_attn_varlen_func between bert_padding's unpad and pad), no torch.compile "
+           "(train.py compile_config unset); ComposerMPTCausalLM loss_fn fused_crossentropy: flash-attn 2.4.2's "
+           "Triton cross entropy on the bf16 logits (reads them: 2; backward reads them and writes their gradient: "
+           "2 + 2); pretrain yamls' decoupled_adamw, weight_decay 0.0: Composer v0.17.2 DecoupledAdamW.adamw, one "
+           "parameter at a time (exp_avg mul_ 8 + add_ 12, exp_avg_sq mul_ 8 + addcmul_ 12, sqrt 8, / 8, add_ eps "
+           "8, param addcdiv_ 16: 80 B) and gradient_clipping norm: FSDP.clip_grad_norm_ (norms 4, mul_ 8: 12 B); "
+           "torch 2.1 FSDP1 (Composer's FSDP, use_orig_params True): the all-gather lands in the FlatParameter, "
+           "its parameters views of it (no copy-out; the shard's cast to bf16, 6 B per element of the 1/N shard, "
+           "left out), the gradient joined into the FlatParameter's (split's backward, a cat: 2 + 2), cast to "
+           "reduce_dtype float32 (2 + 4) and pre-divided (div_: 4 + 4): 18 B per element reduce-scattered; "
+           "activation_checkpointing: Composer's checkpoint_wrapper (NO_REENTRANT, the yamls' "
+           "activation_checkpointing_reentrant false) on each MPTBlock, its forward run again whole",
+    refuses=LLM_FOUNDRY_REFUSES)
+# attn_impl triton (submit_benchmarks.py's default): MPT's own Triton flash attention, the rest as attn_impl flash.
+LLM_FOUNDRY_TRITON = replace(
+    LLM_FOUNDRY, name="llm-foundry-triton",
+    description="llm-foundry's MPT as llm-foundry, attn_impl triton (MPT's Triton flash attention)",
+    attention_kernel="mpt_triton", elementwise=lambda spec: _mpt(spec, unpadded=False), elementwise_kernels=5,
+    # The backward as attn_impl flash's less the padding: 54h + 8f at MPT's MHA, over the forward's 20h + 4f.
+    backward_factor=86 / 36, elementwise_formula="20h + 4f (GELU) or 10f (MPTGLU)",
+    source="llm-foundry v0.3.0 (the runs of scripts/train/benchmarking/sweep.sh at b2a43a1477a4: submit_benchmarks."
+           "py's --attn_impl default triton, git_branch v0.3.0, pip '.[gpu]': flash-attn 1.0.9, xentropy-cuda-lib, "
+           "triton-pre-mlir) and 5e85bd62d4ec (sweep.py --attn_impl triton for 13b and 30b): attention.py "
+           "triton_flash_attn_fn, flash_attn_triton.py (FlashAttention in Triton, copied from flash-attention "
+           "eff9fe6b onto triton-pre-mlir; Q, K, V taken as strided views, no copy); fused cross entropy 2 + 2 + 2 "
+           "per logit either way (xentropy's CUDA kernel at v0.3.0); otherwise as llm-foundry")
+STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE, LLM_FOUNDRY, LLM_FOUNDRY_TRITON)}
 
 
 def load(name: str) -> Stack:
