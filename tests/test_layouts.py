@@ -473,6 +473,10 @@ def test_the_layout_figure_draws_the_latest_ok_run_of_each_layout():
         "params + grads + optimizer, most loaded rank"]
     assert legend._ncols == 3 and legend._outside_loc == "lower" and legend._loc == 8  # below, centred
     assert all(t.get_fontsize() == pytest.approx(matplotlib_small()) for t in legend.get_texts())
+    # each entry is the artist of its label: the grey dashes, the blue bars, the black dots, the orange bars
+    keys = legend.legend_handles
+    assert [tuple(keys[i].get_facecolors()[0]) for i in (0, 2)] == [to_rgba("grey"), to_rgba("black")]
+    assert [k.get_facecolor() for k in (keys[1], keys[3], keys[4])] == [blue, blue, orange]
 
 
 def test_the_layout_figure_names_what_tells_two_bars_apart_and_grows_with_them():
@@ -562,6 +566,15 @@ def test_a_workload_whose_runs_are_all_layouts_has_its_table_and_no_device_figur
     assert workload_section("mlm", frame, by_id, []) == ([
         Heading("Workload `mlm`", 2), Text(above), Table(columns, rows),
         Text("No ok run with measured steps (outside layout sweeps): nothing to plot against devices.")], [])
+
+
+def test_a_workload_table_with_nothing_shared_by_its_rows_has_no_sentence_above_it(monkeypatch):
+    from bench.reporting import compose
+    from bench.reporting.document import Heading, Table, Text
+    monkeypatch.setattr(compose, "workload_table", lambda frame, by_id, workload: ("", ["backend"], [["a"], ["b"]]))
+    assert compose.workload_section("mlm", pd.DataFrame(), {}, [])[0] == [
+        Heading("Workload `mlm`", 2), Table(["backend"], [["a"], ["b"]]),
+        Text("No ok run with measured steps (outside layout sweeps): nothing to plot against devices.")]
 
 
 def test_absent_backends_are_those_of_the_workload_with_no_ok_run_and_no_line():

@@ -155,6 +155,7 @@ def test_throughput_without_scaling_is_a_bar_per_configuration():
     assert fig.get_suptitle() == "cnn: throughput on one device, by configuration"
     # 1 in + per panel 0.42 in a bar and 0.9: panels g (1 bar) and h (2 bars).
     assert tuple(fig.get_size_inches()) == (11, pytest.approx(1.0 + 1.32 + 1.74))
+    assert type(fig.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
     gpu, cpu = fig.axes
     assert [ax.get_subplotspec().get_gridspec().get_height_ratios() for ax in (gpu, cpu)] == [[2.5, 3.5]] * 2
     bars = cpu.patches

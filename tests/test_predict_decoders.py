@@ -38,6 +38,12 @@ def test_gpt_layer_parameters_flops_and_gemms_by_hand():
     assert shapes == [(4096, 3 * h // 8, h), (4096, h, h // 8), (4096, 4 * h // 8, h), (4096, h, 4 * h // 8)]
     dgrad, wgrad = decoder.DecoderSpec.backward_gemms(Gemm("w", 4096, 1536, 12288))
     assert (dgrad.m, dgrad.n, dgrad.k) == (4096, 12288, 1536) and (wgrad.m, wgrad.n, wgrad.k) == (12288, 1536, 4096)
+    # a sequence's multiply-adds (a pipeline stage's cost), whole numbers: a layer's GEMMs 12h^2 a token and causal
+    # attention's two products h s / 2 a token each; the head h V a token
+    s = GPT.seq_len
+    for macs, by_hand in ((GPT.layer_forward_macs(), s * 12 * h * h + s * s * h),
+                          (GPT.head_forward_macs(), s * h * GPT.vocab)):
+        assert type(macs) is int and macs == by_hand
 
 
 def test_gpt_training_flops_are_narayanans_and_megatrons_count():

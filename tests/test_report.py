@@ -540,6 +540,9 @@ def test_the_header_says_where_the_runs_come_from_and_what_a_configuration_is(mo
                              "valid run record.")
     assert blocks[4] == Text("Every sweep of the folder; `bench.report --sweep ID` reports one. This report: two.")
     assert [row[0] for row in blocks[5].rows] == ["one", "two"]
+    # A filter that keeps runs of both sweeps names both.
+    assert compose.header(runs[2:], "out", "--workload cnn", 0, runs)[4] == Text(
+        "Every sweep of the folder; `bench.report --sweep ID` reports one. This report: one, two.")
     # One sweep in the folder, or no filter: nothing to name.
     for folder, filters in ((runs[3:], "--sweep two"), (runs, "")):
         assert compose.header(runs[3:], "out", filters, 0, folder)[4] == Text(

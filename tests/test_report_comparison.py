@@ -67,6 +67,7 @@ def test_repeats_rank_each_workload_and_count_its_runs_sweeps_and_busy_ones():
     assert [t.get_text() for t in ax.get_yticklabels()] == list(mlm.data)
     assert ax.get_xlabel() == "samples/s (median of runs, 95% interval)" and ax.get_title() == mlm.title
     assert list(ax.lines[0].get_xdata()) == [80.0, 100.0, 160.0] and list(ax.lines[0].get_ydata()) == [0, 1, 2]
+    assert (ax.lines[0].get_marker(), ax.lines[0].get_linestyle()) == ("o", "None")   # dots, no line joining rows
     assert list(mlm.figure.get_size_inches()) == [8, 0.9 + 0.35 * 3]
     assert ax.lines[1].get_markersize() == 2 * 4  # caps of 4 points at both ends of each bar
     assert isinstance(mlm.figure.get_layout_engine(), ConstrainedLayoutEngine)
