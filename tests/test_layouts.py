@@ -409,7 +409,11 @@ def test_the_layout_figure_draws_the_latest_ok_run_of_each_layout():
     from bench.reporting.layout_plot import layout_plot
     from tests.test_predict import matplotlib_small
 
-    plot = layout_plot("mlm", pd.DataFrame(FIGURE_ROWS), FIGURE_RECORDS, "the caption")
+    import matplotlib
+    from cycler import cycler
+    # under a matplotlibrc of its own colours (here: red first), the figure keeps its own
+    with matplotlib.rc_context({"axes.prop_cycle": cycler(color=["#d62728", "#2ca02c"])}):
+        plot = layout_plot("mlm", pd.DataFrame(FIGURE_ROWS), FIGURE_RECORDS, "the caption")
     assert (plot.slug, plot.title, plot.caption) == ("mlm-layouts", "mlm: layouts", "the caption")
     labels = ["1 device", "dp2", "pp2", "tp2"]
     assert plot.data == {
