@@ -501,6 +501,71 @@ def test_stop_run_passes_the_signal_on(sig):
     stop_run(proc)  # a process already gone is no error
 
 
+def test_a_run_that_outlives_its_grace_after_the_signal_is_killed_with_its_group(monkeypatch, tmp_path):
+    """TERM_GRACE_S + 10 s after the signal (here 0.5 s): a run still in its handler 1 s later is SIGKILLed, group
+    and all; a run whose handler exits at once keeps its own exit code."""
+    monkeypatch.setattr(compare, "TERM_GRACE_S", -9.5)
+    ready = [tmp_path / "slow", tmp_path / "quick"]
+    slow = subprocess.Popen(_sh(f"trap 'kill $!; sleep 1; exit 7' TERM; touch {ready[0]}; sleep 30 & wait"),
+                            start_new_session=True)
+    quick = subprocess.Popen(_sh(f"trap 'kill $!; exit 7' TERM; touch {ready[1]}; sleep 30 & wait"),
+                             start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not all(p.exists() for p in ready) and time.monotonic() < deadline:   # both traps set
+        time.sleep(0.01)
+    stop_run(slow)
+    stop_run(quick)
+    assert (slow.returncode, quick.returncode) == (-signal.SIGKILL, 7)
+
+
+def test_stop_run_takes_a_run_gone_between_its_steps_as_stopped(monkeypatch):
+    """The run may end (and its group with it) between the poll and the signal, or between the timeout and the
+    SIGKILL: the ProcessLookupError that follows is no error."""
+    proc = subprocess.Popen(["true"], start_new_session=True)
+    proc.wait()
+
+    def gone(*_):
+        raise ProcessLookupError
+
+    monkeypatch.setattr(proc, "send_signal", gone)
+    stop_run(proc)
+
+    class Lingering:   # still running at the timeout; its group gone by the SIGKILL
+        pid, waits = proc.pid, []
+
+        def send_signal(self, sig):
+            pass
+
+        def wait(self, timeout=None):
+            self.waits.append(timeout)
+            if timeout is not None:
+                raise subprocess.TimeoutExpired("bench.run", timeout)
+            return -9
+    monkeypatch.setattr(compare.os, "killpg", gone)
+    lingering = Lingering()
+    stop_run(lingering)
+    assert lingering.waits == [compare.TERM_GRACE_S + 10, None]
+
+
+def test_the_sweep_passes_on_the_signal_it_got_and_forgets_a_log_already_gone(tmp_path):
+    """SIGINT to the sweep reaches the run as SIGINT (not the default TERM); a run that took its own log away
+    before it was stopped leaves the sweep nothing to remove, which is no error. SweepCancelled says its run."""
+    got, log = tmp_path / "got", tmp_path / "r.log"
+    script = (f"trap 'kill $!; echo INT > {got}; exit 0' INT; trap 'kill $!; echo TERM > {got}; exit 0' TERM; "
+              f"rm {log}; "
+              "sleep 0.3; kill -INT $PPID; sleep 30 & wait")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    cancel_on_signals()
+    try:
+        with pytest.raises(SweepCancelled) as cut:
+            launch(Namespace(timeout=60.0), _sh(script), log, "r", tmp_path / "r.json")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert got.read_text() == "INT\n" and not log.exists()
+    assert (str(cut.value), cut.value.cancelled.signum) == ("r", signal.SIGINT)
+
+
 # ----------------------------------------------------------------------------- what it prints
 
 def _rows(text: str) -> list[list[str]]:

@@ -403,14 +403,13 @@ FIGURE_RECORDS = {
 def test_the_layout_figure_draws_the_latest_ok_run_of_each_layout():
     """layout_plot from hand-made rows, read back from matplotlib: samples/s bars with N x the 1-device run as a
     tick, then per layout the most loaded device's peak (a bar, each rank a dot) beside its state (a bar)."""
+    import matplotlib
+    from cycler import cycler
     from matplotlib.colors import to_rgba
     from matplotlib.markers import MarkerStyle
 
     from bench.reporting.layout_plot import layout_plot
     from tests.test_predict import matplotlib_small
-
-    import matplotlib
-    from cycler import cycler
     # under a matplotlibrc of its own colours (here: red first), the figure keeps its own
     with matplotlib.rc_context({"axes.prop_cycle": cycler(color=["#d62728", "#2ca02c"])}):
         plot = layout_plot("mlm", pd.DataFrame(FIGURE_ROWS), FIGURE_RECORDS, "the caption")
