@@ -105,6 +105,10 @@ def test_throughput_draws_each_series_with_its_ideal_line_on_a_log2_device_axis(
     assert (handles[0].get_color(), handles[0].get_marker(), handles[0].get_linestyle()) == (BLUE, "o", "-")
     assert (handles[2].get_color(), handles[2].get_marker(), handles[2].get_linestyle()) == (RED, "s", "--")
     assert handles[3].get_color() == "grey" and handles[3].get_alpha() == 0.7
+    # the oversubscribed key: a hollow black ring, no line
+    ring = handles[1]
+    assert (ring.get_marker(), ring.get_markersize(), ring.get_markerfacecolor(), ring.get_markeredgecolor(),
+            ring.get_markeredgewidth(), ring.get_linestyle()) == ("o", 20, "none", "black", 1.2, "None")
 
 
 def test_the_legend_below_takes_as_many_columns_as_its_longest_label_leaves_room_for():
@@ -233,6 +237,8 @@ def test_loss_has_a_panel_per_device_count_and_a_row_per_model_size():
     assert (la.get_label(), lb.get_label(), _points(la)) == ("a", "b", [tuple(p) for p in curve])
     # Markers every 12 // 6 = 2 steps, the second curve's shifted by one, so coinciding curves show both.
     assert (la.get_markevery(), lb.get_markevery()) == ((0, 2), (1, 2))
+    # whole steps: matplotlib reads a pair of floats as distances along the line, not as indices
+    assert all(type(v) is int for line in (la, lb) for v in line.get_markevery())
     assert (la.get_linewidth(), lb.get_linewidth(), la.get_markersize(), lb.get_markersize()) == (3, 1.2, 8, 5)
     assert (lb.get_color(), lb.get_marker(), lb.get_linestyle(), lb.get_zorder()) == (RED, "s", "--", 3)
     [only] = two.get_lines()
@@ -358,6 +364,31 @@ def test_step_time_boxes_the_measured_steps_or_ranges_the_statistics():
     assert _legend(fig) == ["boxed", "ranged"]
     patch = fig.legends[0].legend_handles[0]
     assert patch.get_facecolor() == to_rgba(BLUE, 0.5) and patch.get_hatch() == "//"
+    assert patch.get_edgecolor() == to_rgba(BLUE, 0.5)
+
+
+def test_step_time_keeps_its_colours_and_dots_under_a_matplotlibrc_and_titles_each_machine():
+    """Under a matplotlibrc of other colours and without fliers by default, the boxes and their keys keep the
+    series' colour and the steps past the whiskers stay dots; a machine's panel is titled with it. 100 steps of
+    1 to 100 ms: the whiskers stop at the 5th and 95th percentiles' steps, 6 and 95 ms, the rest are dots."""
+    import matplotlib
+    from cycler import cycler
+    steps = [i / 1000 for i in range(1, 101)]
+    gpu = _series("g", {1: _run(1, 1.0, step_time_s=_stats(0.05), step_times_s=steps)}, color=RED,
+                  panel="g · cuda")
+    cpu = _series("c", {1: _run(1, 1.0, step_time_s=_stats(0.05), step_times_s=steps)}, panel="h · cpu")
+    with matplotlib.rc_context({"axes.prop_cycle": cycler(color=["#2ca02c"]), "patch.facecolor": "#2ca02c",
+                                "boxplot.showfliers": False}):
+        fig = plots.step_time_plot("cnn", [gpu, cpu], "c").figure
+    top, bottom = fig.axes
+    assert (top.get_title(), bottom.get_title()) == ("g · cuda", "h · cpu")
+    [box] = [p for p in top.patches if type(p).__name__ == "PathPatch"]
+    assert box.get_facecolor() == to_rgba(RED, 0.5)
+    whisker_low, whisker_high, *_, fliers = top.get_lines()[:6]
+    assert (whisker_low.get_ydata()[1], whisker_high.get_ydata()[1]) == (6, 95)
+    assert list(fliers.get_ydata()) == [1, 2, 3, 4, 5, 96, 97, 98, 99, 100]
+    key = fig.legends[0].legend_handles[0]
+    assert (key.get_facecolor(), key.get_edgecolor()) == (to_rgba(RED, 0.5), to_rgba(RED, 0.5))
 
 
 def test_mark_absent_names_in_the_figure_what_has_no_line():
