@@ -237,6 +237,9 @@ def test_layout_table_holds_each_layout_with_its_reference_and_reason():
     assert table["pp2-nmb4-1f1b"]["efficiency vs 1 device"] == f"{48 / (2 * 32):.2f}"
     assert table["1 device, 4 micro-batches"]["efficiency vs 1 device"] == "1.00"
     assert table["dp2"]["samples/s"] == "60.0"
+    assert {name: row["N"] for name, row in table.items()} == {
+        "1 device": "1", "1 device, 4 micro-batches": "1", "dp2": "2", "pp2-nmb4-1f1b": "2", "tp2-vocab": "2",
+        "dp2xtp2": "4"}
     assert table["dp2"]["peak memory max (MiB)"] == "312.0"
     assert table["pp2-nmb4-1f1b"]["peak memory per rank (MiB)"] == "200.0, 180.0"
     assert table["pp2-nmb4-1f1b"]["training memory per rank (MiB)"] == "50.0, 45.0"

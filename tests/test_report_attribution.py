@@ -58,6 +58,10 @@ def test_each_row_keeps_the_newest_ok_profiled_run_of_each_backend_in_label_orde
     assert list(rows) == [row_key(cnn), row_key(TORCH)]  # "cnn, ..." before "mlm tiny, ..."
     assert rows[row_key(TORCH)] == {"torch_ddp": TORCH, "tf_mirrored": TF}
     assert list(rows[row_key(TORCH)]) == ["tf_mirrored", "torch_ddp"]  # the unstamped run is the oldest
+    # rows in the order of their labels, not of their keys: "mlm tiny, ..." sorts before "mlm, ..." (a blank
+    # before a comma) where the key of a run without a model size, ("mlm", "", ...), sorts first
+    unsized = {**TORCH, "config": {"precision": "fp32"}}
+    assert list(latest_profiled([unsized, TORCH])) == [row_key(TORCH), row_key(unsized)]
 
 
 def test_the_largest_gap_between_two_frameworks_is_said_with_both_sides_figures():
@@ -155,8 +159,18 @@ def test_the_table_gives_each_group_s_ms_and_share_and_the_words_follow_the_figu
           "2000", "", ""]])
     image = blocks[3]
     assert isinstance(image, Image) and (image.path, image.title) == ("plots/attribution.png", "Where the step goes")
+    assert image.caption == attribution_plot(latest_profiled([TORCH, TF])).caption
     assert blocks[4:] == [Text("Largest difference between two frameworks on a row: " + label + ": "
                                + largest_difference({"torch_ddp": TORCH, "tf_mirrored": TF}) + ".")]
+    # two rows, each with its gap: one sentence per row, after one another; a measured step of 0.9 s is 900 ms
+    cnn_torch = {**_record("torch_ddp", "pytorch", {"matmul": 0.3}, 1.0, measured=0.9), "workload": "cnn"}
+    cnn_tf = {**_record("tf_mirrored", "tensorflow", {"matmul": 0.7}, 1.0), "workload": "cnn"}
+    blocks = attribution_blocks([TORCH, TF, cnn_torch, cnn_tf])
+    cnn = row_label(row_key(cnn_torch))
+    assert [r[-2] for r in blocks[2].rows if r[:2] == [cnn, "torch_ddp"]] == ["900"]
+    assert blocks[4:] == [Text("Largest difference between two frameworks on a row: " + cnn + ": "
+                               + largest_difference({"torch_ddp": cnn_torch, "tf_mirrored": cnn_tf}) + ". " + label
+                               + ": " + largest_difference({"torch_ddp": TORCH, "tf_mirrored": TF}) + ".")]
     # one framework alone: no words
     assert not any(isinstance(b, Text) and "Largest" in b.text for b in attribution_blocks([TORCH]))
     assert attribution_blocks([{**TORCH, "backend_metrics": None}]) == []
