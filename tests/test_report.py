@@ -563,7 +563,7 @@ def test_the_report_is_the_header_then_each_workload_then_the_sections_across_wo
     monkeypatch.setattr(compose, "workload_section", lambda w, frame, by_id, series: (
         [Text(f"{w}: {len(frame)} rows, {len(by_id)} records, lines {[s.key.backend for s in series]}")], [f"{w}-1"]))
     monkeypatch.setattr(compose, "layout_section", lambda w, frame, by_id: (
-        [Text(f"{w} layouts: {len(frame)}")] if len(frame[frame.workload == w]) else [],
+        [Text(f"{w} layouts: {len(frame)} rows, {len(by_id)} records")] if len(frame[frame.workload == w]) else [],
         [f"{w}-layouts"] if len(frame[frame.workload == w]) else []))
     monkeypatch.setattr(compose, "repeats_section", lambda records: ([Text(f"repeats {len(records)}")], ["r"]))
     for name in ("calibration_blocks", "breakdown_blocks", "attribution_blocks"):
@@ -576,12 +576,14 @@ def test_the_report_is_the_header_then_each_workload_then_the_sections_across_wo
         "header 18 res '--workload x' 3 18",
         "cnn: 18 rows, 18 records, lines ['tf_mirrored', 'torch_ddp', 'torch_dp']",
         "mlm: 18 rows, 18 records, lines []",
-        "mlm layouts: 6",
+        "mlm layouts: 6 rows, 18 records",
         "repeats 18", "calibration_blocks", "breakdown_blocks", "validation_blocks PosixPath('res')",
         "published_blocks PosixPath('res')", "attribution_blocks", "plan_blocks PosixPath('res')"]
     assert plots == {"cnn": ["cnn-1"], "mlm": ["mlm-1", "mlm-layouts"], "repeats": ["r"]}
     blocks, _ = compose.build_report(records[:12], "res", folder=records)
     assert blocks[0].text == "header 12 res '' 0 18"
+    # a machine's or a run's field left empty is named once among the others, and "unknown" when none is given
+    assert (compose._join(["b", "", None, "a", "b", 2]), compose._join(["", None])) == ("2, a, b", "unknown")
 
 
 def test_a_workload_that_never_scaled_has_no_efficiency_figure(monkeypatch):
