@@ -342,8 +342,9 @@ def test_a_run_bench_run_recorded_is_left_as_it_wrote_it(tmp_path, monkeypatch):
 def test_bench_run_s_refusal_is_an_invalid_run_with_its_one_line(tmp_path, monkeypatch):
     log = "starting\nbench.run: error: first\nnoise\nbench.run: error: 2 devices do not divide it\nsrun: done\n"
     record = _one(tmp_path, monkeypatch, StandIn(rc=2, log=log))
-    assert (record["status"], record["error"], record["devices"], record["backend"], record["sweep_id"]) == \
-        ("invalid", "invalid for 2 device(s): 2 devices do not divide it", 2, "torch_ddp", "SID")
+    assert (record["status"], record["error"], record["devices"], record["backend"], record["workload"],
+            record["sweep_id"]) == ("invalid", "invalid for 2 device(s): 2 devices do not divide it", 2, "torch_ddp",
+                                    "cnn", "SID")
     record = _one(tmp_path / "l", monkeypatch, StandIn(rc=2, log=log), layout=parse_layout("tp2"))
     assert (record["status"], record["error"], record["config"]) == \
         ("invalid", "invalid for layout tp2: 2 devices do not divide it", {"grad_accum": 3})
@@ -1035,6 +1036,24 @@ def test_a_layout_sweep_runs_each_layout_with_its_flags_and_prints_the_layout_ta
                                                       ["pp2-nmb2", "2", "ok", "60.0", "0.75"]]
     assert f"{sweep_id}: 4 runs, 1 thread(s) per virtual CPU device torch_3d mlm pp2-nmb2 (N=2, accumulating 1) " \
         in _flat(stderr)
+
+
+def test_a_layout_sweep_probes_its_reference_with_the_reference_s_own_accumulation(tmp_path, monkeypatch):
+    """--layouts pp2-nmb2 --grad-accum 3: the only 1-device reference accumulates 2 x 3 = 6 micro-batches, and the
+    co-run probe runs that command again (not the sweep's own --grad-accum 3)."""
+    stand_in = BenchRun(layout=True)
+    monkeypatch.setattr(compare, "launch", stand_in)
+    probe = Probe(None)
+    from bench import co_run
+    monkeypatch.setattr(co_run, "probe", probe)
+    out = tmp_path / "out"
+    code, _, stderr = run_in_process("bench.compare", "--layouts", "pp2-nmb2", "--backends", "torch_3d",
+                                     "--workloads", "mlm", "--grad-accum", "3", "--batch-size", "12", "--threads-per-device", "2",
+                                     "--device-kind", "cpu", "--co-run-probe", "--out", str(out))
+    assert code == 0, stderr
+    [call] = probe.calls
+    assert BenchRun.options(call["command"])["--grad-accum"] == "6"
+    assert BenchRun.options(stand_in.commands[0])["--grad-accum"] == "6"
 
 
 def test_a_sweep_under_srun_runs_job_steps_and_records_its_own_command_line(tmp_path, monkeypatch, capsys):
