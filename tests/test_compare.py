@@ -1048,8 +1048,9 @@ def test_a_layout_sweep_probes_its_reference_with_the_reference_s_own_accumulati
     monkeypatch.setattr(co_run, "probe", probe)
     out = tmp_path / "out"
     code, _, stderr = run_in_process("bench.compare", "--layouts", "pp2-nmb2", "--backends", "torch_3d",
-                                     "--workloads", "mlm", "--grad-accum", "3", "--batch-size", "12", "--threads-per-device", "2",
-                                     "--device-kind", "cpu", "--co-run-probe", "--out", str(out))
+                                     "--workloads", "mlm", "--grad-accum", "3", "--batch-size", "12",
+                                     "--threads-per-device", "2", "--device-kind", "cpu", "--co-run-probe",
+                                     "--out", str(out))
     assert code == 0, stderr
     [call] = probe.calls
     assert BenchRun.options(call["command"])["--grad-accum"] == "6"
