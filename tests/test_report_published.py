@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import warnings
 
 import pytest
 from matplotlib.collections import PathCollection, PolyCollection
@@ -63,7 +64,9 @@ def test_each_group_is_a_row_and_a_missing_error_an_empty_cell():
 
 
 def test_the_figure_draws_each_metric_s_points_against_the_diagonal_and_the_bands():
-    plot = pp.published_plot(RESULT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # drawn as matplotlib means it: no call it warns about
+        plot = pp.published_plot(RESULT)
     title = "bench.predict against published GPU-cluster results: 3 points, " + error_line(RESULT)
     caption = ("Each point: a published figure (x) and the model's prediction of it (y), in the publisher's own "
                "metric, coloured by GPU generation; the diagonal is exact, the bands +-15% and +-35%. "
@@ -118,6 +121,16 @@ def test_the_figure_draws_each_metric_s_points_against_the_diagonal_and_the_band
     assert [t.get_text() for t in tflops.get_legend().get_texts()] == ["A100"]
     assert [h.get_marker() for h in tflops.get_legend().legend_handles] == ["s"]
     assert [t.get_text() for t in tflops.texts] == ["BLOOM 384 (+25%)"]
+
+
+def test_a_title_longer_than_a_line_breaks_within_170_characters(monkeypatch):
+    prefix = "bench.predict against published GPU-cluster results: 3 points, "
+    n = 171 - len(prefix)
+    words = "a" * (2 - n % 2) + " a" * ((n - 2 + n % 2) // 2)   # 171 characters in all, a blank the 170th
+    monkeypatch.setattr(pp, "error_line", lambda result: words)
+    assert len(prefix + words) == 171
+    lines = pp.published_plot(RESULT).figure._suptitle.get_text().split("\n")
+    assert [len(line) for line in lines[:2]] == [169, 1]
 
 
 def test_the_caption_names_no_refusal_when_none_was_refused():
