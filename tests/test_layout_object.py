@@ -112,6 +112,10 @@ def test_the_record_of_a_layout_and_back():
     assert record["per_rank"][3] == {"rank": 3, "dp": 1, "fsdp": 0, "tp": 0, "pp": 1, "holds": "layers 3-3 + MLM head"}
     assert len(record["per_rank"]) == 4 and Layout.from_record(record) == layout
     assert "layers_per_stage" not in Layout(dp=2).as_record(CNN, 8)
+    # a replica's samples are whole (5 // 3 = 1): base's 12 layers over 4 stages placed for 1 sample, where 5 / 3
+    # would weigh the compute more against the optimizer's and move a layer (to 3, 3, 4, 2)
+    auto = Layout(dp=3, pp=4, micro_batches=4, stage_split="auto")
+    assert auto.as_record(BERT_SIZES["base"], 5)["layers_per_stage"] == [2, 4, 4, 2]
     assert Layout.from_record({"dp": 3, "unknown": 1}) == Layout(dp=3)
     # a record written before the one layout type reads as it meant
     assert Layout.from_record({"dp": 2, "tp": 2, "optimizer_shard": True, "recompute": True, "vocab_emb_dp": False}) \
@@ -148,6 +152,9 @@ def test_flags_as_the_user_types_them():
         refuse_layout(Layout(tp=2, sp=True), "torch_3d", frozenset({"tp", "pp"}), executed_by)
     refuse_layout(Layout(tp=2, pp=2, micro_batches=2), "torch_3d", frozenset({"tp", "pp", "micro_batches"}),
                   executed_by)
+    with pytest.raises(Unsupported, match="^--model-parallel 2: torch_ddp does not execute it; torch_3d, keras_jax "
+                                          "do$"):   # two backends that do: "do", each named once
+        refuse_layout(Layout(tp=2), "torch_ddp", frozenset({"pp"}), executed_by)
     assert cnn_layers(CNN) == 4 + 2 + 1
 
 

@@ -992,3 +992,18 @@ def test_plan_check_takes_the_errors_of_the_other_size(tmp_path):
         mp.setattr(sys, "stdout", stdout)
         plan_check.main(["--reuse", "--out", str(tmp_path), "--sizes", "tiny"])
     assert stdout.getvalue().count("== mlm ") == 1 and stdout.getvalue().splitlines()[-2] == errors[0]
+
+
+def test_a_plan_predicts_each_layout_as_its_backend_runs_it(tmp_path, monkeypatch):
+    """bench.plan --backend torch_ddp: its one layout (dp2) predicted with DDP's 25 MiB buckets (base's gradients
+    in many all-reduces, each with its latency), not as torch_3d runs dp2; nothing measured yet."""
+    monkeypatch.setattr(plan_space, "load_backend", _load_backend)
+    folder = _folder(tmp_path / "mlm", _record("r1", size="tiny"))
+    steps = {}
+    for backend in ("torch_3d", "torch_ddp"):
+        args = plan_check.plan_args("base", folder, None)
+        args.backend = backend
+        plan = plan_cli.make_plan(args, validation={})
+        assert "measured" in plan and plan["measured"] is None
+        steps[backend] = {r["layout"]: r["step_s"] for r in plan["rows"]}
+    assert list(steps["torch_ddp"]) == ["dp2"] and steps["torch_ddp"]["dp2"] > steps["torch_3d"]["dp2"]
