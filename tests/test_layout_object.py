@@ -116,6 +116,7 @@ def test_the_record_of_a_layout_and_back():
     # would weigh the compute more against the optimizer's and move a layer (to 3, 3, 4, 2)
     auto = Layout(dp=3, pp=4, micro_batches=4, stage_split="auto")
     assert auto.as_record(BERT_SIZES["base"], 5)["layers_per_stage"] == [2, 4, 4, 2]
+    assert auto.placed(BERT_SIZES["base"], 5).stage_split == "2,4,4,2"
     assert Layout.from_record({"dp": 3, "unknown": 1}) == Layout(dp=3)
     # a record written before the one layout type reads as it meant
     assert Layout.from_record({"dp": 2, "tp": 2, "optimizer_shard": True, "recompute": True, "vocab_emb_dp": False}) \

@@ -949,3 +949,53 @@ def test_a_folder_whose_1_device_run_is_ddp_s_is_predicted_as_ddp_runs_it(tmp_pa
     ddp, as_3d = (predict(spec, dp2, 64, hardware, basis, backend) for backend in ("torch_ddp", "torch_3d"))
     assert ddp.step_s != as_3d.step_s
     assert (row["step_s"], row["collectives"]) == (ddp.step_s, [asdict(c) for c in ddp.collectives])
+
+
+def test_a_recomputing_layout_pays_its_layers_forward_again_in_launches_and_multiply_adds():
+    """--recompute full on 1 device, tiny BERT at batch 8: the recomputed forward is the layers' forward share of
+    forward+backward (1 - 2/3) of their multiply-adds, costed per launch (s_per_micro_batch against the whole
+    model's forward multiply-adds) and per multiply-add and sample (s_per_mac_sample)."""
+    from common.predict.executed import executed_stages
+    from common.predict.gpu_compute import compute_for
+    from common.predict.work import parts
+    hw, tiny, full = hardware_files.load("cpu-loopback-2core"), BERT_SIZES["tiny"], Layout(recompute="full")
+    whole = parts(tiny)
+    layers = whole.layers * whole.layer
+    launches = executed_stages(tiny, full, 8, hw, _basis(s_per_mac_sample=0.0, s_per_micro_batch=1.0))
+    assert launches.recompute == [pytest.approx(layers / 3 / whole.total)]
+    assert launches.compute == [pytest.approx(1 + layers / 3 / whole.total)]
+    per_mac = executed_stages(tiny, full, 8, hw, _basis(s_per_mac_sample=1e-9))
+    assert per_mac.recompute == [pytest.approx(1e-9 * layers / 3 * 8)]
+    # a decoder is timed from a compute table (its kernels), never from a basis of an executed workload's run
+    with pytest.raises(ValueError) as refused:
+        executed_stages(BASE, Layout(), 8, hw, compute_for(hardware_files.load("h100-sxm-8")))
+    assert str(refused.value) == "BertSpec: a compute table times a decoder's kernels; the executed workloads are " \
+        "timed from a measured 1-device run or an assumed MFU (--from, --assume-mfu)"
+
+
+def test_a_split_vocabulary_adds_the_embedding_s_and_the_split_loss_s_all_reduces_by_hand():
+    """tiny BERT on tp2 with --vocab-split, one stage (the first and the last), batch 8 in bf16: per layer 2
+    forward all-reduces of the bf16 hidden states and 2 backward of their float32 gradients; the row-wise
+    embedding's float32 partial sums; the split loss's 3 float32 all-reduces and one of int64 indices over the
+    8 x 20 gathered positions, and its head's gradient (float32 on CUDA, the activations' type on a CPU). Each on
+    the critical path."""
+    tiny = BERT_SIZES["tiny"]
+    s, h, positions = tiny.seq_len, tiny.hidden, 8 * tiny.max_predictions
+    lay = Layout(tp=2, vocab_split=True)
+    expected = [("tensor-parallel activations", 2 * 8 * s * h, 2 * tiny.layers),
+                ("tensor-parallel input gradients", 4 * 8 * s * h, 2 * tiny.layers),
+                ("split embedding's partial sums", 4 * 8 * s * h, 1),
+                ("split loss's maximum, sum of exponentials and target logit", 4 * positions, 3),
+                ("split loss's index of the maximum (the correct count)", 8 * positions, 1),
+                ("split loss's gradient of the head's output", 4 * positions * h, 1)]
+    found = collectives(tiny, lay, 8, 0, "torch_3d", 2, "cuda")
+    assert [(c.what, c.nbytes, c.calls, c.kind, c.dim, c.ranks, c.exposed) for c in found] == [
+        (what, nbytes, calls, "all_reduce", "tp", 2, True) for what, nbytes, calls in expected]
+    on_cpu = collectives(tiny, lay, 8, 0, "torch_3d", 2, "cpu")
+    assert on_cpu[-1].nbytes == 2 * positions * h
+    # a stage's collectives are those of its hardware's kind of device: an H100's head gradient is float32
+    from common.predict.executed import executed_stages
+    stages = executed_stages(tiny, lay, 8, hardware_files.load("h100-sxm-8"), _basis(precision="amp"))
+    assert stages.collectives[0][-1].nbytes == 4 * positions * h
+    stages = executed_stages(tiny, lay, 8, hardware_files.load("cpu-loopback-2core"), _basis(precision="amp"))
+    assert stages.collectives[0][-1].nbytes == 2 * positions * h

@@ -174,6 +174,10 @@ def test_tensor_parallel_s_shares_come_from_the_1_device_run_s_profile():
     assert basis.label.startswith("compute measured: torch_3d 1-device run prof (cpu), matmuls 50%")
     assert ComputeShares.from_record(_one()) is None and from_records(TINY, [_one()]).compute_shares is None
     assert ComputeShares.from_record(_one(backend_metrics={"attribution": _profiled({"optimizer": 1.0})})) is None
+    # a step of less than a second's compute has its shares too (0.4 s of matmul in 0.8 s)
+    short = ComputeShares.from_record(_one(backend_metrics={"attribution": _profiled({"matmul": 0.4,
+                                                                                     "elementwise": 0.4})}))
+    assert (short.matmul, short.whole) == pytest.approx((0.5, 0.5))
 
 
 def test_what_a_record_says_of_its_run():
