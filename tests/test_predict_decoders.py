@@ -486,6 +486,22 @@ def test_each_stack_s_bytes_are_its_source_s_sums():
     assert (eager.fsdp_reshard_under_pp, megatron.fsdp_reshard_under_pp) == (False, True)
 
 
+def test_fsdp2_copies_the_root_s_parameters_once_a_step_as_it_copies_a_block_s():
+    """torch 2.6.0's _fsdp_collectives.py (torchtitan's torch 1963fc8): the root unit, fully_shard(model) over the
+    embedding, final norm and output layer, is gathered through split_with_sizes_copy (2 + 2 per element) and its
+    gradients chunk_cat into the float32 reduce-scatter input (2 + 4), as each block's are; once a step: the root
+    is not resharded after its forward (_fsdp_state._lazy_init), and torchtitan runs one micro-batch without a
+    pipeline. torchtitan's 8B on its 8 H100 (HBM2e at 2,400 GB/s), in bytes."""
+    hw = hardware_files.load("h100-96gb-500w-8")
+    p = predict(LLAMA, Layout.parse("fsdp8-mbs2-sel", 8), 16, hw, compute_for(hw), stack=stacks.load("torch-eager"))
+    block = 4096 * (4096 + 1024 + 1024 + 4096 + 3 * 14336) + 2 * 4096     # 218,112,000
+    root = 128256 * 4096 + 4096 + 128256 * 4096                           # 1,050,677,248
+    assert (LLAMA.layer_params(), LLAMA.param_count() - 32 * block) == (block, root)
+    blocks = 32 * block * (2 * (2 + 2) + (2 + 4))   # gathered for the forward and again for the backward: 97.71 GB
+    assert blocks + root * ((2 + 2) + (2 + 4)) == 97_714_176_000 + 10_506_772_480
+    assert p.parts["fsdp_copies"] == pytest.approx((97_714_176_000 + 10_506_772_480) / 2400e9, rel=1e-12)
+
+
 def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms():
     spec, hw = decoder.load("megatron-gpt-177b"), hardware_files.load("h100-sxm-8")
     c, meg = compute_for(hw), stacks.load("megatron-te")

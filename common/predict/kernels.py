@@ -205,8 +205,12 @@ def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer:
         again = 1 if _regathered(layout, stack) else 0   # a layer gathered again for its backward
         fwd_comm, bwd_comm = layers * gather, layers * (again * gather + scatter + replicas)
         exposed = m * (gather + max(0.0, fwd_comm - window_fwd) + max(0.0, bwd_comm - window_bwd)) + root_comm
+        # The root's parameters (embedding, final norm, output layer) are an FSDP unit too: gathered and scattered
+        # once a step (root_comm) through the same copies as a layer's (torch 2.6 _fsdp_collectives.py), 2 kernels.
         copies = timer.memory(m * layers * layer_params * ((1 + again) * stack.fsdp_gather_copy_bytes
-                                                           + stack.fsdp_scatter_copy_bytes), (2 + again) * layers)
+                                                           + stack.fsdp_scatter_copy_bytes)
+                              + root * (stack.fsdp_gather_copy_bytes + stack.fsdp_scatter_copy_bytes),
+                              (2 + again) * layers + (2 if root else 0))
         colls = [Collective("all_gather", "fsdp", BF16 * layer_params, (1 + again) * m * layers, s, True,
                             "FSDP gathers"),
                  Collective("reduce_scatter", "fsdp", FP32 * layer_params, m * layers, s, True, "FSDP scatters")]

@@ -123,11 +123,18 @@ TORCH_EAGER = Stack(
     elementwise_formula="84h (RMSNorm; 20h LayerNorm) + 20(q + kv) (RoPE) + 4(kv + q) (repeat_kv) + 4q + 10f "
                         "(SwiGLU) or 4f",
     source="torchtitan 9dec370: models/llama/model.py, models/norms.py (RMSNorm in eager ops), "
-           "F.scaled_dot_product_attention (FLASH_ATTENTION backend on H100 in torch of 2024-12), "
+           "F.scaled_dot_product_attention (FLASH_ATTENTION backend on H100 in torch of 2024-12: cuDNN attention not "
+           "chosen by default, pytorch/pytorch#142132 on 2.6.0.dev20241204), "
            "cross_entropy on float32 logits (6 + 8 forward, 22 backward per logit), foreach AdamW "
            "(optimizer.fused false: lerp, mul, addcmul, sqrt, div, add, addcdiv, weight decay: 80 B) and "
-           "foreach clipping (12 B); FSDP2's all-gather copy-out (2 + 2 per gathered element) and "
-           "reduce-scatter copy-in to float32 (2 + 4)",
+           "foreach clipping (12 B); FSDP2 (torch 1963fc8, read in torch 2.6.0's fsdp/_fully_shard/"
+           "_fsdp_collectives.py): the all-gather copy-out split_with_sizes_copy on the compute stream (2 + 2 per "
+           "gathered element) and the reduce-scatter copy-in chunk_cat to float32 (2 + 4), no pre- or post-divide "
+           "(ReduceOp.AVG in float32), for each block per micro-batch and for the root unit (embedding, final "
+           "norm, output layer: fully_shard(model), not resharded after its forward) once a step; left out: the "
+           "all-gather copy-in (the float32 shard cast to bf16 and copied into the gather's buffer, 10 B per "
+           "element of the 1/N shard, on the copy-in stream beside the compute) and the last block kept gathered "
+           "into the backward (apply_fsdp: one gather fewer, 0.4 ms at 8B)",
     # parallelize_llama.apply_fsdp: reshard_after_forward = not pp_enabled ("to avoid per-microbatch all-gathers")
     fsdp_reshard_under_pp=False,
     refuses=TORCHTITAN_REFUSES)
