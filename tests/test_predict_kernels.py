@@ -371,3 +371,16 @@ def test_every_gemm_a_stage_times_has_whole_dimensions():
 
     kernels.decoder_stages(SPEC, Layout(dp=2, cp=2, micro_batches=2), 8, HW, STACK, Recording(**vars(COMPUTE)))
     assert (4, 4, 8) in shapes and all(type(v) is int for shape in shapes for v in shape)
+
+
+def test_a_decoder_rank_holds_its_parameters_state_in_bytes_per_parameter_by_hand():
+    """One more parameter on a stage costs, whatever the activations: bf16 weights 2 + float32 gradients 4 + float32
+    master weights and two AdamW moments 12 = 18 bytes; with ZeRO-1 over dp 4 the last 12 sharded: 2 + 4 + 3 = 9;
+    under FSDP 4 float32 weights, gradients and moments sharded: 16 / 4 = 4."""
+    def per_parameter(layout: Layout) -> float:
+        def held(params: float) -> float:
+            return decoder_rank_bytes(SPEC, layout, 4, params, 464, 2, 1, True, "attention", 0, 1)
+        return held(1e6 + 1000) / 1000 - held(1e6) / 1000
+    assert per_parameter(Layout(dp=4)) == pytest.approx(18)
+    assert per_parameter(Layout(dp=4, zero1=True)) == pytest.approx(9)
+    assert per_parameter(Layout(fsdp=4)) == pytest.approx(4)
