@@ -187,6 +187,24 @@ def test_bad_options_are_one_line_and_exit_2(args, says, capsys):
     assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("bench.plan: error: ") and says in err, err
 
 
+NEEDS = "--model needs --devices, --global-batch and --hardware (a GPU with a compute table)"
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--assume-mfu", "0.4"], "the following arguments are required: --devices"),
+    (["--devices", "2", "--assume-mfu", "0.4", "--layout", "dp2"],
+     "--layout goes with --model (a decoder's plan); an executed workload's plan runs with --run"),
+    (["--model", "llama3-8b", "--devices", "8"], NEEDS),
+    (["--model", "llama3-8b", "--devices", "8", "--global-batch", "16"], NEEDS),   # the default hardware: a CPU
+    (["--model", "llama3-8b", "--global-batch", "16", "--hardware", "h100-sxm-8"], NEEDS),
+    (["--model", "llama3-8b", "--devices", "8", "--hardware", "h100-sxm-8"], NEEDS),
+])
+def test_a_refusal_of_what_goes_together_is_its_whole_line(args, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        plan_cli.main(args)
+    assert (exit_.value.code, capsys.readouterr().err) == (2, f"bench.plan: error: {says}\n")
+
+
 def test_an_assumed_mfu_plans_keras_jax_without_pipelines_and_writes_what_it_prints(tmp_path, capsys):
     plan, out = _plan(capsys, "--devices", "2", "--hardware", "h100-sxm-8", "--assume-mfu", "0.4",
                       "--backend", "keras_jax", tmp_path=tmp_path)

@@ -37,7 +37,7 @@ from common.predict.step import pipeline_s, predict, sync_factor
 from common.predict.validation import validate
 from common.results import load_records
 from common.sections import CoRun
-from common.spec import BERT_SIZES
+from common.spec import BERT_SIZES, model_spec
 from tests.conftest import run_cli
 
 TINY, BASE = BERT_SIZES["tiny"], BERT_SIZES["base"]
@@ -855,6 +855,9 @@ def test_the_main_run_is_torch_3d_s_plain_run_of_the_size_precision_and_batch_as
     assert str(refused.value) == f"{tmp_path / 'none'} has no 1-device mlm run on cpu (its runs: cuda); compute " \
         "measured on one kind of device does not predict cpu-loopback-2core: pass --assume-mfu MFU to predict from " \
         "an assumed utilisation"
+    _runs_folder(tmp_path / "two-kinds", [run("gpu", device_kind="cuda"), run("tpu", device_kind="tpu")])
+    with pytest.raises(ValueError, match=r"no 1-device mlm run on cpu \(its runs: cuda, tpu\);"):
+        predict_cli.measured_basis(tmp_path / "two-kinds", cpu, "mlm", "tiny", "fp32", 32)
     _runs_folder(tmp_path / "empty", [])
     with pytest.raises(ValueError, match=r"no 1-device cnn run on cpu \(its runs: none\)"):
         predict_cli.measured_basis(tmp_path / "empty", cpu, "cnn", "tiny", "fp32", 32)
@@ -999,3 +1002,34 @@ def test_a_split_vocabulary_adds_the_embedding_s_and_the_split_loss_s_all_reduce
     assert stages.collectives[0][-1].nbytes == 4 * positions * h
     stages = executed_stages(tiny, lay, 8, hardware_files.load("cpu-loopback-2core"), _basis(precision="amp"))
     assert stages.collectives[0][-1].nbytes == 2 * positions * h
+
+
+def test_the_basis_is_the_main_run_s_own_model_and_each_layout_s_its_micro_batches_reference(tmp_path):
+    """A folder of mini's 1-device runs, plain and accumulating 4: the basis divides the main run's step by mini's
+    multiply-adds (not tiny's, the size a record without one is); a layout of 4 micro-batches is predicted from the
+    run that accumulated 4, the plain one from the main run; a CNN run is timed as the CNN."""
+    from common.predict.validation import basis_of
+    from tests.test_predict_validation import _record
+    cpu = hardware_files.load("cpu-loopback-2core")
+
+    def mini(run_id, accumulation=1, step=1.0):
+        r = _record(run_id, 1, 32, accumulation=accumulation)
+        return {**r, "config": {**r["config"], "model_size": "mini"}, "step_time_s": {"p50": step}}
+    plain, four = mini("plain"), mini("four", accumulation=4, step=1.5)
+    folder = _runs_folder(tmp_path / "mini", [plain, four])
+    basis, main, basis_for = predict_cli.measured_basis(folder, cpu, "mlm", "mini", "fp32", 32)
+    assert main["run_id"] == "plain"
+    assert basis.s_per_mac_sample == basis_of(BERT_SIZES["mini"], [plain, four], [plain, four]).s_per_mac_sample
+    assert basis.s_per_mac_sample != basis_of(TINY, [plain, four], [plain, four]).s_per_mac_sample
+    pipeline = Layout(pp=2, micro_batches=4)
+    assert basis_for(pipeline) == basis_of(BERT_SIZES["mini"], [four, plain], [plain, four])
+    assert basis_for(Layout(dp=2)) == basis_of(BERT_SIZES["mini"], [plain, four], [plain, four])
+    # no plain run: the main one accumulates 2, yet a layout is matched by its own micro-batches alone (its run
+    # has no accumulation of its own), so 4 micro-batches still take the run that accumulated 4
+    two = {**mini("two", accumulation=2, step=1.2), "started_at": "2026-01-02T00:00:00"}
+    basis_for = predict_cli.measured_basis(_runs_folder(tmp_path / "acc", [two, four]), cpu, "mlm", "mini", "fp32",
+                                           32)[2]
+    assert basis_for(pipeline) == basis_of(BERT_SIZES["mini"], [four, two], [two, four])
+    cnn = {**_record("cnn", 1, 32), "workload": "cnn", "config": {"precision": "fp32", "grad_accum": 1}}
+    cnn_basis = predict_cli.measured_basis(_runs_folder(tmp_path / "cnn", [cnn]), cpu, "cnn", "tiny", "fp32", 32)[0]
+    assert cnn_basis == basis_of(model_spec("cnn", "tiny"), [cnn], [cnn])
