@@ -314,3 +314,31 @@ def test_an_assumed_mfu_is_the_decoder_plan_s_compute_and_a_bare_fsdp_takes_the_
     assert plan["basis"] == ("compute ASSUMED: MFU 0.2 of h100-sxm-8's bf16 datasheet peak 989.5 TFLOP/s "
                              "(no measured record)")
     assert plan["asked"]["layout"] == "fsdp2-mbs1"
+
+
+def test_a_decoder_plan_is_shown_in_tokens_per_device_and_an_asked_layout_outside_it_unranked(monkeypatch):
+    """show() on a hand-made decoder plan: its rows' tokens/s per device (not samples/s, which a decoder's row also
+    holds), the asked layout that fits nowhere in the top as '-'; bench.plan hands decoder_plan every option."""
+    import io
+
+    from rich.console import Console
+
+    from tests.test_plan_cli import _table
+    row = {"rank": 1, "layout": "fsdp8-mbs1", "step_s": 1.5, "tokens_per_s_per_device": 12345.4,
+           "samples_per_s": 2.5, "memory_per_rank_max": 30 * GIB, "fit": "fits",
+           "parts_s": {"comm_exposed": 0.15, "bubble": 0.0, "recompute": 0.3}, "explanation": "the pick"}
+    asked = {**row, "rank": 0, "layout": "tp8-mbs1", "fit": "does not fit", "explanation": "too big"}
+    plan = {"model": "m", "title": "T", "basis": "B", "rows": [row], "asked": asked, "summary": ["S"]}
+    console = Console(file=io.StringIO(), width=300)
+    plan_cli.show(console, plan, 3)
+    header, body = _table(console.file.getvalue().splitlines())
+    assert header[:4] == ["#", "layout", "step (ms)", "tokens/s/device"]
+    assert [r[:6] for r in body] == [["1", "fsdp8-mbs1", "1,500", "12,345", "30.00", "fits"],
+                                     ["-", "tp8-mbs1", "1,500", "12,345", "30.00", "does not fit"]]
+    handed = []
+    monkeypatch.setattr(decoders, "decoder_plan", lambda *a: handed.append(a) or {"summary": [], "rows": []})
+    plan_cli._decoders(plan_cli.build_parser().parse_args([
+        "--model", "llama3-8b", "--devices", "8", "--global-batch", "16", "--hardware", "h100-sxm-8",
+        "--stack", "torch-eager", "--seq-len", "4096", "--memory-per-device", "60", "--assume-mfu", "0.4",
+        "--top", "7", "--layout", "fsdp8-mbs1"]))
+    assert handed == [("llama3-8b", 8, 16, "h100-sxm-8", "torch-eager", 4096, 60.0, 0.4, 7, "fsdp8-mbs1")]
