@@ -384,3 +384,24 @@ def test_a_decoder_rank_holds_its_parameters_state_in_bytes_per_parameter_by_han
     assert per_parameter(Layout(dp=4)) == pytest.approx(18)
     assert per_parameter(Layout(dp=4, zero1=True)) == pytest.approx(9)
     assert per_parameter(Layout(fsdp=4)) == pytest.approx(4)
+
+
+def test_a_decoder_layer_s_activations_held_per_recompute_policy_by_hand():
+    """One more layer on a stage (4 tokens, tp 2, one micro-batch in flight): without recompute, what the layer
+    stores (flash attention; with sp the norms' inputs split too); torchtitan's op policy keeps the 1st, 3rd and
+    5th GEMMs' outputs (wq 4, wv 2, w1 8 columns a rank: 14), the attention's output (8 / 2), the block's input
+    (8 / 2 under sp, else 8) in bf16 and the log-sum-exp (2 heads / 2) in float32: 4 x (2 x 22 + 4) = 192 bytes,
+    224 without sp; full recompute keeps the block's input alone: 4 x 8 x 2 / 2 = 32, 64 without sp. Megatron's
+    selective recompute (the attention core) keeps what flash attention keeps anyway."""
+    def per_layer(layout: Layout, selective: str = "attention") -> float:
+        def held(layers: int) -> float:
+            return decoder_rank_bytes(SPEC, layout, 4, 1000.0, 464, layers, 1, False, selective, 0, 1)
+        return held(3) - held(2)
+    sp = Layout(tp=2, sp=True)
+    assert per_layer(sp) == SPEC.stored_activation_bytes(4, 2, True, flash=True) == 368
+    assert per_layer(sp, "odd-mm") == 368                         # the policy applies to selective recompute only
+    assert per_layer(replace(sp, recompute="selective")) == 368
+    assert per_layer(replace(sp, recompute="selective"), "odd-mm") == 192
+    assert per_layer(Layout(tp=2, recompute="selective"), "odd-mm") == 224
+    assert per_layer(replace(sp, recompute="full")) == 32
+    assert per_layer(Layout(tp=2, recompute="full")) == 64
