@@ -553,6 +553,26 @@ def test_the_plan_document_by_hand():
     assert doc["summary"][0] == "space: 2 candidate layouts, 2 valid; 0 refused"
     assert doc["summary"][1].startswith("memory: L, 8.00 GiB per device (no measured memory error: point predictions)")
     assert doc["summary"][2].startswith("pick: dp2, predicted 163,840 tokens/s per device (100 ms a step)")
+    assert doc["summary"][3] == ("ranking error unknown (no validation of the model on this kind of machine): the "
+                                 "order rests on point predictions")
+    # no error known: only a layout whose step is predicted the same is not told from the pick
+    unknown = rank([replace(dp2), replace(tp2), replace(pp2)], None)
+    assert [r.separable for r in unknown] == [None, None, None]
+    doc = document("T", {}, unknown, Space(valid=[r.layout for r in unknown]), "B", 8 * GIB, "L", None, None)
+    assert doc["not_separable"] == ["tp2"]
+    # a known error that separates the pick from the rest; nothing that fits
+    ahead = rank([dp2, pp2], 0.01)
+    doc = document("T", {}, ahead, Space(valid=[r.layout for r in ahead]), "B", 8 * GIB, "L", 0.01, None)
+    assert doc["summary"][3] == "the pick is ahead of every other layout by more than the ranking error 1.0%"
+    assert doc["not_separable"] == []
+    nothing = rank([dropped], 0.5)
+    doc = document("T", {}, nothing, Space(valid=[dropped.layout]), "B", 8 * GIB, "L", 0.5, None)
+    assert doc["summary"][2:] == ["no layout is predicted to fit"] and doc["pick"] is None
+    # two layouts not told from the pick, each named once
+    three = rank([dp2, tp2, replace(tp2, layout=Layout(tp=2, recompute="full"))], 0.5)
+    doc = document("T", {}, three, Space(valid=[r.layout for r in three]), "B", 8 * GIB, "L", 0.5, None)
+    assert doc["summary"][3] == ("not separable from the pick within the ranking error 50.0%: tp2, tp2-rc; measure "
+                                 "them (bench.plan --run --repeats 3) to choose")
     # three reasons: all of them, no ellipsis; a step of 1.5 s in milliseconds
     slow = _row(Layout(dp=2), GIB, compute=1.5)
     space = Space(valid=[slow.layout], refused={"a": 1, "b": 2, "c": 3})
