@@ -10,7 +10,7 @@ from common.errors import BadInput
 from common.layout import Layout
 from common.plan.check import fit_goal, fit_limits, goals
 from common.plan.fit import GIB, DoesNotFit, measured_overhead, predicted_check, refusal, stage_split_of, verdict
-from common.plan.rank import Ranked, decides, document, explain, memory_error, predicted, rank, ranking_error
+from common.plan.rank import Ranked, decides, document, explain, memory_error, predicted, rank, ranking_error, row
 from common.plan.space import (
     MAX_PLACEMENTS,
     Space,
@@ -544,6 +544,7 @@ def test_the_plan_document_by_hand():
         "decides": [["compute", pytest.approx(0.1)]], "explanation": explain(pp2, dp2, 0.5, tp2),
         "auto_split": False, "layers_per_stage": [1, 1]}
     assert "layers_per_stage" not in by_name["dp2"] and by_name["fsdp2"]["explanation"] == ""
+    assert row(dp2, "x")["auto_split"] is False   # a row's split is the auto one only when it says so
     # the top K ranked only; a decoder's rate per device; no memory error known: point predictions
     decoder_row = replace(dp2, prediction=replace(dp2.prediction, seq_len=1024))
     doc = document("T", {}, [decoder_row, tp2], Space(valid=[dp2.layout, tp2.layout]), "B", 8 * GIB, "L", None,

@@ -438,6 +438,10 @@ def test_a_step_put_together_from_its_stages_by_hand():
         made.add(compute=5.0, inside=1.0, recompute=0.5, after_comm=1.0, after_other=3.0, optimizer=0.25,
                  parts={"attention": 2.0})
         return made
+    bare = Stages(micro_batches=1, overhead=0.0)
+    bare.add(compute=3.0, inside=1.0)    # what a stage is not given it has none of
+    assert (bare.recompute, bare.after_comm, bare.after_other, bare.optimizer, bare.collectives, bare.parts) == \
+        ([0.0], [0.0], [0.0], [0.0], [[]], [{}])
     interleaved = Layout(pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2)
     p = _step(stages(), interleaved, 8)
     assert p.step_s == 10 + 26 + 4.25 and p.bubble_s == 26 - 4 * 6
