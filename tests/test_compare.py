@@ -469,19 +469,24 @@ def test_a_run_past_its_timeout_is_stopped_and_reads_as_none(tmp_path):
     assert time.monotonic() - started < 10 and log.read_text() == "up\n"
 
 
-def _cancelling(tmp_path, record: bool):
-    """A run that writes (or not) its record, then sends the sweep SIGTERM and waits to be stopped."""
-    result = tmp_path / "r.json"
-    script = (f"echo {{}} > {result}; " if record else "") + "sleep 0.3; kill -TERM $PPID; exec sleep 60"
+def _launch_cancelled(tmp_path, script: str) -> SweepCancelled:
+    """Run `script` as run r (log r.log, record r.json) under the sweep's signal handlers; the script signals the
+    sweep, which stops it. The handlers the test had are put back."""
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     cancel_on_signals()
     try:
         with pytest.raises(SweepCancelled) as exc:
-            launch(Namespace(timeout=60.0), _sh(script), tmp_path / "r.log", "r", result)
+            launch(Namespace(timeout=60.0), _sh(script), tmp_path / "r.log", "r", tmp_path / "r.json")
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     return exc.value
+
+
+def _cancelling(tmp_path, record: bool):
+    """A run that writes (or not) its record, then sends the sweep SIGTERM and waits to be stopped."""
+    script = (f"echo {{}} > {tmp_path / 'r.json'}; " if record else "") + "sleep 0.3; kill -TERM $PPID; exec sleep 60"
+    return _launch_cancelled(tmp_path, script)
 
 
 def test_a_signal_to_the_sweep_stops_the_run_and_says_whether_it_wrote_its_record(tmp_path):
@@ -555,16 +560,9 @@ def test_the_sweep_passes_on_the_signal_it_got_and_forgets_a_log_already_gone(tm
     script = (f"trap 'kill $!; echo INT > {got}; exit 0' INT; trap 'kill $!; echo TERM > {got}; exit 0' TERM; "
               f"rm {log}; "
               "sleep 0.3; kill -INT $PPID; sleep 30 & wait")
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    cancel_on_signals()
-    try:
-        with pytest.raises(SweepCancelled) as cut:
-            launch(Namespace(timeout=60.0), _sh(script), log, "r", tmp_path / "r.json")
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    cut = _launch_cancelled(tmp_path, script)
     assert got.read_text() == "INT\n" and not log.exists()
-    assert (str(cut.value), cut.value.cancelled.signum) == ("r", signal.SIGINT)
+    assert (str(cut), cut.cancelled.signum) == ("r", signal.SIGINT)
 
 
 # ----------------------------------------------------------------------------- what it prints
