@@ -30,9 +30,6 @@ REFUSED = {
     "fp8": "fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling and casts are not "
            "counted)",
     "ep": "expert parallelism is not modelled: the bundled models are dense",
-    "zero2": "ZeRO-2 (the parameters whole on every data rank from the forward through the backward, gradients and "
-             "optimizer state sharded: torch FSDP's SHARD_GRAD_OP, fairscale's FSDP without reshard after forward) "
-             "is not modelled",
 }
 
 
@@ -78,7 +75,8 @@ class LayoutOption:
         return self.token if value and value != self.default else ""
 
 
-_NEEDS_WHY = {"pp": "needs a pipeline (pp<N>)", "tp": "needs tensor parallelism (tp<N>)"}
+_NEEDS_WHY = {"pp": "needs a pipeline (pp<N>)", "tp": "needs tensor parallelism (tp<N>)",
+              "fsdp": "needs FSDP shards (fsdp<N>)"}
 
 OPTIONS = (
     LayoutOption("fsdp", "--fsdp", "devices each FSDP group shards parameters, gradients and optimizer state over "
@@ -103,6 +101,9 @@ OPTIONS = (
                  "over tp (all-gather + reduce-scatter instead of all-reduce)", False, token="sp", needs="tp"),
     LayoutOption("zero1", "--zero1", "shard the optimizer state over the data-parallel replicas (ZeRO-1, "
                  "Megatron's distributed optimizer)", False, token="zero1"),
+    LayoutOption("zero2", "--zero2", "keep each FSDP unit's parameters whole from its forward through its backward "
+                 "(ZeRO-2: gathered once a micro-batch, not again for the backward; torch FSDP's SHARD_GRAD_OP, "
+                 "fully_shard's reshard_after_forward=False)", False, token="zero2", needs="fsdp"),
     LayoutOption("tp_overlap", "--tp-overlap", "overlap tensor-parallel communication with the GEMMs "
                  "(Megatron's --tp-comm-overlap, torchtitan's AsyncTP)", False, token="tpo", needs="tp"),
     LayoutOption("vocab_split", "--vocab-split", "split the token embedding (and a tied or output layer) over "
@@ -114,11 +115,11 @@ OPTIONS = (
 )
 OPTION = {o.field: o for o in OPTIONS}
 NAME_ORDER = ("micro_batches", "micro_batch_size", "schedule", "virtual_stages", "recompute", "sp", "zero1",
-              "tp_overlap", "vocab_split", "stage_split")
+              "zero2", "tp_overlap", "vocab_split", "stage_split")
 _DIMENSION = re.compile(r"(fsdp|dp|tp|pp|cp)([0-9]*)")
 # What a backend may execute, by name (its registry entry's `layouts`), and the option a user asked it with.
 FEATURES = ("tp", "pp", "fsdp", "hsdp", "cp", "micro_batches", "micro_batch_size", "1f1b", "interleaved",
-            "recompute", "selective", "sp", "zero1", "tp_overlap", "vocab_split", "stage_split")
+            "recompute", "selective", "sp", "zero1", "zero2", "tp_overlap", "vocab_split", "stage_split")
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,7 @@ class Layout:
     recompute: str = "none"      # none | selective | full, per layer
     sp: bool = False
     zero1: bool = False
+    zero2: bool = False          # FSDP's parameters kept whole from the forward through the backward
     tp_overlap: bool = False
     vocab_split: bool = False    # the token embedding (and tied/output layer) split by vocabulary over tp
     stage_split: str = EVEN      # --stage-split: even, auto or layers per stage ("3,1")
@@ -174,7 +176,7 @@ class Layout:
                  "micro_batch_size": self.micro_batch_size > 0, "1f1b": self.schedule == "1f1b",
                  "interleaved": self.schedule == "interleaved" or self.virtual_stages > 1,
                  "recompute": self.recompute == "full", "selective": self.recompute == "selective",
-                 "sp": self.sp, "zero1": self.zero1, "tp_overlap": self.tp_overlap,
+                 "sp": self.sp, "zero1": self.zero1, "zero2": self.zero2, "tp_overlap": self.tp_overlap,
                  "vocab_split": self.vocab_split, "stage_split": self.stage_split != EVEN}
         field = {"hsdp": "fsdp", "1f1b": "schedule", "interleaved": "schedule", "selective": "recompute"}
         return [(f, OPTION[field.get(f, f)].flag_for(getattr(self, field.get(f, f))) or f"--{f}")
@@ -241,7 +243,7 @@ class Layout:
             if field in values and not (field == "schedule" and {values[field], value} == {"interleaved", "1f1b"}):
                 raise Refused(f"{entry!r}: {word!r} repeats an option already given or contradicts one")
             option = OPTION[field]
-            if option.needs and values.get(option.needs, 1) == 1:
+            if option.needs and values.get(option.needs, 1) == 1 and bare != option.needs:
                 raise Refused(f"{entry!r}: {word!r} {_NEEDS_WHY[option.needs]}")
             if field == "virtual_stages":
                 if values.get("schedule") == "gpipe":
@@ -293,6 +295,8 @@ class Layout:
         if self.zero1 and self.fsdp > 1:
             raise BadInput("--zero1 with --fsdp: ZeRO-1 shards the optimizer of plain data parallelism; FSDP "
                            "already shards it")
+        if self.zero2 and self.fsdp == 1:
+            raise BadInput("--zero2 needs --fsdp: it keeps FSDP's gathered parameters through the backward")
         if self.pp > 1 and grad_accum > 1:
             raise BadInput(f"--grad-accum {grad_accum} with {self.pp} pipeline stages: the pipeline's "
                            "--micro-batches already accumulate")
@@ -355,6 +359,9 @@ class Layout:
             raise BadInput("--vocab-split: the CNN has no embedding table")
         if self.cp > 1 or self.sp:
             raise BadInput("--context-parallel, --sequence-parallel: the CNN has no sequence")
+        if self.zero2:
+            raise BadInput("--zero2: the CNN is one FSDP unit, the root, which FSDP keeps gathered through the "
+                           "backward already")
         if self.stage_split != EVEN:
             raise BadInput(f"--stage-split {self.stage_split}: the CNN's pipeline is cut evenly; a split by cost "
                            "places the MLM's encoder layers")

@@ -35,6 +35,10 @@ TINY, MINI = BERT_SIZES["tiny"], BERT_SIZES["mini"]  # tiny: 2 layers, 2 heads, 
     (Layout(vocab_split=True), TINY, 8, 1, "--sequence-parallel, --tp-overlap and --vocab-split need tensor"),
     (Layout(fsdp=2, zero1=True), TINY, 8, 1, "--zero1 with --fsdp: ZeRO-1 shards the optimizer of plain data "
                                              "parallelism; FSDP already shards it"),
+    (Layout(dp=2, zero2=True), TINY, 8, 1, "--zero2 needs --fsdp: it keeps FSDP's gathered parameters through the "
+                                          "backward"),
+    (Layout(fsdp=2, zero2=True), CNN, 8, 1, "--zero2: the CNN is one FSDP unit, the root, which FSDP keeps gathered "
+                                            "through the backward already"),
     (Layout(micro_batch_size=2), TINY, 8, 1, "--micro-batch-size 2: the MLM's runs take the number of micro-batches"),
     (Layout(micro_batches=2, micro_batch_size=2), TINY, 8, 1, "--micro-batches 2 and --micro-batch-size 2: give"),
     (Layout(cp=3), TINY, 6, 1, "sequence 128 does not split into 2 x context parallel 3 chunks"),
@@ -74,7 +78,7 @@ def test_a_combination_that_cannot_be_laid_out_is_named(layout, spec, batch, acc
     (Layout(pp=2, micro_batches=2, stage_split="3,1"), MINI, 8), (Layout(pp=2, micro_batches=2, stage_split="auto"),
                                                                     MINI, 8),
     (Layout(tp=2, pp=7, micro_batches=7), CNN, 7), (Layout(pp=4, micro_batches=4), MINI, 4),
-    (Layout(dp=2, zero1=True), TINY, 8),
+    (Layout(dp=2, zero1=True), TINY, 8), (Layout(fsdp=2, zero2=True), TINY, 8),
 ])
 def test_a_layout_at_the_edge_of_each_rule_passes(layout, spec, batch):
     layout.validate(spec, batch)
@@ -165,6 +169,7 @@ def test_flags_as_the_user_types_them():
     (Layout(pp=2, micro_batches=4), "pp2-nmb4"), (Layout(pp=2, micro_batches=2, schedule="1f1b", recompute="full",
                                                         stage_split="auto"), "pp2-nmb2-1f1b-rc-splitauto"),
     (Layout(micro_batches=3), "1 device-nmb3"), (Layout(fsdp=2, micro_batch_size=2), "fsdp2-mbs2"),
+    (Layout(dp=2, fsdp=2, recompute="full", zero2=True), "dp2xfsdp2-rc-zero2"),
     (Layout(tp=2, pp=2, micro_batches=4, schedule="interleaved", virtual_stages=2, sp=True, tp_overlap=True),
      "tp2xpp2-nmb4-vp2-sp-tpo"),
 ])
@@ -188,7 +193,7 @@ def test_the_canonical_name_and_back(layout, name):
     ("zz2", "'zz2': 'zz2' is not dp<N>, fsdp<N>, tp<N>, pp<N> or cp<N>"),
     ("dp", "'dp': a bare dp takes the devices the others leave: it needs a device count"),
     ("dp2-fast", "'dp2-fast': unknown option 'fast'; choose from nmb<K>, mbs<K>, 1f1b, gpipe, vp<K>, rc, sel, sp, "
-                 "zero1, tpo, vocab, split<VALUE>"),
+                 "zero1, zero2, tpo, vocab, split<VALUE>"),
 ])
 def test_a_bad_name_says_why(entry, reason):
     with pytest.raises(ValueError) as err:
@@ -284,9 +289,8 @@ def test_micro_batches_of_a_given_size_are_whole():
     ("tp2-fp8", None, "'tp2-fp8': fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling "
                       "and casts are not counted)"),
     ("ep4", None, "'ep4': expert parallelism is not modelled: the bundled models are dense"),
-    ("fsdp8-zero2", None, "'fsdp8-zero2': ZeRO-2 (the parameters whole on every data rank from the forward through "
-                          "the backward, gradients and optimizer state sharded: torch FSDP's SHARD_GRAD_OP, "
-                          "fairscale's FSDP without reshard after forward) is not modelled"),
+    ("dp8-zero2", None, "'dp8-zero2': 'zero2' needs FSDP shards (fsdp<N>)"),
+    ("dp-zero2", 8, "'dp-zero2': 'zero2' needs FSDP shards (fsdp<N>)"),
 ])
 def test_a_name_the_grammar_refuses_says_why_in_full(entry, devices, reason):
     with pytest.raises(Refused) as err:
@@ -315,6 +319,7 @@ def test_a_name_that_cannot_fill_the_devices_is_the_device_counts_objection_not_
     ("dp", 8, "dp8"), ("fsdpxtp2", 8, "fsdp4xtp2"), ("tp2", 8, "dp4xtp2"), ("tp2", 2, "tp2"),
     ("pp2-vp2-1f1b", None, "pp2-nmb4-vp2"), ("pp2-1f1b-vp2", None, "pp2-nmb4-vp2"),  # vp<V> is interleaved 1F1B
     ("pp2-mbs2", None, "pp2-mbs2"), ("pp3", None, "pp3-nmb6"),
+    ("fsdp-zero2", 8, "fsdp8-zero2"), ("fsdpxtp2-zero2-rc", 8, "fsdp4xtp2-rc-zero2"),   # the bare fsdp is FSDP's
 ])
 def test_a_name_at_a_device_count(entry, devices, name):
     assert Layout.parse(entry, devices).name == name

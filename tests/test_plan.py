@@ -47,7 +47,7 @@ BASIS = Basis(s_per_mac_sample=2e-11, s_per_micro_batch=0.0, s_per_param=1e-9, s
 def test_the_space_of_two_devices_counts_what_the_model_allows(spec):
     micro = (2, 4, 8)
     vocab = 2 if spec.vocab_size % 2 == 0 else 1          # tp2 with and without the vocabulary split
-    data_parallel = 2 * 2                                  # dp2 and fsdp2, each with and without recompute
+    data_parallel = 3 * 2                                  # dp2, fsdp2, fsdp2-zero2, each with and without recompute
     tensor_parallel = vocab * 2
     pipelines = len(micro) * 2 * math.comb(spec.layers - 1, 1) * 2   # x schedules x placements x recompute
     space = enumerate_layouts(spec, 2, 32, micro)
@@ -71,7 +71,7 @@ def _grammar(spec, devices: int, batch: int, micro: tuple[int, ...]) -> set[tupl
             words += [[f"nmb{k}" for k in micro], ["gpipe", "1f1b"], ["", "splitauto", *(f"split{c.replace(',', '+')}"
                                                                                        for c in cuts)]]
         for head in product(*heads):
-            for option in product(*words):
+            for option in product(*words, ["zero2", ""] if head[0].startswith("fsdp") else [""]):
                 name = "-".join(["x".join(h for h in head if h), *(w for w in option if w)])
                 layout = Layout.parse(name)
                 try:
@@ -133,7 +133,7 @@ def test_the_plan_ranks_by_step_and_says_what_decides():
     pick, by_name = rows[0], {r.layout.name: r for r in rows}
     assert explain(pick, pick, 0.0).startswith("the pick")
     # Recompute adds its cost and nothing else.
-    rc = by_name[pick.layout.name + "-rc"] if not pick.layout.recomputes else None
+    rc = by_name[replace(pick.layout, recompute="full").name] if not pick.layout.recomputes else None
     assert rc is not None and rc.decides[0][0] == "recompute" and "recompute cost" in explain(rc, pick, 0.0)
     # The model gives GPipe and 1F1B one step; 1F1B holds fewer micro-batches in flight.
     gpipe, one_f = by_name["pp2-nmb8"], by_name["pp2-nmb8-1f1b"]

@@ -349,11 +349,11 @@ def test_a_word_wider_than_its_column_is_folded_not_cut():
 
 def test_the_size_and_the_workload_reach_the_plan(tmp_path, capsys):
     base = ["--devices", "2", "--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--micro-batches", "2,4,8"]
-    # test_plan's count on 2 devices: dp and fsdp, tp with and without the vocabulary split, each with and
-    # without recompute (8), and 3 micro-batch counts x 2 schedules x (layers - 1) cuts x recompute.
+    # test_plan's count on 2 devices: dp, fsdp and fsdp-zero2, tp with and without the vocabulary split, each
+    # with and without recompute (10), and 3 micro-batch counts x 2 schedules x (layers - 1) cuts x recompute.
     for size in ("tiny", "mini"):
         plan, _ = _plan(capsys, *base, "--model-size", size, tmp_path=tmp_path)
-        assert len(plan["rows"]) == 8 + 3 * 2 * (BERT_SIZES[size].layers - 1) * 2, size
+        assert len(plan["rows"]) == 10 + 3 * 2 * (BERT_SIZES[size].layers - 1) * 2, size
     # The CNN (its batch 64 a device by default) has no embedding table to split or keep whole.
     cnn, _ = _plan(capsys, *base, "--workload", "cnn", "--backend", "keras_jax", tmp_path=tmp_path)
     assert cnn["title"] == "cnn tiny on 2 x h100-sxm-8 (keras_jax), global batch 64"
@@ -769,12 +769,13 @@ def test_measured_memory_missing_is_none():
 # ----------------------------------------------------------------------------- bench.plan_check
 
 def test_plan_check_layouts_are_torch_3d_s_on_two_devices():
-    # tiny: dp2 and fsdp2, tp2 with and without the vocabulary split (each with and without recompute), and the
-    # pipelines: micro-batches 2, 4, 8 x gpipe, 1f1b x the cuts of tiny's layers x recompute (test_plan's count).
+    # tiny: dp2, fsdp2 and fsdp2-zero2, tp2 with and without the vocabulary split (each with and without
+    # recompute), and the pipelines: micro-batches 2, 4, 8 x gpipe, 1f1b x the cuts of tiny's layers x recompute
+    # (test_plan's count).
     names = plan_check.layouts("tiny")
     layers = BERT_SIZES["tiny"].layers
-    assert len(names) == 4 + 4 + 3 * 2 * (layers - 1) * 2 and len(set(names)) == len(names)
-    assert {"dp2", "fsdp2-rc", "tp2-vocab", "pp2-nmb8-1f1b-rc"} <= set(names)
+    assert len(names) == 6 + 4 + 3 * 2 * (layers - 1) * 2 and len(set(names)) == len(names)
+    assert {"dp2", "fsdp2-rc", "fsdp2-rc-zero2", "tp2-vocab", "pp2-nmb8-1f1b-rc"} <= set(names)
     assert not {Layout.parse(n).micro_batches for n in names} - {1, 2, 4, 8}
 
 
@@ -866,7 +867,7 @@ def test_plan_check_says_what_it_measures_before_bench_compare_prints(tmp_path, 
         return subprocess.CompletedProcess(cmd, 0)
     monkeypatch.setattr(plan_check.subprocess, "run", run)
     plan_check.measure("tiny", tmp_path, plan_check.build_parser().parse_args([]))
-    assert seen[0].startswith("plan-check tiny: measuring 20 layouts")
+    assert seen[0].startswith("plan-check tiny: measuring 22 layouts")
 
 
 def test_plan_check_figures_and_verdicts_by_hand():

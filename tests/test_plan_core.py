@@ -96,12 +96,12 @@ def test_the_refused_are_counted_by_why():
 
 
 def test_every_micro_batch_count_the_batch_divides_into_is_tried_by_default():
-    """Tiny MLM, 2 devices, global batch 8: micro-batch counts 1, 2, 4, 8. dp2 and fsdp2 with and without
-    recompute (4), tp2 with and without the vocabulary split and recompute (4), pp2 at 2, 4 and 8 micro-batches
+    """Tiny MLM, 2 devices, global batch 8: micro-batch counts 1, 2, 4, 8. dp2, fsdp2 and fsdp2-zero2 with and
+    without recompute (6), tp2 with and without the vocabulary split and recompute (4), pp2 at 2, 4 and 8 micro-batches
     x 2 schedules x recompute (12; even, auto and 1,1 all place one layer a stage: one layout). pp2 at one
     micro-batch leaves a stage idle: refused once per schedule and recompute (4), not once per split."""
     space = enumerate_layouts(TINY, 2, 8)
-    assert len(space.valid) == 4 + 4 + 12
+    assert len(space.valid) == 6 + 4 + 12
     fewer = "--micro-batches 1 is fewer than the 2 pipeline stages"
     assert space.refused == {fewer: 4}
     # Every pipeline's even split is the one auto picks (one layer a stage); nothing else has a split.
@@ -124,7 +124,8 @@ def test_the_backend_refuses_what_it_cannot_run_with_its_reason():
 
     space = enumerate_layouts(TINY, 2, 8, (2,), refuse=no_pipelines)
     assert sorted(lay.name for lay in space.valid) == sorted(
-        ["dp2", "fsdp2", "dp2-rc", "fsdp2-rc", "tp2", "tp2-vocab", "tp2-rc", "tp2-rc-vocab"])
+        ["dp2", "fsdp2", "fsdp2-zero2", "dp2-rc", "fsdp2-rc", "fsdp2-rc-zero2", "tp2", "tp2-vocab", "tp2-rc",
+         "tp2-rc-vocab"])
     assert space.refused == {"no pipeline parallelism": 4}  # pp2-nmb2, gpipe and 1f1b, with and without rc
     assert space.auto == {}                                   # the layouts auto placed were refused
 

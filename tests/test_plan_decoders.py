@@ -34,6 +34,7 @@ def test_the_space_holds_every_kind_of_layout_the_model_costs_and_nothing_it_ref
     assert all(lay.tp <= 8 and lay.cp <= 8 and lay.devices == 16 for lay in space)   # tp and cp within a node
     assert all(LLAMA.layers % (lay.pp * lay.virtual_stages) == 0 for lay in space if lay.virtual_stages > 1)
     assert not any(lay.zero1 and lay.fsdp > 1 for lay in space)
+    assert {lay.fsdp > 1 for lay in space if lay.zero2} == {True}
     # torch's eager stack has no tensor-parallel overlap: the space leaves it out rather than predict it refused
     assert not any(lay.tp_overlap for lay in decoders.candidates(LLAMA, 16, 32, stacks.load("torch-eager"), 8))
 
@@ -46,29 +47,30 @@ def test_eight_devices_four_a_node_give_the_space_counted_by_hand():
     """4 layers, global batch 4, 8 devices, 4 a node: tp and cp from 1, 2, 4 (tp x cp = 16 does not divide 8), pp
     up to the 4 layers (not 8), and no dp8 (batch 4). A group's count: micro-batch sizes (powers of 2 dividing the
     batch a replica takes) x schedules (pp 1: gpipe; pp 2: gpipe, 1f1b, vp2; pp 4: gpipe, 1f1b) x 3 recomputes x
-    sp and vocab split with tp > 1 (4) x the data split (dp and fsdp over each divisor, dp > 1 also with zero1):
-    data 4 gives 4 splits, 2 gives 3, 1 gives 1."""
+    sp and vocab split with tp > 1 (4) x the data split (dp and fsdp over each divisor, dp > 1 also with zero1,
+    fsdp > 1 also with zero2): data 4 gives 6 splits, 2 gives 4, 1 gives 1."""
     eager = list(decoders.candidates(replace(LLAMA, layers=4), 8, 4, stacks.load("torch-eager"), 4))
-    by_group = {(1, 1, 2): 1 * 3 * 3 * 4, (1, 1, 4): 2 * 2 * 3 * 3, (1, 2, 1): 1 * 1 * 3 * 4,
-                (1, 2, 2): 2 * 3 * 3 * 3, (1, 2, 4): 3 * 2 * 3, (1, 4, 1): 2 * 1 * 3 * 3, (1, 4, 2): 3 * 3 * 3,
-                (2, 1, 1): 1 * 1 * 3 * 4 * 4, (2, 1, 2): 2 * 3 * 3 * 4 * 3, (2, 1, 4): 3 * 2 * 3 * 4,
-                (2, 2, 1): 2 * 1 * 3 * 4 * 3, (2, 2, 2): 3 * 3 * 3 * 4, (2, 4, 1): 3 * 3 * 4,
-                (4, 1, 1): 2 * 1 * 3 * 4 * 3, (4, 1, 2): 3 * 3 * 3 * 4, (4, 2, 1): 3 * 3 * 4}
+    by_group = {(1, 1, 2): 1 * 3 * 3 * 6, (1, 1, 4): 2 * 2 * 3 * 4, (1, 2, 1): 1 * 1 * 3 * 6,
+                (1, 2, 2): 2 * 3 * 3 * 4, (1, 2, 4): 3 * 2 * 3, (1, 4, 1): 2 * 1 * 3 * 4, (1, 4, 2): 3 * 3 * 3,
+                (2, 1, 1): 1 * 1 * 3 * 4 * 6, (2, 1, 2): 2 * 3 * 3 * 4 * 4, (2, 1, 4): 3 * 2 * 3 * 4,
+                (2, 2, 1): 2 * 1 * 3 * 4 * 4, (2, 2, 2): 3 * 3 * 3 * 4, (2, 4, 1): 3 * 3 * 4,
+                (4, 1, 1): 2 * 1 * 3 * 4 * 4, (4, 1, 2): 3 * 3 * 3 * 4, (4, 2, 1): 3 * 3 * 4}
     assert Counter((lay.tp, lay.cp, lay.pp) for lay in eager) == by_group
-    assert len(eager) == len({lay.name for lay in eager}) == 969
+    assert len(eager) == len({lay.name for lay in eager}) == 1173
     assert {lay.recompute for lay in eager} == {"none", "selective", "full"}
     assert not any(lay.sp or lay.vocab_split for lay in eager if lay.tp == 1)   # both split what tp splits
     schedules, recomputes = ("", "-1f1b"), ("", "-sel", "-rc")
     assert _names(eager, 1, 2, 4) == {f"pp4xcp2-mbs{b}{s}{r}" for b in (1, 2, 4) for s in schedules for r in recomputes}
     assert _names(eager, 1, 1, 4) == {f"{d}xpp4-mbs{b}{s}{r}{z}" for b in (1, 2) for s in schedules for r in recomputes
-                                      for d, z in (("dp2", ""), ("dp2", "-zero1"), ("fsdp2", ""))}
+                                      for d, z in (("dp2", ""), ("dp2", "-zero1"), ("fsdp2", ""), ("fsdp2", "-zero2"))}
     assert _names(eager, 4, 2, 1) == {f"tp4xcp2-mbs{b}{r}{sp}{v}" for b in (1, 2, 4) for r in recomputes
                                       for sp in ("", "-sp") for v in ("", "-vocab")}
     assert _names(eager, 1, 1, 2) == {f"{d}xpp2-mbs1{s}{r}{z}" for s in ("", "-1f1b", "-vp2") for r in recomputes
-                                      for d, z in (("dp4", ""), ("dp4", "-zero1"), ("dp2xfsdp2", ""), ("fsdp4", ""))}
+                                      for d, z in (("dp4", ""), ("dp4", "-zero1"), ("dp2xfsdp2", ""),
+                                                   ("dp2xfsdp2", "-zero2"), ("fsdp4", ""), ("fsdp4", "-zero2"))}
     # A stack that overlaps tensor-parallel communication: every tp > 1 layout with and without it.
     te = list(decoders.candidates(replace(LLAMA, layers=4), 8, 4, stacks.load("megatron-te"), 4))
-    assert len(te) == 969 + sum(n for (tp, _, _), n in by_group.items() if tp > 1) == 1737
+    assert len(te) == 1173 + sum(n for (tp, _, _), n in by_group.items() if tp > 1) == 2085
     overlapped = [lay for lay in te if (lay.tp, lay.cp, lay.pp) == (2, 2, 1) and lay.tp_overlap]
     assert sorted(replace(lay, tp_overlap=False).name for lay in overlapped) == sorted(_names(eager, 2, 2, 1))
 

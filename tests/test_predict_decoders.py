@@ -533,6 +533,25 @@ def test_torchtitan_keeps_a_pipeline_stage_s_layers_gathered_from_forward_to_bac
         predict(LLAMA, flat, 16, hw, c, stack=replace(titan, fsdp_reshard_under_pp=True)).step_s
 
 
+def test_zero2_keeps_every_layer_gathered_from_its_forward_to_its_backward_whatever_the_stack():
+    """fsdp<N>-zero2 (torch FSDP's SHARD_GRAD_OP, llm-foundry's small models): each layer gathered once a
+    micro-batch, not again for its backward; the rank holds all its layers' bf16 weights between the two. torchtitan
+    has no such option without a pipeline: refused."""
+    hw = hardware_files.load("h100-sxm-8")
+    c, foundry, mpt = compute_for(hw), stacks.load("llm-foundry"), decoder.load("mpt-1b")
+    zero3, zero2 = (predict(mpt, Layout.parse(name, 8), 32, hw, c, stack=foundry)
+                    for name in ("fsdp8-mbs2", "fsdp8-mbs2-zero2"))   # 2 micro-batches of 2
+
+    def gathers(p):
+        return next(x for x in p.collectives if x.kind == "all_gather" and x.dim == "fsdp").calls
+    assert (gathers(zero2), gathers(zero3)) == (2 * mpt.layers, 2 * 2 * mpt.layers)
+    assert zero2.model_per_rank[0] - zero3.model_per_rank[0] == pytest.approx((mpt.layers - 2) * mpt.layer_params() * 2)
+    assert zero2.parts["data_parallel_comm"] < zero3.parts["data_parallel_comm"]
+    assert zero2.optimizer_s == zero3.optimizer_s          # the same shard updated
+    with pytest.raises(ValueError, match="no ZeRO-2 without pp"):
+        predict(LLAMA, Layout.parse("fsdp8-mbs2-zero2", 8), 16, hw, c, stack=stacks.load("torch-eager"))
+
+
 def test_every_point_is_predicted_again_on_every_table_measured_of_its_part(tmp_path):
     """The bundled H100 table was written from one of the six records measured of that H100: predicted from that
     record the point's error is the bundled one; each point's worst error is its largest over them all, and the

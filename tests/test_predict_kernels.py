@@ -163,6 +163,11 @@ def test_fsdp_gathers_each_layer_twice_and_hsdp_all_reduces_the_shards_across_no
     assert dp(SPEC, Layout(fsdp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 3, 2, 1.0, 1.0)[3][0].calls == 12
     kept = dp(SPEC, Layout(fsdp=2, pp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 3, 2, 1.0, 1.0)
     assert kept[3][0].calls == 6 and kept[1] == pytest.approx(2 * 3 * (gather + scatter) + root, rel=1e-12)
+    # ZeRO-2 keeps them gathered whatever the stack, without a pipeline too: one gather, one copy-out fewer
+    zero2 = dp(SPEC, Layout(fsdp=2, zero2=True), HW, TIMER, STACK, 3500, 1000, 3, 2, 1e-6, 2e-6)
+    assert zero2[0] == pytest.approx(2 * (gather + fwd - 1e-6 + 3 * scatter - 2e-6) + root, rel=1e-12)
+    assert zero2[2] == pytest.approx((2 * 3 * 1000 * (1.0 + 2.0) + 500 * (1.0 + 2.0)) * PS, rel=1e-12)
+    assert [c.calls for c in zero2[3]] == [6, 6]
     assert kept[2] == pytest.approx((2 * 3 * 1000 * (4.0 + 6.0) + 500 * (4.0 + 6.0)) * PS, rel=1e-12)
     # HSDP 2 x 2 on nodes of 2: the shards' replicas all-reduce over the network, the layers' and the rest's
     replicas, root_replicas = network(2, 1.0, 4000 / 2), network(2, 1.0, 2000 / 2)

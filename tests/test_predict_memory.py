@@ -116,6 +116,10 @@ def test_an_evaluation_keeps_one_layer_or_the_logits():
 def test_the_buffers_a_step_adds():
     assert transient_bytes(TOY, Layout(), 0) == 0 and transient_bytes(TOY, Layout(dp=2), 0) == 4 * TOY.param_count()
     assert transient_bytes(TOY, Layout(fsdp=2), 0) == 4 * 2 * LAYER
+    # ZeRO-2: the stage's 3 layers whole by the end of its forward; a stage of 1 layer still holds 2 (prefetch)
+    assert transient_bytes(TOY, Layout(fsdp=2, zero2=True), 0) == 4 * 3 * LAYER
+    assert transient_bytes(TOY, Layout(fsdp=2, pp=2, micro_batches=2, zero2=True, stage_split="2,1"), 1) == \
+        4 * 2 * LAYER
     assert transient_bytes(TOY, Layout(fsdp=1), 0) == 0
     assert transient_bytes(CNN, Layout(fsdp=2), 0) == 0
     assert transient_bytes(TOY, Layout(dp=2, pp=2, micro_batches=2), 1) == 4 * (LAYER + HEAD + TOKEN)

@@ -221,6 +221,9 @@ def test_each_collective_a_rank_issues_in_full():
     assert issued(Layout(fsdp=2)) == [
         ("all_gather", "data", pytest.approx(4 * (2 * 3 * 54 + 52) / 7), 7, 2, True, gathers),
         ("reduce_scatter", "data", pytest.approx(4 * PARAMS / 4), 4, 2, True, scatters)]
+    # ZeRO-2 gathers each layer once, for its forward (the root too, as always)
+    assert issued(Layout(fsdp=2, zero2=True))[0] == \
+        ("all_gather", "data", pytest.approx(4 * (3 * 54 + 52) / 4), 4, 2, True, gathers)
     # two micro-batches gather every unit twice as often; a recorded split gives the stage its units
     fsdp_pipe = Layout(fsdp=2, pp=2, micro_batches=2)
     assert issued(replace(fsdp_pipe, stage_split="1,2"), 8, 0)[-2][2:4] == (pytest.approx(4 * 2 * (2 * 54 + 32) / 6), 6)

@@ -11,7 +11,7 @@ import pytest
 from matplotlib.collections import PathCollection
 
 from bench.reporting import published_plot
-from common.layout import Layout, Refused
+from common.layout import Layout
 from common.predict import decoder, published, stacks
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import compute_for
@@ -62,9 +62,9 @@ def test_a_table_row_s_other_cells_are_the_point_s_fields():
                                                                                               17, 19))
         assert (p.model, int(seq), int(gpus), p.global_batch, int(per_gpu)) == \
             (f"mpt-{model}", 2048, p.devices, int(gbs), p.published), p.name
-        layout = Layout.parse(p.layout.replace("-zero2", ""), p.devices)
+        layout = Layout.parse(p.layout, p.devices)
         assert (layout.micro_batch_size, layout.recompute == "full") == (int(mbs), recompute == "True"), p.name
-        assert ("zero2" in p.layout) == (shard == "SHARD_GRAD_OP"), p.name
+        assert (layout.fsdp, layout.zero2) == (p.devices, shard == "SHARD_GRAD_OP"), p.name
         assert decoder.load(p.model).param_count() == int(params), p.name
     # Megatron-LM's A100 table: hidden, layers, parameters (billions), TP x PP, GPUs, batch, teraFLOP/s per GPU
     for p in _points("megatron-lm-a100.toml"):
@@ -106,11 +106,11 @@ def test_each_point_the_model_cannot_predict_is_refused_with_every_reason_in_one
             assert f"stack {p.stack!r} is not described" in why
         if not hardware_files.load(p.hardware).compute:
             assert f"--hardware {p.hardware}: no compute table" in why and "assume-mfu" not in why
-        if re.search(r"-(fp8|zero2)\b", p.layout):
+        if re.search(r"-fp8\b", p.layout):
             assert "is not modelled" in why
         if p.metric != "tokens_per_s_per_gpu" and p.flops not in published.FLOP_COUNTS:
             assert "FLOP count is not known" in why
-    assert rows["OPT-175B, 992 A100"]["refused"].count("; ") == 3             # zero2, stack, table, FLOP count
+    assert rows["OPT-175B, 992 A100"]["refused"].count("; ") == 2             # stack, table, FLOP count
     assert all(rows[p.name]["predicted"] for name in ("megatron-lm-h100.toml", "torchtitan-llama3-h100.toml")
                for p in _points(name) if "fp8" not in p.layout)                 # the 15 predicted before
     assert result["predicted"] + result["refused"] == len(rows)
@@ -125,9 +125,9 @@ def test_each_point_the_model_cannot_predict_is_refused_with_every_reason_in_one
 def test_llm_foundry_s_points_are_predicted_where_their_attention_has_a_rate_and_refused_for_it_else():
     """Each row's stack is the attention its runs took: the H100 large-scale table's sweep.py (5e85bd62d4ec) passes
     --attn_impl flash for 1b, 3b, 7b and 70b and triton for 13b and 30b; the other tables' sweep.sh (b2a43a1477a4)
-    none, submit_benchmarks.py's default triton; the A100 table's 70B rows are older runs in PURE bf16. The six
-    FULL_SHARD rows that ran flash are predicted, the six SHARD_GRAD_OP rows stay refused as ZeRO-2 alone, and the
-    26 others that ran MPT's Triton attention are refused for its rate alone, in one line."""
+    none, submit_benchmarks.py's default triton; the A100 table's 70B rows are older runs in PURE bf16. The twelve
+    rows that ran flash are predicted (six FULL_SHARD, six SHARD_GRAD_OP: ZeRO-2), and the 26 others that ran
+    MPT's Triton attention are refused for its rate alone, in one line."""
     h100, a100 = _points("llm-foundry-mpt-h100.toml"), _points("llm-foundry-mpt-a100.toml")
     for p in h100:
         flash = p.quote.startswith("H100 80GB BF16 (Large Scale") and p.model in ("mpt-1b", "mpt-3b", "mpt-7b",
@@ -137,12 +137,10 @@ def test_llm_foundry_s_points_are_predicted_where_their_attention_has_a_rate_and
         assert p.stack == ("llm-foundry-triton-pure" if "| bf16 | PURE |" in p.quote else "llm-foundry-triton")
     rows = [published.predict_point(p) for p in h100]
     assert sorted(r["name"] for r in rows if r["predicted"] is not None) == sorted(
-        f"llm-foundry MPT-{size}, {n} H100" for size in ("70B", "7B") for n in (512, 256, 128))
+        f"llm-foundry MPT-{size}, {n} H100" for size in ("70B", "7B", "3B", "1B") for n in (512, 256, 128))
     kernel = ("h100-sxm: no rate of the attention kernel llm-foundry-triton runs ('mpt_triton'; the table has "
               "torch_flash, torch_cudnn, fa2, cudnn)")
-    assert sum(r.get("refused") == kernel for r in rows) == 26
-    assert sum(r.get("refused", "").startswith("'dp") and "ZeRO-2" in r["refused"] and ";" not in r["refused"]
-               for r in rows) == 6
+    assert sum(r.get("refused") == kernel for r in rows) == 26 == len(rows) - 12
     # the rate is all a triton point lacks: a table that has one (here fa2's, for the mechanics only) predicts it
     h100_table = compute_for(hardware_files.load("h100-sxm-8"))
     rated = replace(h100_table, attention={**h100_table.attention, "mpt_triton": h100_table.attention["fa2"]})
@@ -151,9 +149,7 @@ def test_llm_foundry_s_points_are_predicted_where_their_attention_has_a_rate_and
         published.predict_point(triton, lambda _hw: rated)["predicted"] > 0
 
 
-def test_the_grammar_refuses_zero2_and_the_decoder_format_takes_relu_and_alibi(tmp_path):
-    with pytest.raises(Refused, match="'fsdp8-zero2': ZeRO-2 .* is not modelled"):
-        Layout.parse("fsdp8-zero2", 8)
+def test_the_decoder_format_takes_relu_and_alibi(tmp_path):
     opt, bloom, gpt = decoder.load("opt-175b"), decoder.load("bloom-176b"), decoder.load("gpt3-175b")
     assert (opt.ffn_kind, opt.position, bloom.position) == ("relu", "learned", "alibi")
     assert bloom.embedding_params() == bloom.vocab * bloom.hidden               # ALiBi: no position table

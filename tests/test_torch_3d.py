@@ -74,6 +74,8 @@ LAYOUTS = {
     "pp2-1f1b": (["--devices", "2", "--pipeline-stages", "2", "--micro-batches", "2", "--batch-size", "4",
                   "--pipeline-schedule", "1f1b", "--recompute"], "accumulated"),
     "fsdp2": (["--devices", "2", "--fsdp", "2", "--batch-size", "4"], "whole"),
+    # ZeRO-2: each layer gathered once a step, not again for its backward (the counted collectives say so)
+    "fsdp2-zero2": (["--devices", "2", "--fsdp", "2", "--zero2", "--batch-size", "4"], "whole"),
     # --recompute: the recomputed forward's tensor-parallel all-reduces, for the predicted collectives
     "dp2xtp2-rc": (["--devices", "4", "--model-parallel", "2", "--batch-size", "4", "--recompute"], "whole"),
     "tp2-vocab": (["--devices", "2", "--model-parallel", "2", "--vocab-split", "--batch-size", "8"], "whole"),

@@ -104,10 +104,11 @@ def apply_recompute(stage: nn.Module) -> None:
         layers[name] = Recomputed(layers[name])
 
 
-def apply_fsdp(stage: nn.Module, mesh: DeviceMesh) -> None:
-    """Each layer its own FSDP unit (all-gathered just before it runs), the rest in the root's."""
+def apply_fsdp(stage: nn.Module, mesh: DeviceMesh, zero2: bool) -> None:
+    """Each layer its own FSDP unit (all-gathered just before it runs), the rest in the root's (which FSDP keeps
+    gathered through the backward). ZeRO-2 keeps each layer gathered from its forward through its backward too."""
     for layer in (layer_modules(stage) or {}).values():
-        fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=not zero2)
     fully_shard(stage, mesh=mesh["dp"])
 
 
@@ -120,5 +121,5 @@ def parallelize(stage: nn.Module, layout: Layout, mesh: DeviceMesh, workload: st
     if layout.recomputes:
         apply_recompute(stage)
     if layout.sharded:
-        apply_fsdp(stage, mesh)
+        apply_fsdp(stage, mesh, layout.zero2)
     return stage

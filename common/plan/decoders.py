@@ -44,10 +44,13 @@ def candidates(spec: DecoderSpec, devices: int, global_batch: int, stack: Stack,
             sizes = [b for b in (1 << k for k in range(MAX_MBS.bit_length())) if global_batch // data % b == 0]
             for fsdp, mbs, (schedule, virtual), recompute, sp, vocab, tpo in product(
                     divisors(data), sizes, schedules, ("none", "selective", "full"), on_off, on_off, overlap):
-                for zero1 in ((False, True) if fsdp == 1 and data > 1 else (False,)):
+                # the data ranks' state: replicated, its optimizer sharded (ZeRO-1), or FSDP's (ZeRO-3, ZeRO-2)
+                zeros = [(False, False), (True, False)] if fsdp == 1 and data > 1 else \
+                    [(False, False), (False, True)] if fsdp > 1 else [(False, False)]
+                for zero1, zero2 in zeros:
                     yield Layout(dp=data // fsdp, fsdp=fsdp, tp=tp, pp=pp, cp=cp, micro_batch_size=mbs,
                                  schedule=schedule, virtual_stages=virtual, recompute=recompute, sp=sp, zero1=zero1,
-                                 tp_overlap=tpo, vocab_split=vocab)
+                                 zero2=zero2, tp_overlap=tpo, vocab_split=vocab)
 
 
 def plan(spec: DecoderSpec, devices: int, global_batch: int, hardware: Hardware, stack: Stack,

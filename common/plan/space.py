@@ -54,8 +54,8 @@ def _bases(mesh: tuple[int, int, int], global_batch: int, micro_batches: Sequenc
         "recompute": ("none", "full"),
         "vocab_split": (False, True) if tp > 1 else (False,)}
     for fsdp in sorted({1, data}):
-        for combo in product(*domain.values()):
-            yield Layout(dp=data // fsdp, fsdp=fsdp, tp=tp, pp=pp, **dict(zip(domain, combo)))
+        for zero2, combo in product((False, True) if fsdp > 1 else (False,), product(*domain.values())):
+            yield Layout(dp=data // fsdp, fsdp=fsdp, tp=tp, pp=pp, zero2=zero2, **dict(zip(domain, combo)))
 
 
 def splits(spec: BertSpec | CnnSpec, pp: int) -> list[str]:

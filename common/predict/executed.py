@@ -31,7 +31,8 @@ BACKWARD_SHARE = 2 / 3   # backward = 2x forward in multiply-adds
 # decoder is the decoders' model's, bench.predict --model).
 WORKLOADS = ("cnn", "mlm", "lm")
 # What this model of the executed workloads models: what torch_3d executes, whose collectives it counts.
-MODELLED = frozenset({"tp", "pp", "fsdp", "micro_batches", "1f1b", "recompute", "vocab_split", "stage_split"})
+MODELLED = frozenset({"tp", "pp", "fsdp", "zero2", "micro_batches", "1f1b", "recompute", "vocab_split",
+                      "stage_split"})
 
 
 def check_modelled(layout: Layout) -> None:
@@ -71,11 +72,13 @@ def collectives(spec: BertSpec | CnnSpec, layout: Layout, global_batch: int, sta
                                       "tied embedding gradient"))
     if layout.sharded:
         # FSDP units: each encoder layer, and the root (the rest of the stage); every micro-batch gathers each
-        # layer twice (forward, backward) and the root, which stays gathered, once; gradients scatter once.
+        # layer twice (forward, backward; once under ZeRO-2, which keeps it) and the root, which stays gathered,
+        # once; gradients scatter once.
         per_layer = layer_elements(spec, layout) if layers else 0
         root = params - layers * per_layer
-        gathers = m * (2 * layers + 1)
-        out.append(Collective("all_gather", "data", FLOAT * m * (2 * layers * per_layer + root) / gathers, gathers,
+        each = 1 if layout.zero2 else 2
+        gathers = m * (each * layers + 1)
+        out.append(Collective("all_gather", "data", FLOAT * m * (each * layers * per_layer + root) / gathers, gathers,
                               layout.data, True, "FSDP parameter all-gathers"))
         out.append(Collective("reduce_scatter", "data", FLOAT * params / (layers + 1), layers + 1, layout.data,
                               True, "FSDP gradient reduce-scatters"))

@@ -182,9 +182,10 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
 
 
 def _regathered(layout: Layout, stack: Stack) -> bool:
-    """Whether FSDP gathers a layer again for its backward: resharded after its forward, unless the stack keeps it
-    gathered under a pipeline (torchtitan: one gather per micro-batch instead of two, the stage's layers held)."""
-    return layout.pp == 1 or stack.fsdp_reshard_under_pp
+    """Whether FSDP gathers a layer again for its backward: resharded after its forward, unless ZeRO-2 keeps it
+    gathered or the stack does under a pipeline (torchtitan: one gather per micro-batch instead of two, the
+    stage's layers held)."""
+    return not layout.zero2 and (layout.pp == 1 or stack.fsdp_reshard_under_pp)
 
 
 def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer: Timer, stack: Stack,

@@ -181,11 +181,13 @@ def evaluation_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int, eval_
 
 def transient_bytes(spec: BertSpec | CnnSpec, layout: Layout, stage: int) -> float:
     """Buffers a step allocates beside state and activations: torch_3d's flat gradient copy for its dp
-    all-reduce; FSDP's whole parameters of the layer being computed and of the one prefetched."""
+    all-reduce; FSDP's whole parameters of the layer being computed and of the one prefetched (under ZeRO-2, of
+    every layer of the stage by the end of its forward)."""
     if layout.dp > 1 and not layout.sharded:
         return FLOAT * stage_params(spec, layout, stage)
     if layout.sharded and not isinstance(spec, CnnSpec):
-        return FLOAT * 2 * layer_elements(spec, layout)
+        held = max(2, stage_layer_counts(layout, spec.layers)[stage]) if layout.zero2 else 2
+        return FLOAT * held * layer_elements(spec, layout)
     return 0.0
 
 

@@ -95,6 +95,8 @@ TORCHTITAN_REFUSES = (
      "over the sequence (SequenceParallel): name it with sp"),
     (lambda layout: layout.cp > 1, "torchtitan shards the parameters over the data and context-parallel ranks "
      "together (FSDP over dp_shard x cp): not modelled"),
+    (lambda layout: layout.zero2 and layout.pp == 1, "torchtitan 9dec370 reshards each block after its forward "
+     "unless it pipelines (apply_fsdp: reshard_after_forward = not pp_enabled): no ZeRO-2 without pp"),
 )
 MEGATRON_TE = Stack(
     "megatron-te", "Megatron-Core with Transformer Engine: fused kernels, cuDNN attention",
