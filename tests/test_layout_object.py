@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from backends import BACKENDS, EXECUTED_BY
 from common.errors import BadInput, Unsupported
 from common.layout import OPTION, Layout, LayoutOption, Refused, check_name, cnn_layers, refuse_layout
 from common.spec import BERT_SIZES, CNN, BertSpec
@@ -155,6 +156,9 @@ def test_flags_as_the_user_types_them():
         refuse_layout(Layout(tp=2, pp=2, micro_batches=2), "keras_jax", frozenset({"tp"}), executed_by)
     with pytest.raises(Unsupported, match="^--sequence-parallel: torch_3d does not execute it; no backend here does"):
         refuse_layout(Layout(tp=2, sp=True), "torch_3d", frozenset({"tp", "pp"}), executed_by)
+    # the registry's: ZeRO-2 is torch_3d's (FSDP2), not keras_jax's
+    with pytest.raises(Unsupported, match="^--zero2: keras_jax does not execute it; torch_3d does$"):
+        refuse_layout(Layout(fsdp=2, zero2=True), "keras_jax", BACKENDS["keras_jax"].layouts, EXECUTED_BY)
     refuse_layout(Layout(tp=2, pp=2, micro_batches=2), "torch_3d", frozenset({"tp", "pp", "micro_batches"}),
                   executed_by)
     with pytest.raises(Unsupported, match="^--model-parallel 2: torch_ddp does not execute it; torch_3d, keras_jax "
@@ -227,6 +231,7 @@ def test_the_edges_a_first_pass_of_mutation_testing_found():
 
 @pytest.mark.parametrize("layout, asked", [
     (Layout(fsdp=2), [("fsdp", "--fsdp 2")]),                       # shards alone: FSDP
+    (Layout(fsdp=2, zero2=True), [("fsdp", "--fsdp 2"), ("zero2", "--zero2")]),
     (Layout(dp=2, fsdp=2), [("hsdp", "--fsdp 2")]),                 # shards under replicas: HSDP, never both
     (Layout(cp=2), [("cp", "--context-parallel 2")]),
     (Layout(pp=2, micro_batches=2), [("pp", "--pipeline-stages 2"), ("micro_batches", "--micro-batches 2")]),
