@@ -30,7 +30,8 @@ def hardware_constants(name: str) -> list[Constant]:
     out = [Constant(f"{name}: devices per node", str(hw.devices_per_node), "", src),
            Constant(f"{name}: memory per device", f"{hw.memory_bytes / 2**30:.1f}", "GiB", src),
            Constant(f"{name}: memory bandwidth", f"{hw.memory_GBps:g}", "GB/s", "datasheet; memory-bound work runs "
-                    f"at it unless the compute table measured this part (below); {src}")]
+                    f"at the compute table's copy on this part, else at this times the fraction of its datasheet the "
+                    f"table's part reached (below); {src}")]
     peak = peak_flops(hw.device_name, "bf16")
     if peak:
         out.append(Constant(f"{name}: bf16 dense peak (--assume-mfu, MFU)", f"{peak / 1e12:g}", "TFLOP/s",

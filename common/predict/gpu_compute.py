@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
 
-from common.predict.hardware import GB, Hardware, tomllib
+from common.predict.hardware import GB, Hardware, datasheet_memory_GBps, tomllib
 from common.spec import Gemm
 
 COMPUTE_DIR = Path(__file__).parent / "hardware" / "compute"
@@ -101,15 +101,28 @@ def compute_for(hardware: Hardware) -> DeviceCompute:
     return table_from(tomllib.loads(path.read_text()), hardware, str(path))
 
 
+def _memory_bandwidth(raw: dict, hardware: Hardware) -> tuple[float, str]:
+    """The bandwidth memory-bound work runs at (GB/s) and its source: the table's copy where the hardware is the part
+    measured; another part (another memory) at its datasheet figure times the fraction of its own datasheet the
+    measured part reached, since no memory copies at its datasheet rate (the one measurement stands for both)."""
+    memory = raw.get("memory", {})
+    copied = float(memory.get("GBps", 0.0))
+    if copied and raw.get("device") == hardware.device_name:
+        return copied, memory.get("source", "")
+    if not hardware.memory_GBps:
+        raise ValueError(f"--hardware {hardware.name}: memory_GBps is needed for memory-bound work")
+    datasheet = datasheet_memory_GBps(raw.get("device", "")) if copied else None
+    if not datasheet:
+        return hardware.memory_GBps, f"{hardware.name}: memory_GBps"
+    reached = copied / datasheet
+    return hardware.memory_GBps * reached, (
+        f"{hardware.name}: memory_GBps x {reached:.3f}, the fraction of its datasheet's {datasheet:g} GB/s that "
+        f"{raw['device']} reached in a copy ({copied:g} GB/s: {memory.get('source', '')})")
+
+
 def table_from(raw: dict, hardware: Hardware, path: str) -> DeviceCompute:
     """A compute table's content (the TOML read) as `hardware` computes with it; `path` says where it came from."""
-    # Memory-bound work at the bandwidth the table measured (a copy) where the hardware is the part measured;
-    # another part (another memory) at its own datasheet figure.
-    measured = raw.get("memory", {}) if raw.get("device") == hardware.device_name else {}
-    memory_GBps = float(measured.get("GBps", 0.0)) or hardware.memory_GBps
-    if not memory_GBps:
-        raise ValueError(f"--hardware {hardware.name}: memory_GBps is needed for memory-bound work")
-    memory_source = measured.get("source", "") if measured.get("GBps") else f"{hardware.name}: memory_GBps"
+    memory_GBps, memory_source = _memory_bandwidth(raw, hardware)
     matmul = {}
     for precision, table in raw.get("matmul", {}).items():
         points = {(int(m), int(n), int(k)): float(t) for m, n, k, t in table["points"]}

@@ -60,6 +60,15 @@ def available() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.toml"))
 
 
+def datasheet_memory_GBps(device_name: str) -> float | None:
+    """The memory bandwidth the bundled description of the device `device_name` gives (its datasheet's), or None."""
+    for name in available():
+        hardware = load(name)
+        if device_name and hardware.device_name == device_name and hardware.memory_GBps:
+            return hardware.memory_GBps
+    return None
+
+
 def load(name_or_file: str) -> Hardware:
     """A bundled description by name (hardware/<name>.toml) or a user's own file; ValueError in one line."""
     path = Path(name_or_file) if Path(name_or_file).suffix else HARDWARE_DIR / f"{name_or_file}.toml"
