@@ -329,6 +329,8 @@ def run_published(console: Console, args) -> int:
     result = published_points.check()
     console.print(console_table("predicted against published GPU-cluster results", published_table.COLUMNS,
                                 published_table.rows(result)))
+    console.print(console_table("refused, listed apart: not predicted, with why", published_table.REFUSED_COLUMNS,
+                                published_table.refused_rows(result)))
     console.print(console_table("by GPU generation and by publisher", published_table.GROUP_COLUMNS,
                                 published_table.group_rows(result)))
     tables = max((len(t) for t in result["tables"].values()), default=0)

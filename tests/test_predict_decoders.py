@@ -171,8 +171,9 @@ def test_every_published_point_parses_and_is_predicted_or_refused(tmp_path, caps
     assert len(predicted) >= 12 and result["max_abs_error"] == max(predicted)
     assert "median |error|" in capsys.readouterr().out
     assert (tmp_path / "plots" / "predicted-vs-published.png").stat().st_size > 10_000
-    heading, _, table, _, groups, image = published_blocks(tmp_path)   # bench.report's section from the same file
-    assert len(table.rows) == len(points) and image.path.endswith("predicted-vs-published.png")
+    heading, _, table, _, refused, _, groups, image = published_blocks(tmp_path)   # bench.report's, same file
+    assert (len(table.rows), len(refused.rows)) == (len(predicted), len(points) - len(predicted))
+    assert image.path.endswith("predicted-vs-published.png")
     assert len(groups.rows) == len({(by, r[by]) for r in result["points"] for by in ("generation", "publisher")})
 
 
@@ -837,11 +838,14 @@ def test_published_prints_the_check_s_tables_groups_and_rankings_and_writes_them
     assert json.loads(json_at.read_text()) == result and drawn == [result]
     assert (out / "plots" / "predicted-vs-published.png").read_bytes() == b"png"
     lines = capsys.readouterr().out.splitlines()
+    refused = lines.index(next(line for line in lines if line.startswith("refused, listed apart")))
     first = lines.index(next(line for line in lines if line.startswith("by GPU generation")))
     assert lines[0].strip() == "predicted against published GPU-cluster results"
-    assert _table(lines[:first]) == (published_table.COLUMNS, [
-        ["A100", "Meta", "p2", "mfu", "0.4", "refused", "", "", "fp8 is not modelled"],
+    assert _table(lines[:refused]) == (published_table.COLUMNS, [
         ["H100", "NVIDIA", "p1", "mfu", "0.5", "0.550", "+10.0%", "+10.0% to +30.0%", "fsdp8 megatron-te"]])
+    assert lines[refused].strip() == "refused, listed apart: not predicted, with why"
+    assert _table(lines[refused:first]) == (published_table.REFUSED_COLUMNS, [
+        ["A100", "Meta", "p2", "mfu", "0.4", "fp8 is not modelled"]])
     assert _table(lines[first:])[1] == [["generation", "H100", "1", "0", "10.0%", "20.0%", "15.0%", "30.0%"],
                                         ["publisher", "Meta", "0", "1", "", "", "", ""]]
     assert lines[-6:] == [

@@ -194,10 +194,9 @@ def test_the_points_are_grouped_by_gpu_generation_and_publisher_by_hand():
     assert published.groups([_row("d", "A100", "P")])[0]["median_abs_error"] is None
     # the table: generation, then publisher, the file's order within; the group table and its lines
     result = {"points": rows, "groups": published.groups(rows)}
-    assert [r[:3] for r in published_plot.rows(result)] == [["A100", "P", "d"], ["A100", "Q", "b"],
-                                                           ["H100", "P", "a"], ["H100", "P", "e"],
-                                                           ["H100", "Q", "c"]]
-    assert published_plot.rows(result)[0][5:] == ["refused", "", "", "why"]
+    assert [r[:3] for r in published_plot.rows(result)] == [["A100", "Q", "b"], ["H100", "P", "a"],
+                                                           ["H100", "P", "e"], ["H100", "Q", "c"]]
+    assert published_plot.refused_rows(result) == [["A100", "P", "d", "tflops_per_gpu", "100", "why"]]
     assert published_plot.group_rows(result)[0] == ["generation", "A100", "1", "1", "20.0%", "20.0%", "20.0%",
                                                     "20.0%"]
     assert published_plot.group_line(groups["publisher", "Q"]).startswith("Q: 2 predicted, 0 refused; median")

@@ -48,9 +48,13 @@ def test_each_point_is_a_row_by_generation_then_publisher_with_its_range_over_th
          "dp8 tp8 megatron"],
         ["A100", "Q", "BLOOM", "tflops_per_gpu", "4", "5.000", "+25.0%", "+25.0% to +25.0%",
          "dp8 tp4 pp12 deepspeed"],
-        ["H100", "P", "OPT, 175B", "mfu", "0.4", "refused", "", "", "zero2 is not modelled"],
         ["H100", "Q", "MPT 7B", "tokens_per_s_per_gpu", "2000", "1,800.0", "-10.0%", "-10.0% to -10.0%",
          "dp8 foundry"]]
+    # the refused listed apart, each with why, in the same order
+    later = {**POINTS[1], "name": "OPT 66B", "generation": "A100", "publisher": "Q", "refused": "no table"}
+    assert pp.refused_rows({"points": [*POINTS, later]}) == [
+        ["A100", "Q", "OPT 66B", "mfu", "0.4", "no table"],
+        ["H100", "P", "OPT, 175B", "mfu", "0.4", "zero2 is not modelled"]]
     # a figure just under 10 keeps three decimals, 10 itself one
     edge = [{**POINTS[3], "predicted": 9.9994}, {**POINTS[3], "predicted": 10.0}]
     assert [r[5] for r in pp.rows({"points": edge})] == ["9.999", "10.0"]
@@ -160,11 +164,13 @@ def test_the_report_section_reads_published_json(tmp_path):
     assert blocks[1] == Text(f"bench.predict --published (published.json): {plot.title}. Each error is predicted / "
                              "published - 1 in the publisher's metric (docs/prediction-at-scale.md).")
     assert blocks[2] == Table(pp.COLUMNS, pp.rows(RESULT))
-    assert blocks[3] == Text("By GPU generation and by publisher: points predicted and refused, and the median and "
+    assert blocks[3] == Text("Refused, listed apart: each point the model does not predict, with why.")
+    assert blocks[4] == Table(pp.REFUSED_COLUMNS, [["H100", "P", "OPT, 175B", "mfu", "0.4", "zero2 is not modelled"]])
+    assert blocks[5] == Text("By GPU generation and by publisher: points predicted and refused, and the median and "
                              "largest |error| of the predicted, on the bundled tables and on each point's worst table "
                              "measured.")
-    assert blocks[4] == Table(pp.GROUP_COLUMNS, pp.group_rows(RESULT))
-    image = blocks[5]
+    assert blocks[6] == Table(pp.GROUP_COLUMNS, pp.group_rows(RESULT))
+    image = blocks[7]
     assert isinstance(image, Image) and (image.path, image.title, image.caption) == (
         "plots/predicted-vs-published.png", plot.title, plot.caption)
-    assert image.png.startswith(b"\x89PNG") and len(blocks) == 6
+    assert image.png.startswith(b"\x89PNG") and len(blocks) == 8

@@ -65,25 +65,35 @@ def published_plot(result: dict, slug: str = "predicted-vs-published") -> Plot:
 
 
 COLUMNS = ["GPU", "publisher", "point", "metric", "published", "predicted", "error", "on every table measured",
-           "layout as modelled / why refused"]
+           "layout as modelled"]
+REFUSED_COLUMNS = ["GPU", "publisher", "point", "metric", "published", "why refused"]
 GROUP_COLUMNS = ["by", "group", "predicted", "refused", "median |error|", "largest |error|",
                  "worst table: median", "worst table: largest"]
 
 
+def _by_group(result: dict, predicted: bool) -> list[dict]:
+    """The predicted points (or the refused), by GPU generation then publisher, the file's order within a group."""
+    return sorted((r for r in result["points"] if (r.get("predicted") is not None) == predicted),
+                  key=lambda r: (r["generation"], r["publisher"]))
+
+
 def rows(result: dict) -> list[list[str]]:
-    """One row a point, grouped by GPU generation then publisher (the file's order within a group): its error on the
-    bundled table and its range over every table measured of its part, or why it is refused."""
+    """One row a predicted point: its error on the bundled table and its range over every table measured of its
+    part."""
     out = []
-    for r in sorted(result["points"], key=lambda r: (r["generation"], r["publisher"])):
-        head = [r["generation"], r["publisher"], r["name"], r["metric"], f"{r['published']:g}"]
-        if r.get("predicted") is None:
-            out.append([*head, "refused", "", "", r["refused"]])
-            continue
+    for r in _by_group(result, predicted=True):
         errors = [r["error"], *r.get("error_by_table", {}).values()]
-        out.append([*head, f"{r['predicted']:,.3f}" if r["predicted"] < 10 else f"{r['predicted']:,.1f}",
+        out.append([r["generation"], r["publisher"], r["name"], r["metric"], f"{r['published']:g}",
+                    f"{r['predicted']:,.3f}" if r["predicted"] < 10 else f"{r['predicted']:,.1f}",
                     f"{r['error']:+.1%}", f"{min(errors):+.1%} to {max(errors):+.1%}",
                     f"{r['layout_full']} {r['stack']}"])
     return out
+
+
+def refused_rows(result: dict) -> list[list[str]]:
+    """One row a refused point, listed apart from the predicted: what was published, and why it is not predicted."""
+    return [[r["generation"], r["publisher"], r["name"], r["metric"], f"{r['published']:g}", r["refused"]]
+            for r in _by_group(result, predicted=False)]
 
 
 def group_rows(result: dict) -> list[list[str]]:
@@ -106,6 +116,8 @@ def published_blocks(results: Path) -> list[Block]:
             Text(f"bench.predict --published ({FILE}): {plot.title}. Each error is predicted / published - 1 in the "
                  "publisher's metric (docs/prediction-at-scale.md)."),
             Table(COLUMNS, rows(result)),
+            Text("Refused, listed apart: each point the model does not predict, with why."),
+            Table(REFUSED_COLUMNS, refused_rows(result)),
             Text("By GPU generation and by publisher: points predicted and refused, and the median and largest "
                  "|error| of the predicted, on the bundled tables and on each point's worst table measured."),
             Table(GROUP_COLUMNS, group_rows(result)),
