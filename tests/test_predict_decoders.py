@@ -702,6 +702,11 @@ def test_a_compute_table_times_each_kernel_at_its_interpolated_rate_and_says_wha
     assert measured_h100.memory_Bps == pytest.approx(1000e9 * 3000 / 3350)
     assert measured_h100.memory_source == ("h100-sxm-8: memory_GBps x 0.896, the fraction of its datasheet's 3350 "
                                            "GB/s that NVIDIA H100 80GB HBM3 reached in a copy (3000 GB/s: a copy)")
+    # Without a copy measured there is no fraction: the datasheet; a copy whose source is not given says so.
+    unmeasured = table_from({**raw, "device": "NVIDIA H100 80GB HBM3", "memory": {}}, hw, "t.toml")
+    assert (unmeasured.memory_Bps, unmeasured.memory_source) == (1000e9, "h100-sxm-8: memory_GBps")
+    unsourced = table_from({**raw, "device": "NVIDIA H100 80GB HBM3", "memory": {"GBps": 3000.0}}, hw, "t.toml")
+    assert unsourced.memory_source.endswith("reached in a copy (3000 GB/s: its source not given)")
     assert table_from({**raw, "memory": {}}, hw, "t.toml").memory_Bps == 1000e9
     for call, says in ((lambda: c.gemm_s(big, "fp8"), "t: no fp8 matmul table (has bf16)"),
                        (lambda: c.attention_s("cudnn", 1.0, 512, False), "t: no attention kernel 'cudnn' (has flash)"),

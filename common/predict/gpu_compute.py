@@ -111,13 +111,13 @@ def _memory_bandwidth(raw: dict, hardware: Hardware) -> tuple[float, str]:
         return copied, memory.get("source", "")
     if not hardware.memory_GBps:
         raise ValueError(f"--hardware {hardware.name}: memory_GBps is needed for memory-bound work")
-    datasheet = datasheet_memory_GBps(raw.get("device", "")) if copied else None
+    datasheet = datasheet_memory_GBps(raw.get("device")) if copied else None
     if not datasheet:
         return hardware.memory_GBps, f"{hardware.name}: memory_GBps"
     reached = copied / datasheet
     return hardware.memory_GBps * reached, (
         f"{hardware.name}: memory_GBps x {reached:.3f}, the fraction of its datasheet's {datasheet:g} GB/s that "
-        f"{raw['device']} reached in a copy ({copied:g} GB/s: {memory.get('source', '')})")
+        f"{raw['device']} reached in a copy ({copied:g} GB/s: {memory.get('source', 'its source not given')})")
 
 
 def table_from(raw: dict, hardware: Hardware, path: str) -> DeviceCompute:

@@ -60,11 +60,11 @@ def available() -> list[str]:
     return sorted(p.stem for p in HARDWARE_DIR.glob("*.toml"))
 
 
-def datasheet_memory_GBps(device_name: str) -> float | None:
+def datasheet_memory_GBps(device_name: str | None) -> float | None:
     """The memory bandwidth the bundled description of the device `device_name` gives (its datasheet's), or None."""
     for name in available():
         hardware = load(name)
-        if device_name and hardware.device_name == device_name and hardware.memory_GBps:
+        if hardware.device_name == device_name and hardware.memory_GBps:
             return hardware.memory_GBps
     return None
 
