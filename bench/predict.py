@@ -233,8 +233,8 @@ def run_prediction(console: Console, args) -> int:
 
 def _decoder(args, hardware):
     if args.precision != "amp":
-        raise ValueError(f"--model predicts bf16 mixed precision (--precision amp), not {args.precision}: fp8 and "
-                         "fp32 are not modelled")
+        raise ValueError(f"--model predicts bf16 mixed precision (--precision amp), not {args.precision}: fp32 is "
+                         "not modelled, fp8 is a stack's (--stack torch-compile-float8)")
     return decoder.load(args.model), "", stacks.load(args.stack), device_compute(hardware, args.assume_mfu), \
         ("Checked against published GPU-cluster results: python -m bench.predict --published "
          "(docs/prediction-at-scale.md).")

@@ -27,8 +27,8 @@ RECOMPUTE = ("none", "selective", "full")
 RANK_ORDER = ("pp", "dp", "fsdp", "cp", "tp")   # outermost first
 # Words the grammar knows and refuses, whatever the model: not layouts parbench executes or models.
 REFUSED = {
-    "fp8": "fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling and casts are not "
-           "counted)",
+    "fp8": "fp8 is the software's, not the layout's: a stack that trains in float8 says it (bench.predict "
+           "--stack torch-compile-float8, torchao's Float8 training)",
     "ep": "expert parallelism is not modelled: the bundled models are dense",
 }
 

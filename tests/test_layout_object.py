@@ -291,8 +291,8 @@ def test_micro_batches_of_a_given_size_are_whole():
                             "not both"),
     ("cp2-sp", None, "'cp2-sp': 'sp' needs tensor parallelism (tp<N>)"),
     ("pp2-split9", None, "'pp2-split9': 'split9': '9' is not even, auto or layers per stage (e.g. 3,1), each >= 1"),
-    ("tp2-fp8", None, "'tp2-fp8': fp8 is not modelled (the compute tables hold bf16 GEMM rates; Float8's scaling "
-                      "and casts are not counted)"),
+    ("tp2-fp8", None, "'tp2-fp8': fp8 is the software's, not the layout's: a stack that trains in float8 says "
+                      "it (bench.predict --stack torch-compile-float8, torchao's Float8 training)"),
     ("ep4", None, "'ep4': expert parallelism is not modelled: the bundled models are dense"),
     ("dp8-zero2", None, "'dp8-zero2': 'zero2' needs FSDP shards (fsdp<N>)"),
     ("dp-zero2", 8, "'dp-zero2': 'zero2' needs FSDP shards (fsdp<N>)"),

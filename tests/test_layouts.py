@@ -72,7 +72,7 @@ BAD = [
     ("dp2-sp", "'sp' needs tensor parallelism"),
     ("tp2-", "unknown option ''"),
     ("tp2-zero3", "unknown option 'zero3'"),
-    ("tp2-fp8", "fp8 is not modelled"),
+    ("tp2-fp8", "fp8 is the software's, not the layout's"),
 ]
 
 

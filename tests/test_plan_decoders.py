@@ -152,7 +152,7 @@ def test_a_layout_asked_for_is_placed_or_refused_in_one_line(capsys):
     assert code == 2 and len(io.err.strip().splitlines()) == 1
     assert re.search(r"does not fit: predicted [0-9]{1,3}\.[0-9] GiB on its fullest rank, 10\.0 GiB available", io.err)
     # one the model cannot express, before any search
-    for name, why in (("fsdp-fp8", "fp8 is not modelled"), ("tp3xdp", "do not divide them"),
+    for name, why in (("fsdp-fp8", "fp8 is the software's, not the layout's"), ("tp3xdp", "do not divide them"),
                       ("fsdp-splitauto", "needs a pipeline")):
         code, io = _main(capsys, *base, "--layout", name)
         assert code == 2 and why in io.err and len(io.err.strip().splitlines()) == 1, name

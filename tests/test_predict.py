@@ -557,7 +557,7 @@ def test_bench_predict_help_says_what_each_option_does(capsys, monkeypatch):
     assert " ".join(capsys.readouterr().out.split()) == " ".join(f"""
 usage: bench.predict [-h] [--validate RESULTS] [--hardware NAME|FILE] [--from RESULTS] [--assume-mfu MFU]
  [--workload {{cnn,mlm,lm}}] [--model-size {{base,mini,small,tiny}}] [--model NAME|FILE]
- [--stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-eager}}]
+ [--stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-compile-float8,torch-eager}}]
  [--devices DEVICES] [--layouts LAYOUTS]
  [--batch-size B | --global-batch GLOBAL_BATCH] [--precision {{fp32,amp,fp16}}] [--out OUT] [--constants] [--published]
  [--json FILE]
@@ -586,7 +586,7 @@ options:
   --out OUT folder for the figure and predictions.json (default: --from's folder, else ./predictions)
 decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md):
   --model NAME|FILE a decoder LLM ({models}) or a TOML file of yours (common/predict/models/README.md)
-  --stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-eager}}
+  --stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-compile-float8,torch-eager}}
   with --model: the software running the step (kernels, fusions, tensor-parallel overlap, optimizer)
   --constants print every constant the GPU-cluster model uses, with its source, and exit
   --published predict every published GPU-cluster result (common/predict/published/) and print predicted against
@@ -772,9 +772,11 @@ def test_a_measured_run_unlike_the_prediction_says_how_it_differs_and_whether_it
     (["--devices", "8"], "--hardware is needed to predict (or --validate RESULTS)"),
     (["--hardware", "h100-sxm-8"], "give --from RESULTS (a measured 1-device run) or --assume-mfu MFU"),
     (["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--precision", "fp32"],
-     "--model predicts bf16 mixed precision (--precision amp), not fp32: fp8 and fp32 are not modelled"),
+     "--model predicts bf16 mixed precision (--precision amp), not fp32: fp32 is not modelled, fp8 is a stack's "
+     "(--stack torch-compile-float8)"),
     (["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--precision", "fp16"],
-     "--model predicts bf16 mixed precision (--precision amp), not fp16: fp8 and fp32 are not modelled"),
+     "--model predicts bf16 mixed precision (--precision amp), not fp16: fp32 is not modelled, fp8 is a stack's "
+     "(--stack torch-compile-float8)"),
     (["--hardware", "h100-sxm-8", "--assume-mfu", "0.4", "--layouts", "dp,dp-fast"], None),
 ])
 def test_what_cannot_be_predicted_is_refused_in_one_line(argv, says, capsys, monkeypatch, tmp_path):

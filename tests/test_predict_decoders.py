@@ -131,7 +131,7 @@ def test_layout_names_and_refusals_are_one_line():
         micro_batch_size=1)
     assert Layout.parse("dp2xfsdp4-sel", 8) == Layout(dp=2, fsdp=4, recompute="selective")
     assert Layout.parse("tp8xpp4", 64).dp == 2
-    for name, why in (("fsdp-fp8", "fp8 is not modelled"), ("tp2xep4", "expert parallelism"),
+    for name, why in (("fsdp-fp8", "fp8 is the software's, not the layout's"), ("tp2xep4", "expert parallelism"),
                       ("fsdp-zero3", "unknown option 'zero3'"), ("tp8xpp2-gpipe-vp2", "interleaved")):
         with pytest.raises(Refused, match=why) as err:
             Layout.parse(name, 8)
@@ -149,7 +149,7 @@ def test_the_cli_refuses_a_layout_it_cannot_model_in_one_line(capsys):
         predict_cli.main(["--model", "llama3-8b", "--hardware", "h100-sxm-8", "--devices", "8",
                           "--layouts", "fsdp-fp8"])
     err = capsys.readouterr().err.strip()
-    assert code.value.code == 2 and "fp8 is not modelled" in err and len(err.splitlines()) == 1
+    assert code.value.code == 2 and "fp8 is the software's, not the layout's" in err and len(err.splitlines()) == 1
 
 
 # ----------------------------------------------------------------------------- published points
@@ -297,11 +297,16 @@ def test_each_constant_row_says_its_figure_unit_and_source_in_full(tmp_path):
                    "20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp", "B"),
                   ("megatron-te: GEMMs split by overlapped tensor-parallel communication",
                    "qkv: tp, fc1: tp, wo.dgrad: tp, w2.dgrad: tp, wo: 4, w2: 4", "chunks")]
-    # torch-eager and both llm-foundry stacks overlap nothing; torch-compile splits its GEMMs
-    assert len(rows) == 11 + 10 + 11 + 10 + 10
+    # torch-eager and both llm-foundry stacks overlap nothing; torch-compile splits its GEMMs, and with Float8 says
+    # its casts' bytes (6 rows)
+    assert len(rows) == 11 + 10 + 11 + 17 + 10 + 10
+    assert ("torch-compile-float8: float8 transpose_bytes", "2.0", "B/element") in [(c.name, c.value, c.unit)
+                                                                                   for c in rows]
     for c in rows:
         stack = stacks.load(c.name.split(": ")[0])
-        assert c.source == (stack.tp_overlap_source if "overlapped" in c.name else stack.source), c.name
+        source = stack.tp_overlap_source if "overlapped" in c.name else \
+            stack.float8.source if ": float8 " in c.name else stack.source
+        assert c.source == source, c.name
 
 
 def test_a_published_file_s_points_take_the_source_s_defaults_and_their_own_figures(tmp_path):
@@ -519,8 +524,10 @@ def test_overlapped_tensor_parallel_hides_its_communication_but_chunks_its_gemms
 
 
 def test_torchtitan_keeps_a_pipeline_stage_s_layers_gathered_from_forward_to_backward():
-    """apply_fsdp's reshard_after_forward = not pp_enabled: under a pipeline each layer is gathered once a
-    micro-batch (forward), not twice, and the stage holds all its layers' bf16 weights between the two."""
+    """apply_fsdp's reshard_after_forward = not pp_enabled, and torch's pipelining (backward_maybe_with_nosync)
+    reshard_after_backward and gradient sync off until the last micro-batch: under a pipeline each layer is
+    gathered once a step, its gradients reduce-scattered once, and the stage holds all its layers' bf16 weights and
+    their float32 gradients, accumulated unsharded, through the step."""
     hw = hardware_files.load("h100-sxm-8")
     c, titan = compute_for(hw), stacks.load("torch-compile")
     piped = Layout.parse("fsdp2xpp4-mbs1-1f1b", 8)     # 8 micro-batches, 8 layers a stage
@@ -529,8 +536,9 @@ def test_torchtitan_keeps_a_pipeline_stage_s_layers_gathered_from_forward_to_bac
 
     def gathers(p):
         return next(x for x in p.collectives if x.kind == "all_gather" and x.dim == "fsdp").calls
-    assert (gathers(kept), gathers(resharded)) == (8 * 8, 2 * 8 * 8)
-    assert kept.model_per_rank[0] - resharded.model_per_rank[0] == pytest.approx((8 - 2) * LLAMA.layer_params() * 2)
+    assert (gathers(kept), gathers(resharded)) == (8, 2 * 8 * 8)
+    assert kept.model_per_rank[0] - resharded.model_per_rank[0] == pytest.approx((8 - 2) * LLAMA.layer_params() * 2
+                                                                                 + 8 * LLAMA.layer_params() * 4)
     assert kept.parts["data_parallel_comm"] < resharded.parts["data_parallel_comm"]
     flat = Layout.parse("fsdp8-mbs1", 8)                # no pipeline: resharded after forward either way
     assert predict(LLAMA, flat, 16, hw, c, stack=titan).step_s == \

@@ -121,25 +121,26 @@ def test_the_last_stage_s_head_and_the_stages_layers_by_hand():
 
 def test_the_data_dimension_s_communication_by_hand():
     dp = kernels._data_parallel
-    assert dp(SPEC, Layout(tp=2), HW, TIMER, STACK, 1e3, 100, 4, 2, 1.0, 1.0) == (0.0, 0.0, 0.0, [])
+    assert dp(SPEC, Layout(tp=2), HW, TIMER, STACK, 1e3, 100, 2 * 100, 4, 2, 1.0, 1.0) == (0.0, 0.0, 0.0, [])
     # DDP of 80M parameters: Megatron's buckets of 40M, so half the all-reduce shows whatever the backward hides
     reduce = node(2, 1.0, 4 * 80e6)
-    exposed, total, copies, colls = dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 0.0, 0.1)
+    exposed, total, copies, colls = dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 80e6, 1e6, 2 * 1e6, 4, 1, 0.0, 0.1)
     assert (exposed, total, copies) == pytest.approx((reduce - 0.1, reduce, 0.0))
     assert colls == [Collective("all_reduce", "data", 4 * 80e6, 1, 2, True, "gradient all-reduce")]
-    assert dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 0.0, 0.3)[0] == pytest.approx(reduce / 2)
-    assert dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 20e6, 1e6, 4, 1, 0.0, 1.0)[0] == \
+    assert dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 80e6, 1e6, 2 * 1e6, 4, 1, 0.0, 0.3)[0] == pytest.approx(reduce / 2)
+    assert dp(SPEC, Layout(dp=2), HW, TIMER, STACK, 20e6, 1e6, 2 * 1e6, 4, 1, 0.0, 1.0)[0] == \
         pytest.approx(node(2, 1.0, 4 * 20e6))    # a model under one bucket: the whole all-reduce after the backward
     # 64 ranks: a bucket of 1M x 64 parameters of 100M; the data group crosses nodes
-    big = dp(SPEC, Layout(dp=64), HW, TIMER, STACK, 100e6, 1e6, 4, 1, 0.0, 10.0)[0]
+    big = dp(SPEC, Layout(dp=64), HW, TIMER, STACK, 100e6, 1e6, 2 * 1e6, 4, 1, 0.0, 10.0)[0]
     assert big == pytest.approx(0.64 * network(126, 2 * 63 / 64, 4e8), rel=1e-9)
     # ZeRO-1: a reduce-scatter of float32 gradients, an all-gather of bf16 weights
     scatter, gather = node(1, 0.5, 4 * 80e6), node(1, 0.5, 2 * 80e6)
-    exposed, total, copies, colls = dp(SPEC, Layout(dp=2, zero1=True), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 0.01, 0.02)
+    exposed, total, copies, colls = dp(SPEC, Layout(dp=2, zero1=True), HW, TIMER, STACK, 80e6, 1e6, 2 * 1e6, 4, 1,
+                                       0.01, 0.02)
     assert (exposed, total, copies) == pytest.approx((scatter - 0.02 + gather - 0.01, scatter + gather, 0.0))
     assert colls == [Collective("reduce_scatter", "data", 4 * 80e6, 1, 2, True, "gradient reduce-scatter"),
                      Collective("all_gather", "data", 2 * 80e6, 1, 2, True, "weight all-gather")]
-    assert dp(SPEC, Layout(dp=2, zero1=True), HW, TIMER, STACK, 80e6, 1e6, 4, 1, 1.0, 1.0)[0] == \
+    assert dp(SPEC, Layout(dp=2, zero1=True), HW, TIMER, STACK, 80e6, 1e6, 2 * 1e6, 4, 1, 1.0, 1.0)[0] == \
         pytest.approx((scatter + gather) / 2)
 
 
@@ -148,7 +149,7 @@ def test_fsdp_gathers_each_layer_twice_and_hsdp_all_reduces_the_shards_across_no
     # FSDP 2, 3 layers of 1000 parameters and 500 outside them, 2 micro-batches, windows of 1 and 2 us
     gather, scatter = node(1, 0.5, 2000), node(1, 0.5, 4000)
     root = node(1, 0.5, 1000) + node(1, 0.5, 2000)
-    exposed, total, copies, colls = dp(SPEC, Layout(fsdp=2), HW, TIMER, STACK, 3500, 1000, 3, 2, 1e-6, 2e-6)
+    exposed, total, copies, colls = dp(SPEC, Layout(fsdp=2), HW, TIMER, STACK, 3500, 1000, 2 * 1000, 3, 2, 1e-6, 2e-6)
     fwd, bwd = 3 * gather, 3 * (gather + scatter)
     assert exposed == pytest.approx(2 * (gather + fwd - 1e-6 + bwd - 2e-6) + root, rel=1e-12)
     assert total == pytest.approx(2 * (fwd + bwd) + root, rel=1e-12)
@@ -157,21 +158,25 @@ def test_fsdp_gathers_each_layer_twice_and_hsdp_all_reduces_the_shards_across_no
     assert colls == [Collective("all_gather", "fsdp", 2000, 12, 2, True, "FSDP gathers"),
                      Collective("reduce_scatter", "fsdp", 4000, 6, 2, True, "FSDP scatters")]
     # windows longer than the communication hide all but the first gather of each micro-batch
-    assert dp(SPEC, Layout(fsdp=2), HW, TIMER, STACK, 3500, 1000, 3, 2, 1.0, 1.0)[0] == \
+    assert dp(SPEC, Layout(fsdp=2), HW, TIMER, STACK, 3500, 1000, 2 * 1000, 3, 2, 1.0, 1.0)[0] == \
         pytest.approx(2 * gather + root, rel=1e-12)
     # under a pipeline torchtitan keeps the layers gathered: one gather a layer and micro-batch
-    assert dp(SPEC, Layout(fsdp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 3, 2, 1.0, 1.0)[3][0].calls == 12
-    kept = dp(SPEC, Layout(fsdp=2, pp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 3, 2, 1.0, 1.0)
-    assert kept[3][0].calls == 6 and kept[1] == pytest.approx(2 * 3 * (gather + scatter) + root, rel=1e-12)
+    assert dp(SPEC, Layout(fsdp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 2 * 1000, 3, 2, 1.0,
+              1.0)[3][0].calls == 12
+    kept = dp(SPEC, Layout(fsdp=2, pp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 2 * 1000, 3, 2, 1.0, 1.0)
+    # and torch's pipelining through the step: each layer gathered once (the first micro-batch) and reduced once,
+    # after the last micro-batch's backward, with nothing left to hide the reduce-scatters behind
+    assert [c.calls for c in kept[3]] == [3, 3] and kept[1] == pytest.approx(3 * (gather + scatter) + root, rel=1e-12)
+    assert kept[0] == pytest.approx(gather + 3 * scatter + root, rel=1e-12)
     # ZeRO-2 keeps them gathered whatever the stack, without a pipeline too: one gather, one copy-out fewer
-    zero2 = dp(SPEC, Layout(fsdp=2, zero2=True), HW, TIMER, STACK, 3500, 1000, 3, 2, 1e-6, 2e-6)
+    zero2 = dp(SPEC, Layout(fsdp=2, zero2=True), HW, TIMER, STACK, 3500, 1000, 2 * 1000, 3, 2, 1e-6, 2e-6)
     assert zero2[0] == pytest.approx(2 * (gather + fwd - 1e-6 + 3 * scatter - 2e-6) + root, rel=1e-12)
     assert zero2[2] == pytest.approx((2 * 3 * 1000 * (1.0 + 2.0) + 500 * (1.0 + 2.0)) * PS, rel=1e-12)
     assert [c.calls for c in zero2[3]] == [6, 6]
-    assert kept[2] == pytest.approx((2 * 3 * 1000 * (4.0 + 6.0) + 500 * (4.0 + 6.0)) * PS, rel=1e-12)
+    assert kept[2] == pytest.approx((3 * 1000 * (4.0 + 6.0) + 500 * (4.0 + 6.0)) * PS, rel=1e-12)
     # HSDP 2 x 2 on nodes of 2: the shards' replicas all-reduce over the network, the layers' and the rest's
     replicas, root_replicas = network(2, 1.0, 4000 / 2), network(2, 1.0, 2000 / 2)
-    hsdp = dp(SPEC, Layout(dp=2, fsdp=2), HW, TIMER, STACK, 3500, 1000, 3, 2, 1.0, 1.0)
+    hsdp = dp(SPEC, Layout(dp=2, fsdp=2), HW, TIMER, STACK, 3500, 1000, 2 * 1000, 3, 2, 1.0, 1.0)
     assert hsdp[1] == pytest.approx(2 * 3 * (2 * gather + scatter + replicas) + root + root_replicas, rel=1e-12)
 
 
@@ -223,19 +228,22 @@ def test_fsdp_stages_update_their_shard_and_torchtitan_holds_the_stage_gathered(
     out = kernels.decoder_stages(SPEC, layout, 4, HW, eager, COMPUTE)
     first = 2 * 464 + 256
     assert out.optimizer[0] == pytest.approx(first / 2 * 92.0 * PS, rel=1e-12)      # its half of the stage
+    # the stage's 2 layers held gathered, their float32 gradients accumulated unsharded through the step
     assert out.memory["model_per_rank"][0] == decoder_rank_bytes(SPEC, layout, 4, first, 464, 2, 2, False, "odd-mm",
-                                                                 0, 2)
+                                                                 0, 2, 2)
+    assert decoder_rank_bytes(SPEC, layout, 4, first, 464, 2, 2, False, "odd-mm", 0, 2, 2) - \
+        decoder_rank_bytes(SPEC, layout, 4, first, 464, 2, 2, False, "odd-mm", 0, 2) == 2 * 464 * 4
     three = replace(SPEC, layers=6)          # 3 layers a stage: all 3 held gathered, or 2 at a time resharded
     held = kernels.decoder_stages(three, layout, 4, HW, eager, COMPUTE)
     assert held.memory["model_per_rank"][0] == decoder_rank_bytes(three, layout, 4, 3 * 464 + 256, 464, 3, 2, False,
-                                                                  "odd-mm", 0, 3)
+                                                                  "odd-mm", 0, 3, 3)
     resharded = kernels.decoder_stages(three, layout, 4, HW, replace(eager, fsdp_reshard_under_pp=True), COMPUTE)
     assert resharded.memory["model_per_rank"][0] == decoder_rank_bytes(three, layout, 4, 3 * 464 + 256, 464, 3, 2,
                                                                        False, "odd-mm", 0, 2)
     # the data dimension's windows are the stage's layers' forward and backward; its copies the FSDP copies
     layer = kernels._layer(three, layout, eager, TIMER, HW, 4)
-    comm = kernels._data_parallel(three, layout, HW, TIMER, eager, 3 * 464 + 256, 464, 3, 2, 3 * layer["fwd"],
-                                  3 * layer["bwd"])
+    comm = kernels._data_parallel(three, layout, HW, TIMER, eager, 3 * 464 + 256, 464, 2 * 464, 3, 2,
+                                  3 * layer["fwd"], 3 * layer["bwd"])
     assert (held.after_comm[0], held.after_other[0]) == pytest.approx(comm[0:3:2], rel=1e-12) and comm[2] > 0
     assert held.parts[0]["data_parallel_comm"] == pytest.approx(comm[1], rel=1e-12)
     zero1 = kernels.decoder_stages(SPEC, Layout(dp=2, zero1=True), 2, HW, STACK, COMPUTE)
@@ -269,6 +277,74 @@ def test_what_a_decoder_s_step_is_timed_by_and_each_refusal_in_one_line():
                                COMPUTE)
 
 
+# Float8 with every byte count its own figure: a cast 3 B, an amax 5, a column-major copy 7, an fp8 gather 1 B, the
+# precomputed scales' read 11; 4 cast kernels a forward.
+F8 = replace(STACK, name="f8", float8=stacks.Float8(cast_bytes=3.0, amax_bytes=5.0, transpose_bytes=7.0,
+                                                     gather_bytes=1.0, scale_bytes=11.0, kernels_forward=4,
+                                                     source="s"))
+
+
+def test_a_float8_layer_runs_its_linears_at_the_fp8_rate_and_counts_its_casts_by_hand():
+    # SPEC (h 8, q 8, kv 4, GELU f 16): 448 Linear weight elements (wq 64, wk 32, wv 32, wo 64, w1 128, w2 128).
+    # One device, 8 tokens. Inputs cast once each: the attention's and FFN's (8 each), wo's (8), w2's (16): 40 a
+    # token; output gradients: wq 8 + wk 4 + wv 4 + w1 16 + wo 8 + w2 8 = 48 a token. Forward: 8 x 3 x 40 = 960,
+    # and the weights held whole cast on the device, (5 + 3) x 448 = 3584. Backward: 8 x (7 x 40 + 3 x 48 +
+    # 7 x 48) = 6080, and the weights copied for the input gradient, 7 x 448 = 3136.
+    f8 = stacks.Float8(3.0, 5.0, 7.0, 1.0, 11.0, 4, "s")
+    assert kernels._float8_casts(SPEC, Layout(), f8, 8) == (4544.0, 9216.0, 4 + 3 * 6)
+    # SwiGLU: w3 too (576 weights; its f-wide output gradient, the gate's input shared with w1)
+    assert kernels._float8_casts(replace(SPEC, ffn_kind="swiglu"), Layout(), f8, 8) == (
+        960.0 + 8 * 576, 8 * (7 * 40 + 3 * 64 + 7 * 64) + 7 * 576, 4 + 3 * 7)
+    # tp 2 with sp under FSDP: the h-wide inputs and row-parallel output gradients cast before their gathers
+    # (h / 2), copied gathered (h); the weights gathered in fp8 (no cast on the rank), 224 a rank copied.
+    assert kernels._float8_casts(SPEC, Layout(tp=2, sp=True, fsdp=2), f8, 8) == (
+        8 * 3 * (8 + 12), 8 * (7 * (16 + 12) + 3 * (16 + 8) + 7 * (16 + 16)) + 7 * 224, 22)
+    bf16 = kernels._layer(SPEC, Layout(), STACK, TIMER, HW, 8)
+    fp8 = kernels._layer(SPEC, Layout(), F8, TIMER, HW, 8)
+    # the fp8 table's rate is twice bf16's: forward GEMMs 7168 FLOPs at 1 or at 2, backward twice that
+    assert fp8["gemm"] == pytest.approx(bf16["gemm"] / 2, rel=1e-12)
+    assert fp8["elementwise"] - bf16["elementwise"] == pytest.approx((4544 + 9216) * PS, rel=1e-12)
+    assert fp8["fwd"] - bf16["fwd"] == pytest.approx((4544 - 3584) * PS, rel=1e-12)
+    assert fp8["bwd"] - bf16["bwd"] == pytest.approx((9216 - 7168) * PS, rel=1e-12)
+    full = kernels._layer(SPEC, Layout(recompute="full"), F8, TIMER, HW, 8)
+    assert full["recompute"] == pytest.approx(fp8["fwd"], rel=1e-12)          # the casts recomputed with it
+    # tensor parallel 2 with sp: the gathers in fp8 (8 tokens x 8 x 1 B), the reduce-scatters in bf16 (x 2 B)
+    tp = kernels._layer(SPEC, Layout(tp=2, sp=True), F8, TIMER, HW, 8)
+    assert tp["tp_comm"] == pytest.approx(2 * 2 * (node(1, 0.5, 64) + node(1, 0.5, 128)), rel=1e-12)
+    assert kernels._layer(SPEC, Layout(tp=2, sp=True), STACK, TIMER, HW, 8)["tp_comm"] == pytest.approx(
+        2 * 2 * 2 * node(1, 0.5, 128), rel=1e-12)
+    # the output layer stays in bf16
+    assert kernels.head(SPEC, 1, F8, TIMER, 8) == kernels.head(SPEC, 1, STACK, TIMER, 8)
+    # each cast a kernel: 1 + 4 forward, 1 + 22 backward, each at least the launch floor
+    floored = kernels._layer(SPEC, Layout(), F8, Timer(replace(COMPUTE, launch_floor_s=1e-6)), HW, 8)
+    assert floored["elementwise"] == pytest.approx(28e-6, rel=1e-12)
+
+
+def test_fsdp_gathers_a_float8_stack_s_linear_weights_in_fp8_and_reads_them_for_their_scales():
+    layout = Layout(fsdp=2)
+    f8, bf16 = (kernels.decoder_stages(SPEC, layout, 2, HW, s, COMPUTE) for s in (F8, STACK))
+    # a layer: 448 Linear weights at 1 B and the two norms' 16 at 2 B, instead of 464 x 2
+    assert [c.nbytes for c in f8.collectives[0] if c.kind == "all_gather"] == [480.0]
+    assert [c.nbytes for c in bf16.collectives[0] if c.kind == "all_gather"] == [928.0]
+    # the copy-out reads and writes what was gathered (2 gathers a layer, 4 layers, 1 B a bf16 element here);
+    # after the optimizer every weight's shard read once for its amax: 4 x 448 / 2 x 11 B
+    assert f8.after_other[0] - bf16.after_other[0] == pytest.approx((4 * 2 * (480 - 928) / 2 + 4 * 224 * 11) * PS,
+                                                                    rel=1e-12)
+    # the amaxes all-reduced (4 layers x 6 Linears, float32) once a step, exposed beside the gathers
+    layer = kernels._layer(SPEC, layout, F8, TIMER, HW, 4)
+    root = 256 + 264                     # the embedding; the final norm and output layer
+    gathers = kernels._data_parallel(SPEC, layout, HW, TIMER, F8, 4 * 464 + root, 464, 480, 4, 1,
+                                     4 * layer["fwd"], 4 * layer["bwd"])[0]
+    assert f8.after_comm[0] == pytest.approx(gathers + node(2, 1.0, 4 * 4 * 6), rel=1e-12)
+    # without FSDP nothing is gathered: the weights are cast on the rank and no scale is precomputed
+    dp = kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, F8, COMPUTE)
+    assert dp.after_other == [0.0]
+    with pytest.raises(ValueError, match=r"^f8: an assumed MFU is a fraction of one peak, and Float8 runs its GEMMs "
+                                         r"at two \(fp8 and bf16\): predict it from a compute table$"):
+        kernels.decoder_stages(SPEC, Layout(), 1, HW, F8, Basis(0.0, 0.0, 2e-9, 0.0, None, None, None, None, "A",
+                                                                flops_per_s=1e12))
+
+
 FLOOR = replace(COMPUTE, launch_floor_s=1e-6)     # every kernel at least 1 us: the kernel counts show
 
 
@@ -280,10 +356,12 @@ def test_each_memory_bound_kernel_takes_at_least_the_launch_floor():
     layer = kernels._layer(SPEC, Layout(), replace(STACK, elementwise_kernels=3), timer, HW, 8)
     assert layer["elementwise"] == pytest.approx(6e-6) and layer["gemm"] == pytest.approx(18e-6)
     # FSDP's copies: 2 kernels a layer and a third where it gathers again for the backward, 2 for the root's
-    assert kernels._data_parallel(SPEC, Layout(fsdp=2), HW, timer, STACK, 3500, 1000, 3, 2, 1.0, 1.0)[2] == 11e-6
-    assert kernels._data_parallel(SPEC, Layout(fsdp=2, pp=2), HW, timer, stacks.TORCH_EAGER, 3500, 1000, 3, 2,
-                                  1.0, 1.0)[2] == 8e-6
-    assert kernels._data_parallel(SPEC, Layout(fsdp=2), HW, timer, STACK, 3000, 1000, 3, 2, 1.0, 1.0)[2] == 9e-6
+    assert kernels._data_parallel(SPEC, Layout(fsdp=2), HW, timer, STACK, 3500, 1000, 2000, 3, 2, 1.0,
+                                  1.0)[2] == 11e-6
+    assert kernels._data_parallel(SPEC, Layout(fsdp=2, pp=2), HW, timer, stacks.TORCH_EAGER, 3500, 1000, 2000, 3,
+                                  2, 1.0, 1.0)[2] == 8e-6
+    assert kernels._data_parallel(SPEC, Layout(fsdp=2), HW, timer, STACK, 3000, 1000, 2000, 3, 2, 1.0,
+                                  1.0)[2] == 9e-6
     # the embedding: its look-up and its gradient, 2 kernels; fused projections: fewer, larger GEMMs
     out = kernels.decoder_stages(SPEC, Layout(), 1, HW, STACK, FLOOR)
     body = 4 * (layer["fwd"] + layer["bwd"] - 6e-6 + 2e-6)

@@ -77,9 +77,9 @@ def test_a_table_row_s_other_cells_are_the_point_s_fields():
     # Megatron-Bridge: #-GPUs, GBS, MBS, TP, PP, CP, VP, Tokens / sec / GPU
     for p in _points("megatron-bridge-h100.toml"):
         _, gpus, precision, gbs, mbs, seq, fsdp, tp, pp, cp, vp, _, _, per_gpu, _ = _cells(p.quote)
-        layout = Layout.parse(p.layout.replace("-fp8", ""), p.devices)          # fp8: refused, as the row says
-        assert (p.devices, p.global_batch, int(seq), precision, "fp8" in p.layout) == \
-            (int(gpus), int(gbs), 8192, "FP8-CS", True), p.name
+        layout = Layout.parse(p.layout, p.devices)
+        assert (p.devices, p.global_batch, int(seq), precision, p.stack) == \
+            (int(gpus), int(gbs), 8192, "FP8-CS", "megatron-bridge-fp8-cs"), p.name
         assert (layout.tp, layout.pp, layout.cp, layout.micro_batch_size, p.published) == \
             (int(tp), int(pp), int(cp), int(mbs), int(per_gpu)), p.name
         assert (layout.virtual_stages if vp != "n/a" else "n/a", layout.fsdp > 1) == \
@@ -107,12 +107,12 @@ def test_each_point_the_model_cannot_predict_is_refused_with_every_reason_in_one
         if not hardware_files.load(p.hardware).compute:
             assert f"--hardware {p.hardware}: no compute table" in why and "assume-mfu" not in why
         if re.search(r"-fp8\b", p.layout):
-            assert "is not modelled" in why
+            assert "fp8 is the software's, not the layout's" in why
         if p.metric != "tokens_per_s_per_gpu" and p.flops not in published.FLOP_COUNTS:
             assert "FLOP count is not known" in why
     assert rows["OPT-175B, 992 A100"]["refused"].count("; ") == 2             # stack, table, FLOP count
     assert all(rows[p.name]["predicted"] for name in ("megatron-lm-h100.toml", "torchtitan-llama3-h100.toml")
-               for p in _points(name) if "fp8" not in p.layout)                 # the 15 predicted before
+               for p in _points(name) if p.stack != "torch-compile-float8")     # the 15 predicted before
     assert result["predicted"] + result["refused"] == len(rows)
     # a device's compute comes from compute_of: given one, an A100 point of a described stack is predicted
     point = next(p for p in published.all_points() if p.stack == "megatron-te")
@@ -355,7 +355,7 @@ def test_a_refusal_gives_every_reason_in_its_own_words_in_one_line():
     assert published.refusal(point) == (
         "'tp3' at 8 devices: the other dimensions (3) do not divide them; "
         "stack 'deepspeed' is not described (common/predict/stacks.py describes megatron-te, torch-eager, "
-        "torch-compile, llm-foundry, llm-foundry-triton); "
+        "torch-compile, torch-compile-float8, llm-foundry, llm-foundry-triton); "
         "--hardware a100-sxm-8: no compute table; "                       # the advice after " (" left out
         "mfu: its publisher's FLOP count is not known (flops = 'palm')")
     # a layout the grammar takes, at the point's own device count, that its described stack does not run

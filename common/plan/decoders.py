@@ -104,7 +104,7 @@ def published_ranking(points: list | None = None) -> dict:
     out = []
     for point in published_points.all_points() if points is None else points:
         if published_points.refusal(point):
-            continue   # refused by the model (fp8, a stack or a device it does not know): --published says why
+            continue   # refused by the model (a stack, a layout or a device it does not know): --published says why
         plan = decoder_plan(point.model, point.devices, point.global_batch, point.hardware, point.stack,
                             point.seq_len, None, None, 1, point.layout)
         asked, pick = plan["asked"], plan["rows"][0] if plan["rows"] else None

@@ -72,6 +72,8 @@ STACK_UNITS = {"attention_kernel": "", "fused_projections": "", "elementwise_ker
                "backward_factor": "x forward bytes", "logit_bytes": "B/logit", "selective": "",
                "optimizer_bytes": "B/element", "fsdp_gather_copy_bytes": "B/element",
                "fsdp_scatter_copy_bytes": "B/element"}
+FLOAT8_UNITS = {"cast_bytes": "B/element", "amax_bytes": "B/element", "transpose_bytes": "B/element",
+                "gather_bytes": "B/element", "scale_bytes": "B/element", "kernels_forward": "/layer"}
 
 
 def stack_constants() -> list[Constant]:
@@ -81,6 +83,9 @@ def stack_constants() -> list[Constant]:
                 for field, unit in STACK_UNITS.items()]
         out.append(Constant(f"{s.name}: elementwise bytes per token and layer (forward)", s.elementwise_formula,
                             "B", s.source))
+        if s.float8:
+            out += [Constant(f"{s.name}: float8 {field}", str(getattr(s.float8, field)), unit, s.float8.source)
+                    for field, unit in FLOAT8_UNITS.items()]
         if s.tp_overlap_split:
             out.append(Constant(f"{s.name}: GEMMs split by overlapped tensor-parallel communication",
                                 ", ".join(f"{g}: {k}" for g, k in s.tp_overlap_split), "chunks", s.tp_overlap_source))

@@ -60,8 +60,12 @@ class DecoderSpec:
     def norm_params(self) -> int:
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
+    def linear_weights(self) -> int:
+        """A layer's Linear weight elements (what a Float8 stack computes with in fp8)."""
+        return sum(lin.inputs * lin.outputs for lin in self.linears())
+
     def layer_params(self) -> int:
-        weights = sum(lin.inputs * lin.outputs for lin in self.linears())
+        weights = self.linear_weights()
         biases = sum(lin.outputs for lin in self.linears()) if self.biases else 0
         return weights + biases + 2 * self.norm_params()
 

@@ -11,7 +11,7 @@ from common.predict.gpu_compute import DeviceCompute, compute_for
 from common.predict.hardware import Hardware
 from common.predict.memory import decoder_rank_bytes
 from common.predict.prediction import Stages
-from common.predict.stacks import Stack
+from common.predict.stacks import Float8, Stack
 from common.spec import Gemm, attention_flops
 
 BF16, FP32 = 2, 4
@@ -26,6 +26,10 @@ class Timer:
         self.precision = precision
         self.compute = compute if isinstance(compute, DeviceCompute) else None
         self.assumed = None if self.compute else compute
+
+    def at(self, precision: str) -> Timer:
+        """The same device's kernels with its GEMMs at `precision` (a Float8 stack's Linears: fp8)."""
+        return Timer(self.compute or self.assumed, precision)
 
     def gemm(self, g: Gemm) -> float:
         return g.flops / self.assumed.flops_per_s if self.assumed else self.compute.gemm_s(g, self.precision)
@@ -61,20 +65,45 @@ def _cost(hardware: Hardware, layout: Layout, dim: str, ranks: int, kind: str, n
     return cost_s(kind, nbytes, ranks, hardware.link(crosses_nodes(layout, dim, hardware.devices_per_node, ranks)))
 
 
+def _float8_casts(spec: DecoderSpec, layout: Layout, f8: Float8, tokens: int) -> tuple[float, float, int]:
+    """(forward bytes, backward bytes, backward kernels) of one layer's casts to fp8 on one rank, one micro-batch
+    (common.predict.stacks.Float8; docs/prediction-at-scale.md, "Float8")."""
+    tp = layout.tp
+    shard = tp if layout.sp else 1
+    h, q, kv = spec.hidden, spec.q_width, spec.kv_width
+    up = spec.ffn * (2 if spec.ffn_kind == "swiglu" else 1)
+    # Inputs, each cast once however many Linears read it: the attention's and the FFN's (h, cast before tensor
+    # parallelism gathers them), the output projection's (q) and w2's (f); kept in fp8 and copied column-major,
+    # gathered, for the weight gradients.
+    inputs_cast, inputs_kept = 2 * h / shard + (q + spec.ffn) / tp, 2 * h + (q + spec.ffn) / tp
+    # Output gradients, one a Linear: the column-parallel ones' (q + 2kv + up) and the row-parallel ones' (h
+    # each, cast before tensor parallelism gathers them); each copied column-major for its weight gradient.
+    grads_cast, grads_kept = (q + 2 * kv + up) / tp + 2 * h / shard, (q + 2 * kv + up) / tp + 2 * h
+    weights = spec.linear_weights() / tp
+    # A weight FSDP gathers in fp8 arrives cast; one held whole is cast on the rank (its amax, then the cast).
+    weight_cast = 0.0 if layout.sharded else (f8.amax_bytes + f8.cast_bytes) * weights
+    linears = len(spec.linears())
+    forward = tokens * f8.cast_bytes * inputs_cast + weight_cast
+    backward = tokens * (f8.transpose_bytes * inputs_kept + f8.cast_bytes * grads_cast
+                         + f8.transpose_bytes * grads_kept) + f8.transpose_bytes * weights
+    return forward, backward, f8.kernels_forward + 3 * linears
+
+
 def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardware: Hardware,
            tokens: int) -> dict[str, float]:
     """One layer, one micro-batch, one rank: its forward and backward times and their parts."""
-    tp, sp = layout.tp, layout.sp
+    tp, sp, f8 = layout.tp, layout.sp, stack.float8
     gemms = spec.layer_gemms(tokens, tp, stack.fused_projections)
     split = dict(stack.tp_overlap_split) if layout.tp_overlap and tp > 1 else {}
+    linear = timer.at("fp8") if f8 else timer
 
     def timed(g: Gemm) -> float:
         # Overlapped tensor-parallel communication runs the GEMM in chunks of the tokens (its stack's split).
         chunks = split.get(g.name)
         if not chunks:
-            return timer.gemm(g)
+            return linear.gemm(g)
         k = tp if chunks == "tp" else int(chunks)
-        return k * timer.gemm(Gemm(g.name, -(-g.m // k), g.n, g.k))
+        return k * linear.gemm(Gemm(g.name, -(-g.m // k), g.n, g.k))
 
     gemm_fwd = [timed(g) for g in gemms]
     gemm_bwd = sum(timed(b) for g in gemms for b in spec.backward_gemms(g))
@@ -85,16 +114,19 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardwa
     attn_bwd = timer.attention(stack.attention_kernel, FLASH_BACKWARD * attn_flops, seq, True)
     wide, narrow = stack.elementwise(spec)
     ew_bytes = tokens * (wide / (tp if sp else 1) + narrow / tp)
-    ew_fwd = timer.memory(ew_bytes, stack.elementwise_kernels)
-    ew_bwd = timer.memory(stack.backward_factor * ew_bytes, stack.elementwise_kernels)
+    cast_fwd, cast_bwd, cast_kernels = _float8_casts(spec, layout, f8, tokens) if f8 else (0.0, 0.0, 0)
+    ew_fwd = timer.memory(ew_bytes + cast_fwd, stack.elementwise_kernels + (f8.kernels_forward if f8 else 0))
+    ew_bwd = timer.memory(stack.backward_factor * ew_bytes + cast_bwd, stack.elementwise_kernels + cast_kernels)
     fwd = sum(gemm_fwd) + attn_fwd + ew_fwd
     selective = attn_fwd if stack.selective == "attention" else sum(gemm_fwd[1::2]) + ew_fwd
     recompute = {"full": fwd, "selective": selective}.get(layout.recompute, 0.0)
     bwd = gemm_bwd + attn_bwd + ew_bwd + recompute
-    # Tensor parallel: 2 all-reduces a direction, or with sp 2 all-gathers + 2 reduce-scatters (the same bytes).
+    # Tensor parallel: 2 all-reduces a direction, or with sp 2 all-gathers + 2 reduce-scatters (the same bytes;
+    # a Float8 stack gathers the inputs forward and the output gradients backward in fp8).
     act = BF16 * tokens * spec.hidden
-    kinds = ("all_gather", "reduce_scatter") if sp else ("all_reduce",)
-    tp_fwd = 2 * sum(_cost(hardware, layout, "tp", tp, kind, act) for kind in kinds)
+    gathered = (f8.gather_bytes if f8 else BF16) * tokens * spec.hidden
+    kinds = (("all_gather", gathered), ("reduce_scatter", act)) if sp else (("all_reduce", act),)
+    tp_fwd = 2 * sum(_cost(hardware, layout, "tp", tp, kind, nbytes) for kind, nbytes in kinds)
     tp_bwd = tp_fwd + (tp_fwd if layout.recompute == "full" else 0.0)
     overlapped = max(0.0, tp_fwd - sum(gemm_fwd)) + max(0.0, tp_bwd - gemm_bwd)
     tp_exposed = overlapped if layout.tp_overlap else tp_fwd + tp_bwd
@@ -144,6 +176,9 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
     if isinstance(compute, Basis) and not compute.flops_per_s:
         raise ValueError(f"{spec.name}: a decoder is timed from a device's compute table or an assumed MFU; no "
                          "decoder is executed here, so no measured 1-device run times one")
+    if isinstance(compute, Basis) and stack.float8:
+        raise ValueError(f"{stack.name}: an assumed MFU is a fraction of one peak, and Float8 runs its GEMMs at two "
+                         "(fp8 and bf16): predict it from a compute table")
     stack.check(layout)
     timer = Timer(compute)
     m = layout.micro_batches_at(global_batch)
@@ -161,6 +196,9 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
         sends.append(Collective("send_recv", "pp", act, 2 * m * layout.virtual_stages, 2,
                                 layout.schedule != "interleaved", "pipeline activations and gradients"))
     layer_params = spec.layer_params() / layout.tp
+    f8 = stack.float8 if layout.sharded else None   # FSDP gathers a Float8 stack's Linear weights in fp8
+    fp8_weights = spec.linear_weights() / layout.tp if f8 else 0.0
+    layer_gather = BF16 * (layer_params - fp8_weights) + (f8.gather_bytes * fp8_weights if f8 else 0.0)
     last = layout.pp - 1
     out = Stages(micro_batches=m, seq_len=spec.seq_len)
     for s, n in enumerate(_stage_layers(spec, layout)):
@@ -168,7 +206,11 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
         params = n * layer_params + (spec.embedding_params() / vocab_tp if s == 0 else 0.0) \
             + (spec.head_params() / vocab_tp if s == last else 0.0)
         exposed, data_comm, copies, colls = _data_parallel(spec, layout, hardware, timer, stack, params,
-                                                           layer_params, n, m, n * layer["fwd"], n * layer["bwd"])
+                                                           layer_params, layer_gather, n, m, n * layer["fwd"],
+                                                           n * layer["bwd"])
+        if f8:   # after the optimizer, every fp8 weight's amax from its shard (one kernel), all-reduced (max)
+            copies += timer.memory(n * fp8_weights / layout.fsdp * f8.scale_bytes, 1)
+            exposed += _cost(hardware, layout, "fsdp", layout.fsdp, "all_reduce", FP32 * n * len(spec.linears()))
         updated = params / (layout.fsdp if layout.sharded else layout.dp if layout.zero1 else 1)
         out.add(compute=n * (layer["fwd"] + layer["bwd"]) + (embed if s == 0 else 0.0) + (head_s if s == last else 0.0),
                 inside=n * (layer["tp_exposed"] + layer["cp_exposed"]) + exposed_send,
@@ -177,26 +219,35 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
                 parts={"fsdp_copies": copies, "data_parallel_comm": data_comm, "gemm": m * n * layer["gemm"],
                        "attention": m * n * layer["attention"], "elementwise": m * n * layer["elementwise"]},
                 model_bytes=decoder_rank_bytes(spec, layout, tokens, params, layer_params, n, m, s == last,
-                                               stack.selective, s, 2 if _regathered(layout, stack) else max(2, n)))
+                                               stack.selective, s, 2 if _regathered(layout, stack) else max(2, n),
+                                               n if layout.sharded and _held_through_step(layout, stack) else 0))
     return out
 
 
 def _regathered(layout: Layout, stack: Stack) -> bool:
     """Whether FSDP gathers a layer again for its backward: resharded after its forward, unless ZeRO-2 keeps it
-    gathered or the stack does under a pipeline (torchtitan: one gather per micro-batch instead of two, the
-    stage's layers held)."""
+    gathered or the stack does under a pipeline (torchtitan: the stage's layers held, _held_through_step)."""
     return not layout.zero2 and (layout.pp == 1 or stack.fsdp_reshard_under_pp)
 
 
+def _held_through_step(layout: Layout, stack: Stack) -> bool:
+    """Whether FSDP keeps a pipeline stage's layers gathered through every micro-batch and reduces their gradients
+    once a step, after the last micro-batch's backward: torch's pipelining under a stack that does not reshard
+    (PipelineStage.backward_maybe_with_nosync: reshard_after_backward and gradient sync off until the last
+    backward, the gradients accumulated unsharded in float32 until then)."""
+    return layout.pp > 1 and not stack.fsdp_reshard_under_pp
+
+
 def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer: Timer, stack: Stack,
-                   params: float, layer_params: float, layers: int, m: int, window_fwd: float,
+                   params: float, layer_params: float, layer_gather: float, layers: int, m: int, window_fwd: float,
                    window_bwd: float) -> tuple[float, float, float, list[Collective]]:
-    """(exposed seconds, total communication seconds, FSDP copy seconds, collectives) of the data dimension."""
+    """(exposed seconds, total communication seconds, FSDP copy seconds, collectives) of the data dimension;
+    `layer_gather`: the bytes FSDP gathers of a layer (2 a parameter, 1 a Float8 stack's Linear weight)."""
     if layout.data == 1:
         return 0.0, 0.0, 0.0, []
     if layout.sharded:
         s = layout.fsdp
-        gather = _cost(hardware, layout, "fsdp", s, "all_gather", BF16 * layer_params)
+        gather = _cost(hardware, layout, "fsdp", s, "all_gather", layer_gather)
         scatter = _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * layer_params)
         root = params - layers * layer_params
         root_comm = _cost(hardware, layout, "fsdp", s, "all_gather", BF16 * root) \
@@ -205,17 +256,26 @@ def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer:
         replicas = _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * layer_params / s)
         again = 1 if _regathered(layout, stack) else 0   # a layer gathered again for its backward
         fwd_comm, bwd_comm = layers * gather, layers * (again * gather + scatter + replicas)
-        exposed = m * (gather + max(0.0, fwd_comm - window_fwd) + max(0.0, bwd_comm - window_bwd)) + root_comm
+        if _held_through_step(layout, stack):
+            # Gathered in the first micro-batch's forward, reduced after the last one's backward: nothing left to
+            # hide the reduce-scatters behind.
+            rounds = 1
+            exposed = gather + max(0.0, fwd_comm - window_fwd) + bwd_comm + root_comm
+        else:
+            rounds = m
+            exposed = m * (gather + max(0.0, fwd_comm - window_fwd) + max(0.0, bwd_comm - window_bwd)) + root_comm
         # The root's parameters (embedding, final norm, output layer) are an FSDP unit too: gathered and scattered
         # once a step (root_comm) through the same copies as a layer's (torch 2.6 _fsdp_collectives.py), 2 kernels.
-        copies = timer.memory(m * layers * layer_params * ((1 + again) * stack.fsdp_gather_copy_bytes
-                                                           + stack.fsdp_scatter_copy_bytes)
+        # The copy-out reads and writes what was gathered: fsdp_gather_copy_bytes per bf16 element.
+        copies = timer.memory(rounds * layers * ((1 + again) * layer_gather / BF16 * stack.fsdp_gather_copy_bytes
+                                                 + layer_params * stack.fsdp_scatter_copy_bytes)
                               + root * (stack.fsdp_gather_copy_bytes + stack.fsdp_scatter_copy_bytes),
                               (2 + again) * layers + (2 if root else 0))
-        colls = [Collective("all_gather", "fsdp", BF16 * layer_params, (1 + again) * m * layers, s, True,
+        colls = [Collective("all_gather", "fsdp", layer_gather, (1 + again) * rounds * layers, s, True,
                             "FSDP gathers"),
-                 Collective("reduce_scatter", "fsdp", FP32 * layer_params, m * layers, s, True, "FSDP scatters")]
-        return exposed, m * (fwd_comm + bwd_comm) + root_comm, copies, colls
+                 Collective("reduce_scatter", "fsdp", FP32 * layer_params, rounds * layers, s, True,
+                            "FSDP scatters")]
+        return exposed, rounds * (fwd_comm + bwd_comm) + root_comm, copies, colls
     ranks = layout.dp
     bucket = min(1.0, max(MEGATRON_BUCKET_PARAMS, 1e6 * ranks) / params)
     if layout.zero1:

@@ -10,6 +10,20 @@ from common.predict.decoder import DecoderSpec
 
 
 @dataclass(frozen=True)
+class Float8:
+    """Float8 training as a stack runs it (torchao's Float8Linear, tensorwise dynamic scaling): every layer's
+    Linear on the compute table's fp8 rates, the output layer in bf16, and the memory-bound casts around them, in
+    bytes per element (docs/prediction-at-scale.md, "Float8")."""
+    cast_bytes: float        # bf16 read, fp8 written; its amax fused into the kernel that produced the tensor
+    amax_bytes: float        # an amax of its own (a weight's: nothing produced it in the step)
+    transpose_bytes: float   # an fp8 tensor copied column-major for a GEMM's operand (read 1, write 1)
+    gather_bytes: float      # per weight element FSDP gathers, per activation element tensor parallelism gathers
+    scale_bytes: float       # per element of a weight's shard, read once a step for its amax (precomputed scales)
+    kernels_forward: int     # cast kernels per layer forward (the inputs' casts)
+    source: str
+
+
+@dataclass(frozen=True)
 class Stack:
     name: str
     description: str
@@ -30,10 +44,12 @@ class Stack:
     # tokens, by name (a forward GEMM's, or its ".dgrad"), "tp" for one chunk per tensor-parallel rank or a count.
     tp_overlap_split: tuple[tuple[str, str], ...] = ()
     tp_overlap_source: str = ""
-    # FSDP under a pipeline: whether a layer is gathered again for its backward (resharded after its forward).
+    # FSDP under a pipeline: whether a layer is gathered again for its backward (resharded after its forward);
+    # False: the stage's layers held gathered through the step, their gradients reduced after the last micro-batch.
     fsdp_reshard_under_pp: bool = True
     # What the stack does not run as a layout names it: (the test on the layout, why), read off its code.
     refuses: tuple[tuple[Callable[[Layout], bool], str], ...] = ()
+    float8: Float8 | None = None            # Float8 training; None: every GEMM in bf16
 
     def check(self, layout: Layout) -> None:
         """ValueError in one line for a layout this stack does not run."""
@@ -137,7 +153,10 @@ TORCH_EAGER = Stack(
            "all-gather copy-in (the float32 shard cast to bf16 and copied into the gather's buffer, 10 B per "
            "element of the 1/N shard, on the copy-in stream beside the compute) and the last block kept gathered "
            "into the backward (apply_fsdp: one gather fewer, 0.4 ms at 8B)",
-    # parallelize_llama.apply_fsdp: reshard_after_forward = not pp_enabled ("to avoid per-microbatch all-gathers")
+    # parallelize_llama.apply_fsdp: reshard_after_forward = not pp_enabled ("to avoid per-microbatch all-gathers");
+    # torch's pipelining (torch 2.6 PipelineStage.backward_maybe_with_nosync, torch of 2024-12-23 for the published
+    # runs) sets reshard_after_backward and requires_gradient_sync False for every micro-batch's backward and runs
+    # FSDP's post_backward (the reduce-scatters) for every layer after the last one's
     fsdp_reshard_under_pp=False,
     refuses=TORCHTITAN_REFUSES)
 # torch.compile changes the elementwise work only (and makes async TP possible); the rest is torch-eager's.
@@ -209,7 +228,37 @@ LLM_FOUNDRY_TRITON = replace(
            "triton_flash_attn_fn, flash_attn_triton.py (FlashAttention in Triton, copied from flash-attention "
            "eff9fe6b onto triton-pre-mlir; Q, K, V taken as strided views, no copy); fused cross entropy 2 + 2 + 2 "
            "per logit either way (xentropy's CUDA kernel at v0.3.0); otherwise as llm-foundry")
-STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE, LLM_FOUNDRY, LLM_FOUNDRY_TRITON)}
+# torchtitan --float8.enable_float8_linear (torchtitan/float8.py Float8Handler at 9dec370, under torch.compile as
+# its docs/float8.md asks, with that page's --float8.enable_fsdp_float8_all_gather and
+# --float8.precompute_float8_dynamic_scale_for_fsdp): torchao eab345c's Float8Linear on every Linear but `output`.
+TORCHAO_FLOAT8 = Float8(
+    cast_bytes=3.0, amax_bytes=2.0, transpose_bytes=2.0, gather_bytes=1.0, scale_bytes=4.0,
+    kernels_forward=4,
+    source="torchao eab345c torchao/float8: float8_linear.py (tensorwise dynamic scaling: "
+           "manual_float8_matmul_with_args_in_float8 saves the fp8 input and weight; the input cast once a "
+           "tensor however many Linears read it, torch.compile's CSE, PrepareFloat8ModuleInput under tensor "
+           "parallelism; the output gradient cast by NoopFwToFloat8BwDynamic), float8_ops.py preprocess_addmm "
+           "(_scaled_mm takes a row-major first and a column-major second operand: the weight for the input "
+           "gradient, the output gradient and the input for the weight gradient copied, 1 + 1 B), "
+           "roofline_utils.py (the same bytes: amax fused into the producer for inputs and output gradients, "
+           "5 B per element with torch.compile's extra fp8 read, pytorch#130015), fsdp_utils.py "
+           "WeightWithDynamicFloat8CastTensor (the gathered fp8 weight copied out, 1 + 1 B; left out as torch-eager's "
+           "bf16 copy-in is: the fp32 shard cast to fp8 before each all-gather, beside the compute), "
+           "float8_tensor_parallel.py "
+           "(Float8ColwiseParallel gathers its input in fp8, Float8RowwiseParallel the output gradient; "
+           "reduce-scatters in bf16), precompute_float8_dynamic_scale_for_fsdp after the optimizer step "
+           "(torch._foreach_norm of every shard, 4 B, then one all-reduce of the amaxes)")
+TORCH_COMPILE_FLOAT8 = replace(
+    TORCH_COMPILE, name="torch-compile-float8",
+    description="torch-compile with torchao's Float8 training (torchtitan --float8.enable_float8_linear, float8 "
+                "FSDP all-gather, precomputed scales)",
+    float8=TORCHAO_FLOAT8,
+    source="torchtitan 9dec370 torchtitan/float8.py and docs/float8.md (its command: "
+           "--float8.enable_float8_linear --float8.enable_fsdp_float8_all_gather "
+           "--float8.precompute_float8_dynamic_scale_for_fsdp), convert_to_float8_training with "
+           "module_filter_fn fqn != 'output'; otherwise as torch-compile")
+STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE, TORCH_COMPILE_FLOAT8, LLM_FOUNDRY,
+                              LLM_FOUNDRY_TRITON)}
 
 
 def load(name: str) -> Stack:
