@@ -299,6 +299,9 @@ def test_a_float8_layer_runs_its_linears_at_the_fp8_rate_and_counts_its_casts_by
     # (h / 2), copied gathered (h); the weights gathered in fp8 (no cast on the rank), 224 a rank copied.
     assert kernels._float8_casts(SPEC, Layout(tp=2, sp=True, fsdp=2), f8, 8) == (
         8 * 3 * (8 + 12), 8 * (7 * (16 + 12) + 3 * (16 + 8) + 7 * (16 + 16)) + 7 * 224, 22)
+    # tp 2 without sp: the h-wide tensors whole on every rank, cast there; 224 weights a rank cast on it
+    assert kernels._float8_casts(SPEC, Layout(tp=2), f8, 8) == (
+        8 * 3 * (16 + 12) + 8 * 224, 8 * (7 * (16 + 12) + 3 * (16 + 16) + 7 * (16 + 16)) + 7 * 224, 22)
     bf16 = kernels._layer(SPEC, Layout(), STACK, TIMER, HW, 8)
     fp8 = kernels._layer(SPEC, Layout(), F8, TIMER, HW, 8)
     # the fp8 table's rate is twice bf16's: forward GEMMs 7168 FLOPs at 1 or at 2, backward twice that
