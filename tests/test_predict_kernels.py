@@ -168,6 +168,8 @@ def test_fsdp_gathers_each_layer_twice_and_hsdp_all_reduces_the_shards_across_no
     # after the last micro-batch's backward, with nothing left to hide the reduce-scatters behind
     assert [c.calls for c in kept[3]] == [3, 3] and kept[1] == pytest.approx(3 * (gather + scatter) + root, rel=1e-12)
     assert kept[0] == pytest.approx(gather + 3 * scatter + root, rel=1e-12)
+    short = dp(SPEC, Layout(fsdp=2, pp=2), HW, TIMER, stacks.TORCH_EAGER, 3500, 1000, 2 * 1000, 3, 2, 1e-6, 1.0)
+    assert short[0] == pytest.approx(gather + 3 * gather - 1e-6 + 3 * scatter + root, rel=1e-12)
     # ZeRO-2 keeps them gathered whatever the stack, without a pipeline too: one gather, one copy-out fewer
     zero2 = dp(SPEC, Layout(fsdp=2, zero2=True), HW, TIMER, STACK, 3500, 1000, 2 * 1000, 3, 2, 1e-6, 2e-6)
     assert zero2[0] == pytest.approx(2 * (gather + fwd - 1e-6 + 3 * scatter - 2e-6) + root, rel=1e-12)
@@ -304,6 +306,8 @@ def test_a_float8_layer_runs_its_linears_at_the_fp8_rate_and_counts_its_casts_by
         8 * 3 * (16 + 12) + 8 * 224, 8 * (7 * (16 + 12) + 3 * (16 + 16) + 7 * (16 + 16)) + 7 * 224, 22)
     bf16 = kernels._layer(SPEC, Layout(), STACK, TIMER, HW, 8)
     fp8 = kernels._layer(SPEC, Layout(), F8, TIMER, HW, 8)
+    # a stack without Float8 casts nothing: 8 x 16 B forward, twice that backward (picoseconds: abs=0)
+    assert bf16["elementwise"] == pytest.approx(3 * 128 * PS, rel=1e-12, abs=0)
     # the fp8 table's rate is twice bf16's: forward GEMMs 7168 FLOPs at 1 or at 2, backward twice that
     assert fp8["gemm"] == pytest.approx(bf16["gemm"] / 2, rel=1e-12)
     assert fp8["elementwise"] - bf16["elementwise"] == pytest.approx((4544 + 9216) * PS, rel=1e-12)
@@ -339,6 +343,13 @@ def test_fsdp_gathers_a_float8_stack_s_linear_weights_in_fp8_and_reads_them_for_
     gathers = kernels._data_parallel(SPEC, layout, HW, TIMER, F8, 4 * 464 + root, 464, 480, 4, 1,
                                      4 * layer["fwd"], 4 * layer["bwd"])[0]
     assert f8.after_comm[0] == pytest.approx(gathers + node(2, 1.0, 4 * 4 * 6), rel=1e-12)
+    # the precomputed scales' read is one kernel: at a 1 us launch floor, 1 us
+    floored = [kernels.decoder_stages(SPEC, layout, 2, HW, s, replace(COMPUTE, launch_floor_s=1e-6))
+               for s in (F8, replace(F8, float8=replace(F8.float8, scale_bytes=0.0)))]
+    assert floored[0].after_other[0] - floored[1].after_other[0] == pytest.approx(1e-6, rel=1e-9)
+    # under tp 2 a rank gathers its half: 224 Linear weights at 1 B and 8 of the norms at 2 B
+    tp = kernels.decoder_stages(SPEC, Layout(fsdp=2, tp=2, sp=True), 2, HW, F8, COMPUTE)
+    assert [c.nbytes for c in tp.collectives[0] if c.kind == "all_gather" and c.dim == "fsdp"] == [240.0]
     # without FSDP nothing is gathered: the weights are cast on the rank and no scale is precomputed
     dp = kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, F8, COMPUTE)
     assert dp.after_other == [0.0]
