@@ -86,6 +86,8 @@ def _float8_casts(spec: DecoderSpec, layout: Layout, f8: Float8, tokens: int) ->
     forward = tokens * f8.cast_bytes * inputs_cast + weight_cast
     backward = tokens * (f8.transpose_bytes * inputs_kept + f8.cast_bytes * grads_cast
                          + f8.transpose_bytes * grads_kept) + f8.transpose_bytes * weights
+    # Backward kernels: each input's copy (one per forward cast), each output gradient's cast and copy, each
+    # weight's copy.
     return forward, backward, f8.kernels_forward + 3 * linears
 
 
@@ -196,9 +198,10 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
         sends.append(Collective("send_recv", "pp", act, 2 * m * layout.virtual_stages, 2,
                                 layout.schedule != "interleaved", "pipeline activations and gradients"))
     layer_params = spec.layer_params() / layout.tp
-    f8 = stack.float8 if layout.sharded else None   # FSDP gathers a Float8 stack's Linear weights in fp8
-    fp8_weights = spec.linear_weights() / layout.tp if f8 else 0.0
-    layer_gather = BF16 * (layer_params - fp8_weights) + (f8.gather_bytes * fp8_weights if f8 else 0.0)
+    gathered_f8 = stack.float8 if layout.sharded else None   # FSDP gathers a Float8 stack's Linear weights in fp8
+    fp8_weights = spec.linear_weights() / layout.tp if gathered_f8 else 0.0
+    layer_gather = BF16 * (layer_params - fp8_weights) + (gathered_f8.gather_bytes * fp8_weights if gathered_f8
+                                                          else 0.0)
     last = layout.pp - 1
     out = Stages(micro_batches=m, seq_len=spec.seq_len)
     for s, n in enumerate(_stage_layers(spec, layout)):
@@ -208,8 +211,8 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
         exposed, data_comm, copies, colls = _data_parallel(spec, layout, hardware, timer, stack, params,
                                                            layer_params, layer_gather, n, m, n * layer["fwd"],
                                                            n * layer["bwd"])
-        if f8:   # after the optimizer, every fp8 weight's amax from its shard (one kernel), all-reduced (max)
-            copies += timer.memory(n * fp8_weights / layout.fsdp * f8.scale_bytes, 1)
+        if gathered_f8:   # after the optimizer, every fp8 weight's amax from its shard (one kernel), all-reduced
+            copies += timer.memory(n * fp8_weights / layout.fsdp * gathered_f8.scale_bytes, 1)
             exposed += _cost(hardware, layout, "fsdp", layout.fsdp, "all_reduce", FP32 * n * len(spec.linears()))
         updated = params / (layout.fsdp if layout.sharded else layout.dp if layout.zero1 else 1)
         out.add(compute=n * (layer["fwd"] + layer["bwd"]) + (embed if s == 0 else 0.0) + (head_s if s == last else 0.0),
@@ -220,14 +223,14 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
                        "attention": m * n * layer["attention"], "elementwise": m * n * layer["elementwise"]},
                 model_bytes=decoder_rank_bytes(spec, layout, tokens, params, layer_params, n, m, s == last,
                                                stack.selective, s, 2 if _regathered(layout, stack) else max(2, n),
-                                               n if layout.sharded and _held_through_step(layout, stack) else 0))
+                                               n if _held_through_step(layout, stack) else 0))
     return out
 
 
 def _regathered(layout: Layout, stack: Stack) -> bool:
     """Whether FSDP gathers a layer again for its backward: resharded after its forward, unless ZeRO-2 keeps it
     gathered or the stack does under a pipeline (torchtitan: the stage's layers held, _held_through_step)."""
-    return not layout.zero2 and (layout.pp == 1 or stack.fsdp_reshard_under_pp)
+    return not layout.zero2 and not _held_through_step(layout, stack)
 
 
 def _held_through_step(layout: Layout, stack: Stack) -> bool:
