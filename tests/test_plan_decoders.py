@@ -178,18 +178,19 @@ def test_a_stack_refuses_in_one_line_what_its_code_does_not_run_and_the_plan_nev
     hw = hardware_files.load("h100-sxm-8")
     compute, titan, megatron = compute_for(hw), stacks.load("torch-compile"), stacks.load("megatron-te")
     for name, why in (("dp4xtp2-mbs1-sp-zero1", "no ZeRO-1"), ("dp4xtp2-mbs1-sp", "DDP only alone"),
-                      ("fsdp4xtp2-mbs1", "SequenceParallel"), ("fsdp4xcp2-mbs1", "context-parallel")):
+                      ("fsdp4xtp2-mbs1", "SequenceParallel")):
         with pytest.raises(ValueError, match=why) as refused:
             predict(LLAMA, Layout.parse(name, 8), 16, hw, compute, stack=titan)
         assert "\n" not in str(refused.value) and "torch-compile does not run it" in str(refused.value)
-    for name in ("fsdp4xtp2-mbs1-sp", "dp8-mbs1", "dp2xfsdp4-mbs1"):   # FSDP with tp, DDP alone, HSDP
+    for name in ("fsdp4xtp2-mbs1-sp", "dp8-mbs1", "dp2xfsdp4-mbs1", "fsdp4xcp2-mbs1", "cp8-mbs1"):
+        # FSDP with tp, DDP alone, HSDP, FSDP over the data and context ranks, FSDP over cp alone
         assert predict(LLAMA, Layout.parse(name, 8), 16, hw, compute, stack=titan).step_s > 0
     with pytest.raises(ValueError, match="shards no parameters"):
         predict(LLAMA, Layout.parse("fsdp8-mbs1", 8), 16, hw, compute, stack=megatron)
     rows, space = decoders.plan(LLAMA, 8, 16, hw, titan, compute, hw.memory_bytes)
     for r in rows:
         lay = r.layout
-        assert not (lay.zero1 or lay.cp > 1 or (lay.tp > 1 and not lay.sp)
+        assert not (lay.zero1 or (lay.tp > 1 and not lay.sp)
                     or (lay.dp > 1 and lay.fsdp == 1 and lay.devices > lay.dp)), lay.name
     assert any("no ZeRO-1" in why for why in space.refused) and any("DDP" in why for why in space.refused)
     assert not any(r.layout.fsdp > 1 for r in decoders.plan(LLAMA, 8, 16, hw, megatron, compute,

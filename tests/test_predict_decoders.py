@@ -298,14 +298,16 @@ def test_each_constant_row_says_its_figure_unit_and_source_in_full(tmp_path):
                   ("megatron-te: GEMMs split by overlapped tensor-parallel communication",
                    "qkv: tp, fc1: tp, wo.dgrad: tp, w2.dgrad: tp, wo: 4, w2: 4", "chunks")]
     # torch-eager and both llm-foundry stacks overlap nothing; torch-compile splits its GEMMs, and with Float8 says
-    # its casts' bytes (6 rows)
-    assert len(rows) == 11 + 10 + 11 + 17 + 10 + 10
-    assert ("torch-compile-float8: float8 transpose_bytes", "2.0", "B/element") in [(c.name, c.value, c.unit)
-                                                                                   for c in rows]
+    # its casts' bytes (6 rows); the three torch stacks say their context parallelism (11 rows each)
+    assert len(rows) == 11 + 10 + 11 + 17 + 10 + 10 + 3 * 11
+    named = [(c.name, c.value, c.unit) for c in rows]
+    assert ("torch-compile-float8: float8 transpose_bytes", "2.0", "B/element") in named
+    assert ("torch-eager: context parallel merge_step", "38.0", "B/element/step") in named
     for c in rows:
         stack = stacks.load(c.name.split(": ")[0])
         source = stack.tp_overlap_source if "overlapped" in c.name else \
-            stack.float8.source if ": float8 " in c.name else stack.source
+            stack.float8.source if ": float8 " in c.name else \
+            stack.context_parallel.source if ": context parallel " in c.name else stack.source
         assert c.source == source, c.name
 
 
@@ -461,11 +463,10 @@ def test_each_stack_s_overlap_splits_the_gemms_its_layer_runs_as_its_source_says
     ("torch-compile", "dp2xtp4-sp", "torchtitan 9dec370 replicates with DDP only alone"),
     ("torch-compile", "dp2xpp4-1f1b", "torchtitan 9dec370 replicates with DDP only alone"),
     ("torch-eager", "tp2xfsdp4", "torchtitan's tensor-parallel plan always splits the norms over the sequence"),
-    ("torch-compile", "cp2xfsdp4", "torchtitan shards the parameters over the data and context-parallel ranks"),
     ("megatron-te", "dp2xfsdp4", "Megatron-LM core_r0.8.0 shards no parameters"),
     ("torch-eager", "dp8", None), ("torch-compile", "dp2xfsdp4", None), ("torch-eager", "tp2xfsdp4-sp", None),
     ("torch-compile", "fsdp2xpp4-1f1b", None), ("megatron-te", "dp8-zero1", None),
-    ("megatron-te", "cp2xtp2xdp2-sp", None),
+    ("megatron-te", "cp2xtp2xdp2-sp", None), ("torch-compile", "cp2xfsdp4", None), ("torch-eager", "cp8", None),
 ])
 def test_a_stack_refuses_what_its_code_does_not_run_and_runs_the_rest(stack, layout, why):
     parsed = Layout.parse(layout, 8)
@@ -491,6 +492,15 @@ def test_each_stack_s_bytes_are_its_source_s_sums():
             "refuses")
     assert all(getattr(compiled, f) == getattr(eager, f) for f in same)
     assert (eager.fsdp_reshard_under_pp, megatron.fsdp_reshard_under_pp) == (False, True)
+    # torch's context parallelism, per element: the merge (block to float32 2 + 4, out - block 4 + 4 + 4, times the
+    # weight 4 + 4, out - product 4 + 4 + 4), once (first block to float32, result to bf16); the backward's float32
+    # accumulators zeroed 4 and cast back 4 + 2, a query gradient added 4 + 2 + 4, K's and V's added whole 4 + 2 + 4
+    # or in half through a cat (5 + 8), then cat'ed to be sent (4 + 4)
+    cp = eager.context_parallel
+    assert (cp.merge_step, cp.merge_once, cp.send_copy) == (6 + 12 + 8 + 12, 6 + 6, 2 + 2)
+    assert (cp.grad_once, cp.grad_q_step, cp.grad_kv_first, cp.grad_kv_step) == (4 + 6, 10, 10 + 8, 5 + 8 + 8)
+    assert (cp.grad_bytes, cp.kv_repeated, eager.fsdp_over_cp) == (4, True, True)
+    assert compiled.context_parallel is cp and megatron.context_parallel is None and not megatron.fsdp_over_cp
 
 
 def test_fsdp2_copies_the_root_s_parameters_once_a_step_as_it_copies_a_block_s():

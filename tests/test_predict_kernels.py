@@ -103,6 +103,77 @@ def test_context_parallel_sends_kv_round_the_ring_behind_the_attention():
     attn = 4 * 8 * 4 * 8 / 2 / 2 * PS
     assert three["cp_exposed"] == pytest.approx(2 * node(1, 1.0, kv) - attn + 4 * node(1, 1.0, kv) - 2.5 * attn / 2,
                                                 rel=1e-9)
+    # a ring over two nodes of 2: every pass waits for its hop over the network
+    four = kernels._layer(SPEC, Layout(cp=4), STACK, TIMER, HW, 8)
+    hop = network(1, 1.0, 128)
+    assert four["cp_exposed"] == pytest.approx(3 * hop - attn_fwd + 6 * hop - attn_bwd, rel=1e-12)
+
+
+# torch's context parallelism with a figure of its own for each term: K and V repeated to every query head
+TORCH_CP = replace(STACK, context_parallel=stacks.ContextParallel(
+    kv_repeated=True, grad_bytes=4.0, merge_once=1.0, merge_step=2.0, send_copy=3.0, grad_once=5.0, grad_q_step=7.0,
+    grad_kv_first=11.0, grad_kv_step=13.0, kernels_forward=17, kernels_backward=19, source="counted"))
+
+
+def test_torch_context_parallel_gathers_kv_once_passes_its_gradients_on_and_merges_by_hand():
+    # cp 2, 8 tokens: the output 8 x q width 8 = 64 elements; K and V repeated to the 2 query heads: 8 x 2 x 8 = 128
+    layer = kernels._layer(SPEC, Layout(cp=2), TORCH_CP, TIMER, HW, 8)
+    attn_fwd, attn_bwd = 256 * PS, 320 * PS                   # as the ring's: 4 x 8 x 4 x 8 / 2 at 2, x 2.5 at 4
+    gather = node(1, 0.5, 2 * 128 * 2)                        # the bf16 K and V of both ranks gathered
+    grad = node(1, 1.0, 4 * 128)                              # their float32 gradients passed on
+    assert layer["cp_exposed"] == pytest.approx(
+        (gather - attn_fwd / 2) + (gather - attn_bwd / 2) + (grad - attn_bwd / 2) + grad, rel=1e-12)
+    # forward: 64 x (1 + 1 x 2) merged, 128 x 3 sent once; backward: (64 + 128) x 5 once, 2 steps x 64 x 7,
+    # 128 x (11 + 13), 128 x 3 sent once; the stack's own elementwise 8 x 16, twice that backward
+    assert layer["elementwise"] == pytest.approx((128 + 192 + 384 + 256 + 960 + 896 + 3072 + 384) * PS, rel=1e-12)
+    assert layer["attention"] == pytest.approx(attn_fwd + attn_bwd)
+    # kernels: 17 a later step forward, 19 each step backward, beside the stack's one
+    floored = kernels._layer(SPEC, Layout(cp=2), TORCH_CP, Timer(replace(COMPUTE, launch_floor_s=1e-6)), HW, 8)
+    assert floored["elementwise"] == pytest.approx((1 + 17) * 1e-6 + (1 + 2 * 19) * 1e-6)
+    # K and V not repeated travel at the KV heads' width (4): half the bytes
+    narrow = replace(TORCH_CP, context_parallel=replace(TORCH_CP.context_parallel, kv_repeated=False))
+    assert kernels._layer(SPEC, Layout(cp=2), narrow, TIMER, HW, 8)["cp_exposed"] == pytest.approx(
+        2 * node(1, 0.5, 2 * 64 * 2) - (attn_fwd + attn_bwd) / 2 + 2 * node(1, 1.0, 4 * 64) - attn_bwd / 2,
+        rel=1e-12)
+    # four ranks over two nodes: a gather over the network, three steps; without cp nothing at all
+    four = kernels._layer(SPEC, Layout(cp=4), TORCH_CP, TIMER, HW, 8)
+    assert four["cp_exposed"] == pytest.approx(
+        2 * network(3, 0.75, 2 * 128 * 4) - (attn_fwd + attn_bwd) / 4 + 4 * network(1, 1.0, 4 * 128)
+        - 3 * attn_bwd / 4, rel=1e-12)
+    assert kernels._layer(SPEC, Layout(), TORCH_CP, TIMER, HW, 8)["cp_exposed"] == 0.0
+
+
+def test_context_parallel_ranks_hold_and_reduce_the_parameters_with_the_data_ranks():
+    """A cp rank holds its peers' parameters: its gradients are summed over dp x fsdp x cp, and FSDP shards over
+    fsdp x cp (cp alone too where the stack shards over it: torchtitan); a stack without FSDP reduces over the
+    replicas and cp together (Megatron's data-parallel group with context parallelism)."""
+    def data_side(layout: Layout, stack) -> tuple:
+        s = kernels.decoder_stages(SPEC, layout, 8, HW, stack, COMPUTE)
+        return (s.parts[0]["data_parallel_comm"], s.parts[0]["fsdp_copies"], s.after_comm[0],
+                s.optimizer[0], s.memory["model_per_rank"][0],
+                [(c.kind, c.nbytes, c.calls, c.ranks) for c in s.collectives[0]])
+
+    def same(data_only: Layout, with_cp: Layout, stack) -> None:
+        # 8 sequences of 4 tokens: 8 tokens a rank either way, so the state and the activations match too
+        expected, got = data_side(data_only, stack), data_side(with_cp, stack)
+        assert got[:5] == pytest.approx(expected[:5], rel=1e-12) and got[5] == expected[5], with_cp.name
+
+    # (the ring's attention adds nothing to the layer's compute, so the windows the gathers hide behind match too)
+    fsdp = replace(STACK, fsdp_over_cp=True)
+    same(Layout(fsdp=4), Layout(fsdp=2, cp=2), fsdp)
+    same(Layout(fsdp=2), Layout(cp=2), fsdp)
+    same(Layout(dp=2, fsdp=4), Layout(dp=2, fsdp=2, cp=2), fsdp)
+    same(Layout(fsdp=4), Layout(fsdp=2, cp=2), STACK)             # sharded already: cp joins the shards
+    # without FSDP: the replicas' all-reduce (or ZeRO-1's reduce-scatter and gather) over dp x cp
+    same(Layout(dp=4), Layout(dp=2, cp=2), STACK)
+    same(Layout(dp=2), Layout(cp=2), STACK)
+    same(Layout(dp=4, zero1=True), Layout(dp=2, cp=2, zero1=True), STACK)
+    assert data_side(Layout(cp=2), STACK)[0] > 0
+    # a Float8 stack's weights, FSDP-gathered over the cp ranks, arrive in fp8: gathered at 1 B, not cast on the rank
+    f8 = replace(F8, fsdp_over_cp=True)
+    same(Layout(fsdp=2), Layout(cp=2), f8)
+    assert kernels._layer(SPEC, Layout(cp=2), f8, TIMER, HW, 8)["elementwise"] == pytest.approx(
+        kernels._layer(SPEC, Layout(fsdp=2), f8, TIMER, HW, 8)["elementwise"], rel=1e-12)
 
 
 def test_the_last_stage_s_head_and_the_stages_layers_by_hand():

@@ -74,6 +74,11 @@ STACK_UNITS = {"attention_kernel": "", "fused_projections": "", "elementwise_ker
                "fsdp_scatter_copy_bytes": "B/element"}
 FLOAT8_UNITS = {"cast_bytes": "B/element", "amax_bytes": "B/element", "transpose_bytes": "B/element",
                 "gather_bytes": "B/element", "scale_bytes": "B/element", "kernels_forward": "/layer"}
+CONTEXT_PARALLEL_UNITS = {"kv_repeated": "", "grad_bytes": "B/element", "merge_once": "B/element",
+                          "merge_step": "B/element/step", "send_copy": "B/element/step", "grad_once": "B/element",
+                          "grad_q_step": "B/element/step", "grad_kv_first": "B/element",
+                          "grad_kv_step": "B/element/step", "kernels_forward": "/step",
+                          "kernels_backward": "/step"}
 
 
 def stack_constants() -> list[Constant]:
@@ -86,6 +91,9 @@ def stack_constants() -> list[Constant]:
         if s.float8:
             out += [Constant(f"{s.name}: float8 {field}", str(getattr(s.float8, field)), unit, s.float8.source)
                     for field, unit in FLOAT8_UNITS.items()]
+        if s.context_parallel:
+            out += [Constant(f"{s.name}: context parallel {field}", str(getattr(s.context_parallel, field)), unit,
+                             s.context_parallel.source) for field, unit in CONTEXT_PARALLEL_UNITS.items()]
         if s.tp_overlap_split:
             out.append(Constant(f"{s.name}: GEMMs split by overlapped tensor-parallel communication",
                                 ", ".join(f"{g}: {k}" for g, k in s.tp_overlap_split), "chunks", s.tp_overlap_source))

@@ -2,6 +2,8 @@
 formula, per layout option, is docs/prediction-at-scale.md's ("The layouts", "Compute from first principles")."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from common.errors import BadInput
 from common.layout import Layout
 from common.predict.basis import Basis, from_mfu
@@ -91,6 +93,36 @@ def _float8_casts(spec: DecoderSpec, layout: Layout, f8: Float8, tokens: int) ->
     return forward, backward, f8.kernels_forward + 3 * linears
 
 
+def _context_parallel(spec: DecoderSpec, layout: Layout, stack: Stack, hardware: Hardware, tokens: int,
+                      attn_fwd: float, attn_bwd: float) -> tuple[float, float, float, tuple[int, int]]:
+    """(exposed seconds, forward bytes, backward bytes, (forward, backward) kernels) of one layer's attention over
+    the context-parallel ranks, one micro-batch (docs/prediction-at-scale.md, "Context parallelism")."""
+    c, cpd = layout.cp, stack.context_parallel
+    if c == 1:
+        return 0.0, 0.0, 0.0, (0, 0)
+    if cpd is None:
+        # A ring: K and V (their heads split over tp) passed on cp - 1 times forward, and backward with their
+        # gradients, each behind a step of the attention. Every pass waits for the ring's slowest hop: the
+        # network where the ring spans nodes.
+        kv = BF16 * tokens * 2 * spec.kv_width / min(layout.tp, spec.kv_heads)
+        ring = (c - 1) * _cost(hardware, layout, "cp", c, "send_recv", kv)
+        return max(0.0, ring - attn_fwd) + max(0.0, 2 * ring - attn_bwd), 0.0, 0.0, (0, 0)
+    out = tokens * spec.q_width / layout.tp
+    kv = tokens * 2 * (spec.q_width if cpd.kv_repeated else spec.kv_width) / layout.tp
+    # K and V gathered whole once a direction, waited for after the first step's attention (1/cp of it);
+    # backward, the K and V gradients passed on after each step, waited for after the next and, the last, after
+    # the loop.
+    gather = _cost(hardware, layout, "cp", c, "all_gather", BF16 * kv * c)
+    grad = _cost(hardware, layout, "cp", c, "send_recv", cpd.grad_bytes * kv)
+    exposed = max(0.0, gather - attn_fwd / c) + max(0.0, gather - attn_bwd / c) \
+        + (c - 1) * max(0.0, grad - attn_bwd / c) + grad
+    sends = (c - 1) * kv * cpd.send_copy
+    forward = out * (cpd.merge_once + (c - 1) * cpd.merge_step) + sends
+    backward = (out + kv) * cpd.grad_once + c * out * cpd.grad_q_step \
+        + kv * (cpd.grad_kv_first + (c - 1) * cpd.grad_kv_step) + sends
+    return exposed, forward, backward, ((c - 1) * cpd.kernels_forward, c * cpd.kernels_backward)
+
+
 def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardware: Hardware,
            tokens: int) -> dict[str, float]:
     """One layer, one micro-batch, one rank: its forward and backward times and their parts."""
@@ -116,9 +148,15 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardwa
     attn_bwd = timer.attention(stack.attention_kernel, FLASH_BACKWARD * attn_flops, seq, True)
     wide, narrow = stack.elementwise(spec)
     ew_bytes = tokens * (wide / (tp if sp else 1) + narrow / tp)
-    cast_fwd, cast_bwd, cast_kernels = _float8_casts(spec, layout, f8, tokens) if f8 else (0.0, 0.0, 0)
-    ew_fwd = timer.memory(ew_bytes + cast_fwd, stack.elementwise_kernels + (f8.kernels_forward if f8 else 0))
-    ew_bwd = timer.memory(stack.backward_factor * ew_bytes + cast_bwd, stack.elementwise_kernels + cast_kernels)
+    # (the weights as FSDP holds them: gathered in fp8 where the cp ranks shard them too)
+    cast_fwd, cast_bwd, cast_kernels = _float8_casts(spec, _parameter_holders(layout, stack), f8, tokens) if f8 \
+        else (0.0, 0.0, 0)
+    cp_exposed, merge_fwd, merge_bwd, merge_kernels = _context_parallel(spec, layout, stack, hardware, tokens,
+                                                                        attn_fwd, attn_bwd)
+    ew_fwd = timer.memory(ew_bytes + cast_fwd + merge_fwd, stack.elementwise_kernels
+                          + (f8.kernels_forward if f8 else 0) + merge_kernels[0])
+    ew_bwd = timer.memory(stack.backward_factor * ew_bytes + cast_bwd + merge_bwd,
+                          stack.elementwise_kernels + cast_kernels + merge_kernels[1])
     fwd = sum(gemm_fwd) + attn_fwd + ew_fwd
     selective = attn_fwd if stack.selective == "attention" else sum(gemm_fwd[1::2]) + ew_fwd
     recompute = {"full": fwd, "selective": selective}.get(layout.recompute, 0.0)
@@ -132,11 +170,6 @@ def _layer(spec: DecoderSpec, layout: Layout, stack: Stack, timer: Timer, hardwa
     tp_bwd = tp_fwd + (tp_fwd if layout.recompute == "full" else 0.0)
     overlapped = max(0.0, tp_fwd - sum(gemm_fwd)) + max(0.0, tp_bwd - gemm_bwd)
     tp_exposed = overlapped if layout.tp_overlap else tp_fwd + tp_bwd
-    cp_exposed = 0.0
-    if layout.cp > 1:
-        kv = BF16 * tokens * 2 * spec.kv_width / min(tp, spec.kv_heads)
-        ring = (layout.cp - 1) * _cost(hardware, layout, "cp", 2, "send_recv", kv)
-        cp_exposed = max(0.0, ring - attn_fwd) + max(0.0, 2 * ring - attn_bwd)
     return {"fwd": fwd, "bwd": bwd, "tp_exposed": tp_exposed, "cp_exposed": cp_exposed,
             "tp_comm": tp_fwd + tp_bwd, "gemm": sum(gemm_fwd) + gemm_bwd, "attention": attn_fwd + attn_bwd,
             "elementwise": ew_fwd + ew_bwd, "recompute": recompute}
@@ -197,8 +230,9 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
             exposed_send = 2 * _cost(hardware, layout, "pp", 2, "send_recv", act)
         sends.append(Collective("send_recv", "pp", act, 2 * m * layout.virtual_stages, 2,
                                 layout.schedule != "interleaved", "pipeline activations and gradients"))
+    held = _parameter_holders(layout, stack)
     layer_params = spec.layer_params() / layout.tp
-    gathered_f8 = stack.float8 if layout.sharded else None   # FSDP gathers a Float8 stack's Linear weights in fp8
+    gathered_f8 = stack.float8 if held.sharded else None   # FSDP gathers a Float8 stack's Linear weights in fp8
     fp8_weights = spec.linear_weights() / layout.tp if gathered_f8 else 0.0
     layer_gather = BF16 * (layer_params - fp8_weights) + (gathered_f8.gather_bytes * fp8_weights if gathered_f8
                                                           else 0.0)
@@ -208,23 +242,35 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
         # Parameters a rank of the stage holds: its layers' tensor-parallel share, the embedding or output layer's.
         params = n * layer_params + (spec.embedding_params() / vocab_tp if s == 0 else 0.0) \
             + (spec.head_params() / vocab_tp if s == last else 0.0)
-        exposed, data_comm, copies, colls = _data_parallel(spec, layout, hardware, timer, stack, params,
+        exposed, data_comm, copies, colls = _data_parallel(spec, held, hardware, timer, stack, params,
                                                            layer_params, layer_gather, n, m, n * layer["fwd"],
                                                            n * layer["bwd"])
         if gathered_f8:   # after the optimizer, every fp8 weight's amax from its shard (one kernel), all-reduced
-            copies += timer.memory(n * fp8_weights / layout.fsdp * gathered_f8.scale_bytes, 1)
-            exposed += _cost(hardware, layout, "fsdp", layout.fsdp, "all_reduce", FP32 * n * len(spec.linears()))
-        updated = params / (layout.fsdp if layout.sharded else layout.dp if layout.zero1 else 1)
+            copies += timer.memory(n * fp8_weights / held.fsdp * gathered_f8.scale_bytes, 1)
+            exposed += _cost(hardware, held, "fsdp", held.fsdp, "all_reduce", FP32 * n * len(spec.linears()))
+        updated = params / (held.fsdp if held.sharded else held.dp if held.zero1 else 1)
         out.add(compute=n * (layer["fwd"] + layer["bwd"]) + (embed if s == 0 else 0.0) + (head_s if s == last else 0.0),
                 inside=n * (layer["tp_exposed"] + layer["cp_exposed"]) + exposed_send,
                 recompute=n * layer["recompute"], after_comm=exposed, after_other=copies,
                 optimizer=timer.optimizer(updated, stack), collectives=sends + colls,
                 parts={"fsdp_copies": copies, "data_parallel_comm": data_comm, "gemm": m * n * layer["gemm"],
                        "attention": m * n * layer["attention"], "elementwise": m * n * layer["elementwise"]},
-                model_bytes=decoder_rank_bytes(spec, layout, tokens, params, layer_params, n, m, s == last,
+                model_bytes=decoder_rank_bytes(spec, held, tokens, params, layer_params, n, m, s == last,
                                                stack.selective, s, 2 if _regathered(layout, stack) else max(2, n),
                                                n if _held_through_step(layout, stack) else 0))
     return out
+
+
+def _parameter_holders(layout: Layout, stack: Stack) -> Layout:
+    """The layout as its parameters are held: a context-parallel rank holds what its cp peers hold and sums its
+    gradients with theirs, so the cp ranks join FSDP's shards (torchtitan's dp_shard_cp; cp alone too where the
+    stack shards over it) or else the data-parallel replicas (Megatron's data-parallel group with context
+    parallelism). The groups stay contiguous in common.layout's rank order (cp just outside tp)."""
+    if layout.cp == 1:
+        return layout
+    if layout.sharded or stack.fsdp_over_cp:
+        return replace(layout, fsdp=layout.fsdp * layout.cp, cp=1)
+    return replace(layout, dp=layout.dp * layout.cp, cp=1)
 
 
 def _regathered(layout: Layout, stack: Stack) -> bool:

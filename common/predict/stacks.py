@@ -24,6 +24,28 @@ class Float8:
 
 
 @dataclass(frozen=True)
+class ContextParallel:
+    """Attention over context-parallel ranks as torch's context_parallel runs it (torchtitan's rotate method
+    "allgather"): K and V all-gathered once, after the first step's attention, their gradients passed on round the
+    ring in float32, one flash-attention call a step (cp steps, each 1/cp of a rank's causal attention under the
+    round-robin load balance) and the steps' outputs merged in float32 by eager kernels. Bytes per element of the
+    rank's attention output (q wide) or of its K and V, at the rank that merges every step whole (the last;
+    docs/prediction-at-scale.md, "Context parallelism")."""
+    kv_repeated: bool           # K and V reach the attention expanded to every query head (torchtitan's repeat_kv)
+    grad_bytes: float           # per K or V element of the gradient passed on each step
+    merge_once: float           # per output element: the first block to float32, the result back to bf16
+    merge_step: float           # per output element, each later step: merged into the float32 running output
+    send_copy: float            # per K or V element, each step but the last: cat'ed into the buffer it sends
+    grad_once: float            # per q, K or V element: the float32 accumulators zeroed, cast back to bf16
+    grad_q_step: float          # per q element, each step: the block's query gradient added in float32
+    grad_kv_first: float        # per K or V element, the first step: added in float32, cat'ed into the send buffer
+    grad_kv_step: float         # per K or V element, each later step: likewise, half of it added
+    kernels_forward: int        # eager kernels each later step merges and sends with
+    kernels_backward: int       # eager kernels each step accumulates and sends with
+    source: str
+
+
+@dataclass(frozen=True)
 class Stack:
     name: str
     description: str
@@ -50,6 +72,12 @@ class Stack:
     # What the stack does not run as a layout names it: (the test on the layout, why), read off its code.
     refuses: tuple[tuple[Callable[[Layout], bool], str], ...] = ()
     float8: Float8 | None = None            # Float8 training; None: every GEMM in bf16
+    # Context parallelism: torch's context_parallel; None: a ring (K and V passed on cp - 1 times, each behind one
+    # step's attention, the merge inside the attention kernels: Transformer Engine's p2p).
+    context_parallel: ContextParallel | None = None
+    # Context parallel alone shards the parameters with FSDP over the cp ranks (torchtitan's dp_shard_cp mesh);
+    # False: the cp ranks hold them as the data-parallel replicas do.
+    fsdp_over_cp: bool = False
 
     def check(self, layout: Layout) -> None:
         """ValueError in one line for a layout this stack does not run."""
@@ -101,6 +129,28 @@ def _mpt(spec: DecoderSpec, unpadded: bool = True) -> tuple[float, float]:
     return 2 * 4 * h + 2 * 6 * h, ffn + (4 * (q + 2 * kv) + 6 * q if unpadded else 0)
 
 
+# torch's context parallelism as torchtitan 9dec370 runs it (train.py create_context_parallel_ctx, config_manager.py
+# --experimental.context_parallel_rotate_method default "allgather"), read in torch's
+# torch/distributed/tensor/experimental/_attention.py at pytorch 0123248a (the published runs' torch 1963fc8 not at
+# hand; the rotaters, the merger and the backward loop read the same in the torch-2.5-era copy read beside it).
+TORCH_CONTEXT_PARALLEL = ContextParallel(
+    kv_repeated=True, grad_bytes=4.0, merge_once=12.0, merge_step=38.0, send_copy=4.0, grad_once=10.0,
+    grad_q_step=10.0, grad_kv_first=18.0, grad_kv_step=21.0, kernels_forward=11, kernels_backward=7,
+    source="torch/distributed/tensor/experimental/_attention.py (pytorch 0123248a): _templated_ring_attention "
+           "with _AllGatherRotater (one all_gather_tensor of the cat'ed K and V, issued with the first step's "
+           "attention and waited for at the second), _cp_options convert_to_f32 and enable_load_balance (round "
+           "robin: each step 1/cp of the rank's causal attention); _SDPAMerger in float32 (block to float32 2 + "
+           "4; out - block 4 + 4 + 4; sigmoid(lse difference) x that 4 + 4; out - product 4 + 4 + 4: 38 B a "
+           "step; the result to bf16 4 + 2); the "
+           "K and V cat'ed into a send buffer every step but the last (2 + 2); _templated_ring_attention_backward: "
+           "the float32 accumulators zeroed (4) and cast back (4 + 2), the query gradient added each step (4 + 2 "
+           "+ 4), K's and V's added whole at the first step (4 + 2 + 4), in half at each later one through "
+           "_partial_update's cat (5 + 8), and cat'ed into the buffer _AllToAllRotater passes on (4 + 4); the K "
+           "and V all-gathered again and cat'ed as forward; the gradients passed on every step in float32, the "
+           "last waited for after the loop; counted at the rank that runs every step whole (the last: i <= rank). "
+           "Kernels: a later step's merge 11 (two casts, the lse's five, the output's three, the K and V cat), "
+           "a step's accumulation 7. torchtitan's repeat_kv expands K and V to every query head before the "
+           "attention")
 # torchtitan 9dec370 (torchtitan/parallelisms/parallelize_llama.py, parallel_dims.py): what it runs.
 TORCHTITAN_REFUSES = (
     (lambda layout: layout.zero1, "torchtitan 9dec370 has no ZeRO-1: it shards with FSDP2 (fsdp)"),
@@ -109,8 +159,6 @@ TORCHTITAN_REFUSES = (
      "with fsdp"),
     (lambda layout: layout.tp > 1 and not layout.sp, "torchtitan's tensor-parallel plan always splits the norms "
      "over the sequence (SequenceParallel): name it with sp"),
-    (lambda layout: layout.cp > 1, "torchtitan shards the parameters over the data and context-parallel ranks "
-     "together (FSDP over dp_shard x cp): not modelled"),
     (lambda layout: layout.zero2 and layout.pp == 1, "torchtitan 9dec370 reshards each block after its forward "
      "unless it pipelines (apply_fsdp: reshard_after_forward = not pp_enabled): no ZeRO-2 without pp"),
 )
@@ -158,6 +206,8 @@ TORCH_EAGER = Stack(
     # runs) sets reshard_after_backward and requires_gradient_sync False for every micro-batch's backward and runs
     # FSDP's post_backward (the reduce-scatters) for every layer after the last one's
     fsdp_reshard_under_pp=False,
+    # parallelize_llama: apply_fsdp over world_mesh["dp_shard_cp"] when dp_shard or cp is enabled
+    context_parallel=TORCH_CONTEXT_PARALLEL, fsdp_over_cp=True,
     refuses=TORCHTITAN_REFUSES)
 # torch.compile changes the elementwise work only (and makes async TP possible); the rest is torch-eager's.
 TORCH_COMPILE = replace(
