@@ -554,10 +554,12 @@ def test_bench_predict_help_says_what_each_option_does(capsys, monkeypatch):
         predict_cli.main(["--help"])
     assert exit_.value.code == 0
     hardware, models = ", ".join(hardware_files.available()), ", ".join(decoder.available())
+    stacks = ("llm-foundry,llm-foundry-triton,megatron-bridge-fp8-cs,megatron-te,torch-compile,torch-compile-float8,"
+              "torch-eager")
     assert " ".join(capsys.readouterr().out.split()) == " ".join(f"""
 usage: bench.predict [-h] [--validate RESULTS] [--hardware NAME|FILE] [--from RESULTS] [--assume-mfu MFU]
  [--workload {{cnn,mlm,lm}}] [--model-size {{base,mini,small,tiny}}] [--model NAME|FILE]
- [--stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-compile-float8,torch-eager}}]
+ [--stack {{{stacks}}}]
  [--devices DEVICES] [--layouts LAYOUTS]
  [--batch-size B | --global-batch GLOBAL_BATCH] [--precision {{fp32,amp,fp16}}] [--out OUT] [--constants] [--published]
  [--json FILE]
@@ -586,7 +588,7 @@ options:
   --out OUT folder for the figure and predictions.json (default: --from's folder, else ./predictions)
 decoder LLMs on GPU clusters, from a compute table (docs/prediction-at-scale.md):
   --model NAME|FILE a decoder LLM ({models}) or a TOML file of yours (common/predict/models/README.md)
-  --stack {{llm-foundry,llm-foundry-triton,megatron-te,torch-compile,torch-compile-float8,torch-eager}}
+  --stack {{{stacks}}}
   with --model: the software running the step (kernels, fusions, tensor-parallel overlap, optimizer)
   --constants print every constant the GPU-cluster model uses, with its source, and exit
   --published predict every published GPU-cluster result (common/predict/published/) and print predicted against

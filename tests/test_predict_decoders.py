@@ -293,16 +293,20 @@ def test_each_constant_row_says_its_figure_unit_and_source_in_full(tmp_path):
                   ("megatron-te: optimizer_bytes", "42.0", "B/element"),
                   ("megatron-te: fsdp_gather_copy_bytes", "0.0", "B/element"),
                   ("megatron-te: fsdp_scatter_copy_bytes", "0.0", "B/element"),
+                  ("megatron-te: grad_reduce_bytes", "4.0", "B/element"),
                   ("megatron-te: elementwise bytes per token and layer (forward)",
                    "20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp", "B"),
                   ("megatron-te: GEMMs split by overlapped tensor-parallel communication",
                    "qkv: tp, fc1: tp, wo.dgrad: tp, w2.dgrad: tp, wo: 4, w2: 4", "chunks")]
     # torch-eager and both llm-foundry stacks overlap nothing; torch-compile splits its GEMMs, and with Float8 says
-    # its casts' bytes (6 rows); the three torch stacks say their context parallelism (11 rows each)
-    assert len(rows) == 11 + 10 + 11 + 17 + 10 + 10 + 3 * 11
+    # its casts' bytes (9 rows); the three torch stacks say their context parallelism (11 rows each); Megatron-
+    # Bridge's FP8 its casts and its split
+    assert len(rows) == 12 + 11 + 12 + (12 + 9) + 11 + 11 + (12 + 9) + 3 * 11
     named = [(c.name, c.value, c.unit) for c in rows]
     assert ("torch-compile-float8: float8 transpose_bytes", "2.0", "B/element") in named
     assert ("torch-eager: context parallel merge_step", "38.0", "B/element/step") in named
+    assert ("megatron-bridge-fp8-cs: float8 weights_in_fp8", "True", "") in named
+    assert ("megatron-bridge-fp8-cs: grad_reduce_bytes", "2.0", "B/element") in named
     for c in rows:
         stack = stacks.load(c.name.split(": ")[0])
         source = stack.tp_overlap_source if "overlapped" in c.name else \
@@ -467,6 +471,8 @@ def test_each_stack_s_overlap_splits_the_gemms_its_layer_runs_as_its_source_says
     ("torch-eager", "dp8", None), ("torch-compile", "dp2xfsdp4", None), ("torch-eager", "tp2xfsdp4-sp", None),
     ("torch-compile", "fsdp2xpp4-1f1b", None), ("megatron-te", "dp8-zero1", None),
     ("megatron-te", "cp2xtp2xdp2-sp", None), ("torch-compile", "cp2xfsdp4", None), ("torch-eager", "cp8", None),
+    ("megatron-bridge-fp8-cs", "fsdp8", "Megatron-FSDP (Megatron-Bridge's use_megatron_fsdp"),
+    ("megatron-bridge-fp8-cs", "dp2xtp4-sp-zero1-tpo", None),
 ])
 def test_a_stack_refuses_what_its_code_does_not_run_and_runs_the_rest(stack, layout, why):
     parsed = Layout.parse(layout, 8)
@@ -501,6 +507,19 @@ def test_each_stack_s_bytes_are_its_source_s_sums():
     assert (cp.grad_once, cp.grad_q_step, cp.grad_kv_first, cp.grad_kv_step) == (4 + 6, 10, 10 + 8, 5 + 8 + 8)
     assert (cp.grad_bytes, cp.kv_repeated, eager.fsdp_over_cp) == (4, True, True)
     assert compiled.context_parallel is cp and megatron.context_parallel is None and not megatron.fsdp_over_cp
+    # Megatron-Bridge's FP8 recipes: TE's fused cross entropy (the bf16 logits read twice, their gradient written in
+    # place, then scaled by the per-token loss gradient: 2 + 2 + 2 + 2 + 2), gradients reduced in bf16; TE's
+    # current scaling: a cast 2 + 1, an amax 2, a copy after a gather 1 + 1, a master shard's amax, read and cast
+    # 4 + 4 + 1; Megatron-Core's layer with RoPE fused: 4 B an element of Q and K
+    bridge = stacks.load("megatron-bridge-fp8-cs")
+    te8 = bridge.float8
+    assert (bridge.logit_bytes, bridge.grad_reduce_bytes, megatron.grad_reduce_bytes) == (10, 2, 4)
+    assert (te8.cast_bytes, te8.amax_bytes, te8.transpose_bytes, te8.scale_bytes) == (2 + 1, 2, 1 + 1, 4 + 4 + 1)
+    assert te8.transpose_in_cast and te8.amax_unfused and te8.weights_in_fp8
+    assert bridge.elementwise(LLAMA) == (megatron.elementwise(LLAMA)[0],
+                                         megatron.elementwise(LLAMA)[1] + 4 * (4096 + 1024))
+    assert bridge.elementwise(replace(LLAMA, position="learned")) == megatron.elementwise(LLAMA)
+    assert dict(bridge.tp_overlap_split) == {g: "tp" for g in ("qkv", "fc1", "wo.dgrad", "w2.dgrad", "wo", "w2")}
 
 
 def test_fsdp2_copies_the_root_s_parameters_once_a_step_as_it_copies_a_block_s():

@@ -191,7 +191,9 @@ def test_the_last_stage_s_head_and_the_stages_layers_by_hand():
 
 
 def test_the_data_dimension_s_communication_by_hand():
-    dp = kernels._data_parallel
+    def dp(*args):   # the distributed optimizer gathers every parameter in bf16
+        return kernels._data_parallel(*args, 2 * args[5])
+
     assert dp(SPEC, Layout(tp=2), HW, TIMER, STACK, 1e3, 100, 2 * 100, 4, 2, 1.0, 1.0) == (0.0, 0.0, 0.0, [])
     # DDP of 80M parameters: Megatron's buckets of 40M, so half the all-reduce shows whatever the backward hides
     reduce = node(2, 1.0, 4 * 80e6)
@@ -216,7 +218,9 @@ def test_the_data_dimension_s_communication_by_hand():
 
 
 def test_fsdp_gathers_each_layer_twice_and_hsdp_all_reduces_the_shards_across_nodes():
-    dp = kernels._data_parallel
+    def dp(*args):   # (FSDP gathers the layers: the distributed optimizer's gather is not asked)
+        return kernels._data_parallel(*args, 0.0)
+
     # FSDP 2, 3 layers of 1000 parameters and 500 outside them, 2 micro-batches, windows of 1 and 2 us
     gather, scatter = node(1, 0.5, 2000), node(1, 0.5, 4000)
     root = node(1, 0.5, 1000) + node(1, 0.5, 2000)
@@ -316,7 +320,7 @@ def test_fsdp_stages_update_their_shard_and_torchtitan_holds_the_stage_gathered(
     # the data dimension's windows are the stage's layers' forward and backward; its copies the FSDP copies
     layer = kernels._layer(three, layout, eager, TIMER, HW, 4)
     comm = kernels._data_parallel(three, layout, HW, TIMER, eager, 3 * 464 + 256, 464, 2 * 464, 3, 2,
-                                  3 * layer["fwd"], 3 * layer["bwd"])
+                                  3 * layer["fwd"], 3 * layer["bwd"], 0.0)
     assert (held.after_comm[0], held.after_other[0]) == pytest.approx(comm[0:3:2], rel=1e-12) and comm[2] > 0
     assert held.parts[0]["data_parallel_comm"] == pytest.approx(comm[1], rel=1e-12)
     zero1 = kernels.decoder_stages(SPEC, Layout(dp=2, zero1=True), 2, HW, STACK, COMPUTE)
@@ -412,7 +416,7 @@ def test_fsdp_gathers_a_float8_stack_s_linear_weights_in_fp8_and_reads_them_for_
     layer = kernels._layer(SPEC, layout, F8, TIMER, HW, 4)
     root = 256 + 264                     # the embedding; the final norm and output layer
     gathers = kernels._data_parallel(SPEC, layout, HW, TIMER, F8, 4 * 464 + root, 464, 480, 4, 1,
-                                     4 * layer["fwd"], 4 * layer["bwd"])[0]
+                                     4 * layer["fwd"], 4 * layer["bwd"], 0.0)[0]
     assert f8.after_comm[0] == pytest.approx(gathers + node(2, 1.0, 4 * 4 * 6), rel=1e-12)
     # the precomputed scales' read is one kernel: at a 1 us launch floor, 1 us
     floored = [kernels.decoder_stages(SPEC, layout, 2, HW, s, replace(COMPUTE, launch_floor_s=1e-6))
@@ -430,6 +434,73 @@ def test_fsdp_gathers_a_float8_stack_s_linear_weights_in_fp8_and_reads_them_for_
                                                                 flops_per_s=1e12))
 
 
+# Transformer Engine's current scaling with F8's figures: casts write the column-major copies, the attention
+# output's and output gradients' amaxes read apart, the weights kept in fp8.
+TE8 = replace(F8, name="te8", float8=replace(F8.float8, transpose_in_cast=True, amax_unfused=True,
+                                             weights_in_fp8=True))
+
+
+def test_transformer_engine_s_current_scaling_casts_with_their_copies_and_reads_their_own_amaxes_by_hand():
+    # One device, 8 tokens (inputs 40 a token, output gradients 48, as above): each cast writes its column-major
+    # copy (1 B); the attention output's amax (8 a token) and each output gradient's (48) read apart at 5 B; the
+    # weights kept in fp8, neither cast nor copied here. Kernels: 4 forward casts; backward, each Linear's output
+    # gradient cast and its amax (2 x 6).
+    f8 = TE8.float8
+    assert kernels._float8_casts(SPEC, Layout(), f8, 8) == (8 * (3 * 40 + 5 * 8), 8 * (3 * 48 + 5 * 48 + 40 + 48),
+                                                            4 + 12)
+    # tp 2 with sp: inputs 20 a token (8 of them h-wide, cast before their gather), output gradients 24 (8
+    # h-wide); the h-wide ones copied column-major after their gathers at 7 B (4 x 8 gathered, 4 copy kernels),
+    # the rest copied by their casts
+    assert kernels._float8_casts(SPEC, Layout(tp=2, sp=True), f8, 8) == (
+        8 * (3 * 20 + 5 * 4), 8 * (3 * 24 + 5 * 24 + (20 + 24 - 16) + 7 * 32), 4 + 4 + 12)
+    # tp 2 without sp: the h-wide tensors whole on every rank (inputs 16 + 12, output gradients 16 + 16), nothing
+    # gathered, every copy written by its cast
+    assert kernels._float8_casts(SPEC, Layout(tp=2), f8, 8) == (
+        8 * (3 * 28 + 5 * 4), 8 * (3 * 32 + 5 * 32 + 28 + 32), 16)
+
+
+def test_weights_kept_in_fp8_are_gathered_in_fp8_by_the_distributed_optimizer_and_cast_once_a_step():
+    """ZeRO-1 over 2: the stage's 4 x 448 Linear weights gathered at 1 B, the rest (4 x 16 norms, the embedding
+    256 and the head 264) at 2 B; after the optimizer each weight shard cast from its master (11 B an element of
+    the 896-element shard, one kernel) and the 24 amaxes all-reduced over the data ranks; each weight copied
+    column-major once a step (7 B, one kernel a Linear); gradients reduced at the stack's bytes."""
+    layout = Layout(dp=2, zero1=True)
+    te, plain = (kernels.decoder_stages(SPEC, layout, 2, HW, s, COMPUTE) for s in (TE8, STACK))
+    gathers = {s: [c.nbytes for c in x.collectives[0] if c.kind == "all_gather"] for s, x in (("te", te),
+                                                                                            ("plain", plain))}
+    assert gathers == {"te": [4 * 448 + 2 * (4 * 16 + 256 + 264)], "plain": [2 * (4 * 464 + 256 + 264)]}
+    assert te.after_other[0] == pytest.approx((4 * 448 / 2 * 11 + 4 * 448 * 7) * PS, rel=1e-12)
+    floored = kernels.decoder_stages(SPEC, layout, 2, HW, TE8, FLOOR)
+    assert floored.after_other[0] == pytest.approx(1e-6 + 6e-6, rel=1e-12)
+    amaxes = node(2, 1.0, 4 * 4 * 6)
+    assert te.after_comm[0] - plain.after_comm[0] == pytest.approx(
+        amaxes - (node(1, 0.5, 2 * (4 * 464 + 520)) - node(1, 0.5, 4 * 448 + 2 * (64 + 520))), rel=1e-9)
+    # the gradients at 2 B: the reduce-scatter's bytes halve, and plain data parallelism's all-reduce's
+    half = replace(STACK, grad_reduce_bytes=2.0)
+    scatters = [c.nbytes for c in kernels.decoder_stages(SPEC, layout, 2, HW, half, COMPUTE).collectives[0]
+                if c.kind == "reduce_scatter"]
+    assert scatters == [2 * (4 * 464 + 520)]
+    # with no window to hide behind, the reduce-scatter of bf16 gradients costs what the bf16 weights' gather does;
+    # the replicas' all-reduce of them 2 steps of the 2 x 2376 B; FSDP's reduce-scatters (4 layers and the root's
+    # 520) at half their float32 cost
+    dp = kernels._data_parallel
+    assert dp(SPEC, layout, HW, TIMER, half, 2376, 464, 928, 4, 1, 0.0, 0.0, 2 * 2376)[0] == \
+        pytest.approx(2 * node(1, 0.5, 2 * 2376), rel=1e-12)
+    assert dp(SPEC, Layout(dp=2), HW, TIMER, half, 2376, 464, 928, 4, 1, 0.0, 0.0, 0.0)[0] == \
+        pytest.approx(node(2, 1.0, 2 * 2376), rel=1e-12)
+    fsdp_total = [dp(SPEC, Layout(fsdp=2), HW, TIMER, s, 2376, 464, 928, 4, 1, 0.0, 0.0, 0.0)[1] for s in (STACK, half)]
+    assert fsdp_total[0] - fsdp_total[1] == pytest.approx(
+        4 * (node(1, 0.5, 4 * 464) - node(1, 0.5, 2 * 464)) + node(1, 0.5, 4 * 520) - node(1, 0.5, 2 * 520), rel=1e-9)
+    assert [c.nbytes for c in kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, half, COMPUTE).collectives[0]] == \
+        [2 * (4 * 464 + 520)]
+    assert [c.nbytes for c in kernels.decoder_stages(SPEC, Layout(fsdp=2), 2, HW, half, COMPUTE).collectives[0]
+            if c.kind == "reduce_scatter"] == [2 * 464]
+    # Float8 weights not kept in fp8: the distributed optimizer gathers bf16, casts nothing after the optimizer
+    torchao = kernels.decoder_stages(SPEC, layout, 2, HW, F8, COMPUTE)
+    assert [c.nbytes for c in torchao.collectives[0] if c.kind == "all_gather"] == gathers["plain"]
+    assert torchao.after_other == [0.0]
+
+
 FLOOR = replace(COMPUTE, launch_floor_s=1e-6)     # every kernel at least 1 us: the kernel counts show
 
 
@@ -442,11 +513,11 @@ def test_each_memory_bound_kernel_takes_at_least_the_launch_floor():
     assert layer["elementwise"] == pytest.approx(6e-6) and layer["gemm"] == pytest.approx(18e-6)
     # FSDP's copies: 2 kernels a layer and a third where it gathers again for the backward, 2 for the root's
     assert kernels._data_parallel(SPEC, Layout(fsdp=2), HW, timer, STACK, 3500, 1000, 2000, 3, 2, 1.0,
-                                  1.0)[2] == 11e-6
+                                  1.0, 0.0)[2] == 11e-6
     assert kernels._data_parallel(SPEC, Layout(fsdp=2, pp=2), HW, timer, stacks.TORCH_EAGER, 3500, 1000, 2000, 3,
-                                  2, 1.0, 1.0)[2] == 8e-6
+                                  2, 1.0, 1.0, 0.0)[2] == 8e-6
     assert kernels._data_parallel(SPEC, Layout(fsdp=2), HW, timer, STACK, 3000, 1000, 2000, 3, 2, 1.0,
-                                  1.0)[2] == 9e-6
+                                  1.0, 0.0)[2] == 9e-6
     # the embedding: its look-up and its gradient, 2 kernels; fused projections: fewer, larger GEMMs
     out = kernels.decoder_stages(SPEC, Layout(), 1, HW, STACK, FLOOR)
     body = 4 * (layer["fwd"] + layer["bwd"] - 6e-6 + 2e-6)

@@ -71,9 +71,10 @@ def compute_constants(hardware_name: str) -> list[Constant]:
 STACK_UNITS = {"attention_kernel": "", "fused_projections": "", "elementwise_kernels": "/layer",
                "backward_factor": "x forward bytes", "logit_bytes": "B/logit", "selective": "",
                "optimizer_bytes": "B/element", "fsdp_gather_copy_bytes": "B/element",
-               "fsdp_scatter_copy_bytes": "B/element"}
+               "fsdp_scatter_copy_bytes": "B/element", "grad_reduce_bytes": "B/element"}
 FLOAT8_UNITS = {"cast_bytes": "B/element", "amax_bytes": "B/element", "transpose_bytes": "B/element",
-                "gather_bytes": "B/element", "scale_bytes": "B/element", "kernels_forward": "/layer"}
+                "gather_bytes": "B/element", "scale_bytes": "B/element", "kernels_forward": "/layer",
+                "transpose_in_cast": "", "amax_unfused": "", "weights_in_fp8": ""}
 CONTEXT_PARALLEL_UNITS = {"kv_repeated": "", "grad_bytes": "B/element", "merge_once": "B/element",
                           "merge_step": "B/element/step", "send_copy": "B/element/step", "grad_once": "B/element",
                           "grad_q_step": "B/element/step", "grad_kv_first": "B/element",

@@ -16,7 +16,7 @@ from common.predict.prediction import Stages
 from common.predict.stacks import Float8, Stack
 from common.spec import Gemm, attention_flops
 
-BF16, FP32 = 2, 4
+FP8, BF16, FP32 = 1, 2, 4
 FLASH_BACKWARD = 2.5            # flash attention's backward FLOPs over its forward's (Dao 2023)
 MEGATRON_BUCKET_PARAMS = 40e6   # megatron/core/distributed: bucket_size = max(40M, 1M x dp) parameters
 
@@ -82,15 +82,28 @@ def _float8_casts(spec: DecoderSpec, layout: Layout, f8: Float8, tokens: int) ->
     # each, cast before tensor parallelism gathers them); each copied column-major for its weight gradient.
     grads_cast, grads_kept = (q + 2 * kv + up) / tp + 2 * h / shard, (q + 2 * kv + up) / tp + 2 * h
     weights = spec.linear_weights() / tp
-    # A weight FSDP gathers in fp8 arrives cast; one held whole is cast on the rank (its amax, then the cast).
-    weight_cast = 0.0 if layout.sharded else (f8.amax_bytes + f8.cast_bytes) * weights
     linears = len(spec.linears())
-    forward = tokens * f8.cast_bytes * inputs_cast + weight_cast
-    backward = tokens * (f8.transpose_bytes * inputs_kept + f8.cast_bytes * grads_cast
-                         + f8.transpose_bytes * grads_kept) + f8.transpose_bytes * weights
-    # Backward kernels: each input's copy (one per forward cast), each output gradient's cast and copy, each
-    # weight's copy.
-    return forward, backward, f8.kernels_forward + 3 * linears
+    if f8.transpose_in_cast:
+        # The casts write the column-major copies (1 B); the h-wide tensors sequence parallelism gathers after
+        # their cast (two inputs, two output gradients) are copied after the gather.
+        gathered = 4 * h if layout.sp and tp > 1 else 0.0
+        copies = FP8 * (inputs_cast + grads_cast - gathered / shard) + f8.transpose_bytes * gathered
+        copy_kernels = 4 if gathered else 0
+    else:
+        copies, copy_kernels = f8.transpose_bytes * (inputs_kept + grads_kept), 3 * linears
+    # An amax of its own: the attention output's (forward) and each output gradient's (backward), one kernel each.
+    amax_fwd, amax_bwd = (f8.amax_bytes * q / tp, f8.amax_bytes * grads_cast) if f8.amax_unfused else (0.0, 0.0)
+    # A weight FSDP (or, kept in fp8, the distributed optimizer) gathers in fp8 arrives cast; one held whole in
+    # bf16 is cast on the rank (its amax, then the cast); weights kept in fp8 are copied column-major once a step
+    # (decoder_stages), the others each micro-batch.
+    weight_cast = 0.0 if layout.sharded or f8.weights_in_fp8 else (f8.amax_bytes + f8.cast_bytes) * weights
+    weight_copy = 0.0 if f8.weights_in_fp8 else f8.transpose_bytes * weights
+    forward = tokens * (f8.cast_bytes * inputs_cast + amax_fwd) + weight_cast
+    backward = tokens * (f8.cast_bytes * grads_cast + amax_bwd + copies) + weight_copy
+    # Backward kernels: the column-major copies made apart (with torchao each input's, each output gradient's
+    # and each weight's, with each output gradient's cast: 3 a Linear), each output gradient's cast and amax.
+    kernels = copy_kernels + (linears if f8.transpose_in_cast else 0) + (linears if f8.amax_unfused else 0)
+    return forward, backward, f8.kernels_forward + kernels
 
 
 def _context_parallel(spec: DecoderSpec, layout: Layout, stack: Stack, hardware: Hardware, tokens: int,
@@ -232,10 +245,14 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
                                 layout.schedule != "interleaved", "pipeline activations and gradients"))
     held = _parameter_holders(layout, stack)
     layer_params = spec.layer_params() / layout.tp
-    gathered_f8 = stack.float8 if held.sharded else None   # FSDP gathers a Float8 stack's Linear weights in fp8
+    # FSDP gathers a Float8 stack's Linear weights in fp8, and so does the distributed optimizer where they are
+    # kept in fp8; the other parameters in bf16.
+    f8 = stack.float8
+    gathered_f8 = f8 if f8 and (held.sharded or (held.zero1 and f8.weights_in_fp8)) else None
     fp8_weights = spec.linear_weights() / layout.tp if gathered_f8 else 0.0
-    layer_gather = BF16 * (layer_params - fp8_weights) + (gathered_f8.gather_bytes * fp8_weights if gathered_f8
-                                                          else 0.0)
+    fp8_saved = (BF16 - gathered_f8.gather_bytes) * fp8_weights if gathered_f8 else 0.0   # a layer's, gathered
+    layer_gather = BF16 * layer_params - fp8_saved
+    weight_shards = held.fsdp if held.sharded else held.dp
     last = layout.pp - 1
     out = Stages(micro_batches=m, seq_len=spec.seq_len)
     for s, n in enumerate(_stage_layers(spec, layout)):
@@ -244,10 +261,15 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
             + (spec.head_params() / vocab_tp if s == last else 0.0)
         exposed, data_comm, copies, colls = _data_parallel(spec, held, hardware, timer, stack, params,
                                                            layer_params, layer_gather, n, m, n * layer["fwd"],
-                                                           n * layer["bwd"])
-        if gathered_f8:   # after the optimizer, every fp8 weight's amax from its shard (one kernel), all-reduced
-            copies += timer.memory(n * fp8_weights / held.fsdp * gathered_f8.scale_bytes, 1)
-            exposed += _cost(hardware, held, "fsdp", held.fsdp, "all_reduce", FP32 * n * len(spec.linears()))
+                                                           n * layer["bwd"], BF16 * params - n * fp8_saved)
+        if gathered_f8:
+            # After the optimizer, every fp8 weight's amax from its shard (one kernel; the weights kept in fp8
+            # cast there too), the amaxes all-reduced over the shards.
+            copies += timer.memory(n * fp8_weights / weight_shards * gathered_f8.scale_bytes, 1)
+            exposed += _cost(hardware, held, "fsdp" if held.sharded else "data", weight_shards, "all_reduce",
+                             FP32 * n * len(spec.linears()))
+        if f8 and f8.weights_in_fp8:   # the fp8 weights' column-major copies, once a step
+            copies += timer.memory(n * spec.linear_weights() / layout.tp * f8.transpose_bytes, len(spec.linears()))
         updated = params / (held.fsdp if held.sharded else held.dp if held.zero1 else 1)
         out.add(compute=n * (layer["fwd"] + layer["bwd"]) + (embed if s == 0 else 0.0) + (head_s if s == last else 0.0),
                 inside=n * (layer["tp_exposed"] + layer["cp_exposed"]) + exposed_send,
@@ -289,20 +311,22 @@ def _held_through_step(layout: Layout, stack: Stack) -> bool:
 
 def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer: Timer, stack: Stack,
                    params: float, layer_params: float, layer_gather: float, layers: int, m: int, window_fwd: float,
-                   window_bwd: float) -> tuple[float, float, float, list[Collective]]:
+                   window_bwd: float, params_gather: float) -> tuple[float, float, float, list[Collective]]:
     """(exposed seconds, total communication seconds, FSDP copy seconds, collectives) of the data dimension;
-    `layer_gather`: the bytes FSDP gathers of a layer (2 a parameter, 1 a Float8 stack's Linear weight)."""
+    `layer_gather`: the bytes FSDP gathers of a layer, `params_gather` the distributed optimizer of the stage (2 a
+    parameter, 1 a Float8 stack's Linear weight gathered in fp8); gradients reduced at the stack's bytes."""
+    grad = stack.grad_reduce_bytes
     if layout.data == 1:
         return 0.0, 0.0, 0.0, []
     if layout.sharded:
         s = layout.fsdp
         gather = _cost(hardware, layout, "fsdp", s, "all_gather", layer_gather)
-        scatter = _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * layer_params)
+        scatter = _cost(hardware, layout, "fsdp", s, "reduce_scatter", grad * layer_params)
         root = params - layers * layer_params
         root_comm = _cost(hardware, layout, "fsdp", s, "all_gather", BF16 * root) \
-            + _cost(hardware, layout, "fsdp", s, "reduce_scatter", FP32 * root) \
-            + _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * root / s)
-        replicas = _cost(hardware, layout, "dp", layout.dp, "all_reduce", FP32 * layer_params / s)
+            + _cost(hardware, layout, "fsdp", s, "reduce_scatter", grad * root) \
+            + _cost(hardware, layout, "dp", layout.dp, "all_reduce", grad * root / s)
+        replicas = _cost(hardware, layout, "dp", layout.dp, "all_reduce", grad * layer_params / s)
         again = 1 if _regathered(layout, stack) else 0   # a layer gathered again for its backward
         fwd_comm, bwd_comm = layers * gather, layers * (again * gather + scatter + replicas)
         if _held_through_step(layout, stack):
@@ -322,18 +346,18 @@ def _data_parallel(spec: DecoderSpec, layout: Layout, hardware: Hardware, timer:
                               (2 + again) * layers + (2 if root else 0))
         colls = [Collective("all_gather", "fsdp", layer_gather, (1 + again) * rounds * layers, s, True,
                             "FSDP gathers"),
-                 Collective("reduce_scatter", "fsdp", FP32 * layer_params, rounds * layers, s, True,
+                 Collective("reduce_scatter", "fsdp", grad * layer_params, rounds * layers, s, True,
                             "FSDP scatters")]
         return exposed, rounds * (fwd_comm + bwd_comm) + root_comm, copies, colls
     ranks = layout.dp
     bucket = min(1.0, max(MEGATRON_BUCKET_PARAMS, 1e6 * ranks) / params)
     if layout.zero1:
-        scatter = _cost(hardware, layout, "data", ranks, "reduce_scatter", FP32 * params)
-        gather = _cost(hardware, layout, "data", ranks, "all_gather", BF16 * params)
+        scatter = _cost(hardware, layout, "data", ranks, "reduce_scatter", grad * params)
+        gather = _cost(hardware, layout, "data", ranks, "all_gather", params_gather)
         exposed = max(scatter - window_bwd, bucket * scatter) + max(gather - window_fwd, bucket * gather)
-        colls = [Collective("reduce_scatter", "data", FP32 * params, 1, ranks, True, "gradient reduce-scatter"),
-                 Collective("all_gather", "data", BF16 * params, 1, ranks, True, "weight all-gather")]
+        colls = [Collective("reduce_scatter", "data", grad * params, 1, ranks, True, "gradient reduce-scatter"),
+                 Collective("all_gather", "data", params_gather, 1, ranks, True, "weight all-gather")]
         return exposed, scatter + gather, 0.0, colls
-    reduce = _cost(hardware, layout, "data", ranks, "all_reduce", FP32 * params)
+    reduce = _cost(hardware, layout, "data", ranks, "all_reduce", grad * params)
     return max(reduce - window_bwd, bucket * reduce), reduce, 0.0, [
-        Collective("all_reduce", "data", FP32 * params, 1, ranks, True, "gradient all-reduce")]
+        Collective("all_reduce", "data", grad * params, 1, ranks, True, "gradient all-reduce")]

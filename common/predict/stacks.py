@@ -18,9 +18,21 @@ class Float8:
     amax_bytes: float        # an amax of its own (a weight's: nothing produced it in the step)
     transpose_bytes: float   # an fp8 tensor copied column-major for a GEMM's operand (read 1, write 1)
     gather_bytes: float      # per weight element FSDP gathers, per activation element tensor parallelism gathers
-    scale_bytes: float       # per element of a weight's shard, read once a step for its amax (precomputed scales)
+    scale_bytes: float       # per element of a weight's shard, once a step: its amax read (and its cast, where the
+                             # weights are kept in fp8)
     kernels_forward: int     # cast kernels per layer forward (the inputs' casts)
     source: str
+    # The cast writes the column-major copy beside the row-major one (Transformer Engine's cast_transpose: 1 B more,
+    # no copy kernel); a tensor tensor parallelism gathers after its cast is still copied after the gather.
+    transpose_in_cast: bool = False
+    # The attention output's and every output gradient's amax read by a kernel of their own (amax_bytes) before
+    # their cast (Transformer Engine's current scaling: nothing that produced them computes it); False: every
+    # amax fused into the kernel that produced the tensor.
+    amax_unfused: bool = False
+    # The weights kept in fp8 (fp8 primary weights): none cast or copied column-major per micro-batch; each cast
+    # once a step from its master shard (scale_bytes) and copied column-major once a step; the distributed
+    # optimizer (zero1) gathers them in fp8 as FSDP does.
+    weights_in_fp8: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +73,7 @@ class Stack:
     fsdp_gather_copy_bytes: float           # FSDP's copy-out per parameter element all-gathered (0: none)
     fsdp_scatter_copy_bytes: float          # FSDP's copy-in per gradient element reduce-scattered
     source: str
+    grad_reduce_bytes: float = 4.0          # per gradient element reduced (all-reduce or reduce-scatter): float32
     elementwise_formula: str = ""           # _megatron_te & co. in words, for the constants table
     # With tensor-parallel communication overlapped (tpo): the GEMMs the overlap cuts into chunks along the
     # tokens, by name (a forward GEMM's, or its ".dgrad"), "tp" for one chunk per tensor-parallel rank or a count.
@@ -94,6 +107,13 @@ def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
     # or a ReLU (4f) or SwiGLU (reads gate and up, writes one: 6f).
     ffn = 6 * spec.ffn if spec.ffn_kind == "swiglu" else 4 * spec.ffn
     return 2 * 4 * spec.hidden + 2 * 6 * spec.hidden, ffn
+
+
+def _megatron_core(spec: DecoderSpec) -> tuple[float, float]:
+    # Megatron-Core's layer as _megatron_te's, with RoPE fused (apply_rope_fusion: TE's fused_apply_rotary_pos_emb
+    # reads and writes Q and K once, 4 bytes per element).
+    wide, narrow = _megatron_te(spec)
+    return wide, narrow + (4 * (spec.q_width + spec.kv_width) if spec.position == "rope" else 0)
 
 
 def _torchtitan(spec: DecoderSpec, compiled: bool = False) -> tuple[float, float]:
@@ -307,8 +327,52 @@ TORCH_COMPILE_FLOAT8 = replace(
            "--float8.enable_float8_linear --float8.enable_fsdp_float8_all_gather "
            "--float8.precompute_float8_dynamic_scale_for_fsdp), convert_to_float8_training with "
            "module_filter_fn fqn != 'output'; otherwise as torch-compile")
+# Transformer Engine 2.9's Float8CurrentScaling (the "tensorwise" recipe Megatron-Bridge's fp8_cs names), read in
+# NVIDIA/TransformerEngine release v2.9 (70f5366).
+TE_CURRENT_SCALING = Float8(
+    cast_bytes=3.0, amax_bytes=2.0, transpose_bytes=2.0, gather_bytes=1.0, scale_bytes=9.0, kernels_forward=5,
+    transpose_in_cast=True, amax_unfused=True, weights_in_fp8=True,
+    source="TransformerEngine v2.9: pytorch/csrc/quantizer.cpp Float8CurrentScalingQuantizer::quantize_impl (the "
+           "amax by nvte_compute_amax, 2 B, then the cast, 2 + 1, writing the column-major copy beside it when "
+           "the backward needs it: cast_transpose, 1 B), csrc/extensions/normalization.cpp and activation.cpp "
+           "(FUSED_NORM_AMAX_FP8, FUSED_ACTIVATION_AMAX_FP8: the norm's and the activation's amax in their own "
+           "kernels; the attention output's and the output gradients' by compute_amax), module/linear.py and "
+           "layernorm_linear.py (with sequence parallelism the input cast before the all-gather, in fp8, its "
+           "column-major copy after it: 1 + 1); tensor/utils.py _cast_master_weights_to_fp8_current_scaling "
+           "(fp8 primary weights: after the optimizer each master shard's amax, 4, the amaxes all-reduced over the "
+           "data-parallel group, the shard cast, 4 + 1; the transpose caches reset, made again at their next use, "
+           "once a step); Megatron-Core's distributed optimizer gathers the fp8 weights (fp8_param_gather)")
+MEGATRON_BRIDGE_FP8_CS = replace(
+    MEGATRON_TE, name="megatron-bridge-fp8-cs",
+    description="Megatron-Bridge's performance recipes (NeMo 25.11: Megatron-Core 0.15, Transformer Engine 2.9) in "
+                "FP8 with current scaling",
+    elementwise=lambda spec: _megatron_core(spec), float8=TE_CURRENT_SCALING, grad_reduce_bytes=2.0,
+    logit_bytes=10.0, elementwise_formula="20h + 4f (GELU) or 6f (SwiGLU) + 4(q + kv) (RoPE); h-wide part / tp "
+                                          "under sp",
+    tp_overlap_split=tuple((g, "tp") for g in ("qkv", "fc1", "wo.dgrad", "w2.dgrad", "wo", "w2")),
+    tp_overlap_source="Megatron-Bridge v0.2.1 src/megatron/bridge/training/comm_overlap.py "
+                      "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192 and userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_"
+                      "seqlen8192 (the H100 FP8 recipes' configs): ring exchange, one chunk per rank, for qkv_fprop, "
+                      "fc1_fprop, proj_fprop, fc2_fprop, proj_dgrad and fc2_dgrad; bulk for the other dgrads and "
+                      "wgrads",
+    source="Megatron-Bridge v0.2.1 (2025-12-09; pyproject: megatron-core 0.15, transformer-engine 2.9): "
+           "scripts/performance/configs/llama3 and llama31 (llama3_70b_h100_config, llama31_405b_h100_config: "
+           "precision fp8_cs, get_precision_config: bf16_with_fp8_current_scaling_mixed, fp8 'hybrid' recipe "
+           "'tensorwise', fp8_param_gather True, first_last_layers_bf16 False), utils/helpers.py "
+           "(set_workload_base_configs: sequence_parallel when tp > 1; set_common_perf_overrides: "
+           "apply_rope_fusion, cross_entropy_fusion_impl 'te'), set_llama3_common_configs and "
+           "set_llama31_common_configs (ddp.grad_reduce_in_fp32 False: gradients reduced in bf16), "
+           "src/megatron/bridge/recipes/llama/llama3.py _llama3_common (distributed optimizer, overlap_grad_reduce, "
+           "overlap_param_gather, tp_comm_overlap, no recomputation); TransformerEngine v2.9 "
+           "pytorch/triton/cross_entropy.py (online_softmax_kernel reads the bf16 logits, 2; cross_entropy_kernel "
+           "reads them again and writes their gradient in place, 2 + 2; backward element_mul_kernel by "
+           "Megatron's per-token loss gradient, 2 + 2: 10 B a logit); RoPE by TE's fused_apply_rotary_pos_emb "
+           "(Q and K read and written once: 4(q + kv)); otherwise Megatron-Core's fused layer as megatron-te "
+           "(TE LayerNormLinear, bias-free dropout-add, SwiGLU fusion), not re-read at 0.15",
+    refuses=((lambda layout: layout.fsdp > 1, "Megatron-FSDP (Megatron-Bridge's use_megatron_fsdp: "
+              "optim_grads_params sharding, double buffers) is not described"),))
 STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE, TORCH_COMPILE_FLOAT8, LLM_FOUNDRY,
-                              LLM_FOUNDRY_TRITON)}
+                              LLM_FOUNDRY_TRITON, MEGATRON_BRIDGE_FP8_CS)}
 
 
 def load(name: str) -> Stack:
