@@ -495,6 +495,10 @@ def test_weights_kept_in_fp8_are_gathered_in_fp8_by_the_distributed_optimizer_an
         [2 * (4 * 464 + 520)]
     assert [c.nbytes for c in kernels.decoder_stages(SPEC, Layout(fsdp=2), 2, HW, half, COMPUTE).collectives[0]
             if c.kind == "reduce_scatter"] == [2 * 464]
+    # kept in fp8 without the distributed optimizer: each replica casts all 1792 from its master, reduces nothing
+    replicas = kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, TE8, COMPUTE)
+    assert replicas.after_other[0] == pytest.approx((4 * 448 * 11 + 4 * 448 * 7) * PS, rel=1e-12)
+    assert [c.kind for c in replicas.collectives[0]] == ["all_reduce"]
     # Float8 weights not kept in fp8: the distributed optimizer gathers bf16, casts nothing after the optimizer
     torchao = kernels.decoder_stages(SPEC, layout, 2, HW, F8, COMPUTE)
     assert [c.nbytes for c in torchao.collectives[0] if c.kind == "all_gather"] == gathers["plain"]

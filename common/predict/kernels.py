@@ -252,7 +252,10 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
     fp8_weights = spec.linear_weights() / layout.tp if gathered_f8 else 0.0
     fp8_saved = (BF16 - gathered_f8.gather_bytes) * fp8_weights if gathered_f8 else 0.0   # a layer's, gathered
     layer_gather = BF16 * layer_params - fp8_saved
-    weight_shards = held.fsdp if held.sharded else held.dp
+    weight_shards = held.fsdp if held.sharded else held.dp if held.zero1 else 1
+    # Whose fp8 weights get their scales once a step: those FSDP gathers in fp8, and any kept in fp8.
+    scaled = gathered_f8 or (f8 if f8 and f8.weights_in_fp8 else None)
+    linear_weights = spec.linear_weights() / layout.tp
     last = layout.pp - 1
     out = Stages(micro_batches=m, seq_len=spec.seq_len)
     for s, n in enumerate(_stage_layers(spec, layout)):
@@ -262,14 +265,14 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
         exposed, data_comm, copies, colls = _data_parallel(spec, held, hardware, timer, stack, params,
                                                            layer_params, layer_gather, n, m, n * layer["fwd"],
                                                            n * layer["bwd"], BF16 * params - n * fp8_saved)
-        if gathered_f8:
+        if scaled:
             # After the optimizer, every fp8 weight's amax from its shard (one kernel; the weights kept in fp8
-            # cast there too), the amaxes all-reduced over the shards.
-            copies += timer.memory(n * fp8_weights / weight_shards * gathered_f8.scale_bytes, 1)
+            # cast there too), the amaxes all-reduced over the shards (nothing to reduce where a rank holds all).
+            copies += timer.memory(n * linear_weights / weight_shards * scaled.scale_bytes, 1)
             exposed += _cost(hardware, held, "fsdp" if held.sharded else "data", weight_shards, "all_reduce",
                              FP32 * n * len(spec.linears()))
         if f8 and f8.weights_in_fp8:   # the fp8 weights' column-major copies, once a step
-            copies += timer.memory(n * spec.linear_weights() / layout.tp * f8.transpose_bytes, len(spec.linears()))
+            copies += timer.memory(n * linear_weights * f8.transpose_bytes, len(spec.linears()))
         updated = params / (held.fsdp if held.sharded else held.dp if held.zero1 else 1)
         out.add(compute=n * (layer["fwd"] + layer["bwd"]) + (embed if s == 0 else 0.0) + (head_s if s == last else 0.0),
                 inside=n * (layer["tp_exposed"] + layer["cp_exposed"]) + exposed_send,
