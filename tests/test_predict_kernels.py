@@ -499,6 +499,12 @@ def test_weights_kept_in_fp8_are_gathered_in_fp8_by_the_distributed_optimizer_an
     replicas = kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, TE8, COMPUTE)
     assert replicas.after_other[0] == pytest.approx((4 * 448 * 11 + 4 * 448 * 7) * PS, rel=1e-12)
     assert [c.kind for c in replicas.collectives[0]] == ["all_reduce"]
+    # the gradient buffer at the stack's bytes: 2 B an element of the stage's 2376 parameters fewer; FSDP's
+    # sharded float32 gradients whatever the stack reduces in
+    assert kernels.decoder_stages(SPEC, layout, 2, HW, half, COMPUTE).memory["model_per_rank"][0] == \
+        plain.memory["model_per_rank"][0] - 2 * 2376
+    assert kernels.decoder_stages(SPEC, Layout(fsdp=2), 2, HW, half, COMPUTE).memory["model_per_rank"] == \
+        kernels.decoder_stages(SPEC, Layout(fsdp=2), 2, HW, STACK, COMPUTE).memory["model_per_rank"]
     # Float8 weights not kept in fp8: the distributed optimizer gathers bf16, casts nothing after the optimizer
     torchao = kernels.decoder_stages(SPEC, layout, 2, HW, F8, COMPUTE)
     assert [c.nbytes for c in torchao.collectives[0] if c.kind == "all_gather"] == gathers["plain"]

@@ -282,7 +282,8 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
                        "attention": m * n * layer["attention"], "elementwise": m * n * layer["elementwise"]},
                 model_bytes=decoder_rank_bytes(spec, held, tokens, params, layer_params, n, m, s == last,
                                                stack.selective, s, 2 if _regathered(layout, stack) else max(2, n),
-                                               n if _held_through_step(layout, stack) else 0))
+                                               n if _held_through_step(layout, stack) else 0,
+                                               stack.grad_reduce_bytes))
     return out
 
 

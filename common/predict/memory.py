@@ -217,16 +217,18 @@ def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, pre
 
 def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
                        layers: int, micro_batches: int, last_stage: bool, selective: str, stage: int,
-                       gathered_layers: int, accumulating_layers: int = 0) -> float:
+                       gathered_layers: int, accumulating_layers: int = 0, grad_bytes: float = FLOAT) -> float:
     """A rank of `stage`: docs/prediction-at-scale.md's memory per rank (`gathered_layers`: FSDP's held at a time;
-    `accumulating_layers`: those whose gradients FSDP accumulates unsharded in float32 between micro-batches).
+    `accumulating_layers`: those whose gradients FSDP accumulates unsharded in float32 between micro-batches;
+    `grad_bytes`: an element of the gradient buffer of a stack that shards no parameters, float32 or bf16).
     Its layers' activations per micro-batch in flight: selective recomputation as Megatron does it (the attention
     core) keeps what flash attention keeps anyway; torchtitan's op policy ("odd-mm") keeps the block's input, the
     1st, 3rd, ... matmuls' outputs and the attention's output and log-sum-exp, and recomputes the rest."""
     if layout.sharded:  # float32 parameters, gradients and AdamW's moments, sharded
         state = stage_params * (FLOAT + FLOAT + 2 * FLOAT) / layout.fsdp
-    else:  # bf16 parameters, float32 gradients; float32 master weights and moments (ZeRO-1: sharded over dp)
-        state = stage_params * (HALF + FLOAT) + 3 * FLOAT * stage_params / (layout.dp if layout.zero1 else 1)
+    else:  # bf16 parameters (or fp8 and their fp8 transposes), the gradient buffer; float32 master weights and
+        # moments (ZeRO-1: sharded over dp)
+        state = stage_params * (HALF + grad_bytes) + 3 * FLOAT * stage_params / (layout.dp if layout.zero1 else 1)
     per_layer = spec.stored_activation_bytes(tokens, layout.tp, layout.sp, flash=True)
     if layout.recompute == "selective" and selective == "odd-mm":
         saved = [g.n for g in spec.layer_gemms(tokens, layout.tp)][0::2]
