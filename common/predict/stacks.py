@@ -11,9 +11,9 @@ from common.predict.decoder import DecoderSpec
 
 @dataclass(frozen=True)
 class Float8:
-    """Float8 training as a stack runs it (torchao's Float8Linear, tensorwise dynamic scaling): every layer's
-    Linear on the compute table's fp8 rates, the output layer in bf16, and the memory-bound casts around them, in
-    bytes per element (docs/prediction-at-scale.md, "Float8")."""
+    """Float8 training as a stack runs it (tensorwise dynamic scaling: torchao's Float8Linear, Transformer Engine's
+    current scaling): every layer's Linear on the compute table's fp8 rates, the output layer in bf16, and the
+    memory-bound casts around them, in bytes per element (docs/prediction-at-scale.md, "Float8")."""
     cast_bytes: float        # bf16 read, fp8 written; its amax fused into the kernel that produced the tensor
     amax_bytes: float        # an amax of its own (a weight's: nothing produced it in the step)
     transpose_bytes: float   # an fp8 tensor copied column-major for a GEMM's operand (read 1, write 1)
