@@ -495,6 +495,9 @@ def test_weights_kept_in_fp8_are_gathered_in_fp8_by_the_distributed_optimizer_an
         [2 * (4 * 464 + 520)]
     assert [c.nbytes for c in kernels.decoder_stages(SPEC, Layout(fsdp=2), 2, HW, half, COMPUTE).collectives[0]
             if c.kind == "reduce_scatter"] == [2 * 464]
+    # under tp 2 a rank's half: 224 Linear weights a layer, cast from 112-element shards and copied
+    tp = kernels.decoder_stages(SPEC, Layout(dp=2, tp=2, sp=True, zero1=True), 4, HW, TE8, COMPUTE)
+    assert tp.after_other[0] == pytest.approx((4 * 224 / 2 * 11 + 4 * 224 * 7) * PS, rel=1e-12)
     # kept in fp8 without the distributed optimizer: each replica casts all 1792 from its master, reduces nothing
     replicas = kernels.decoder_stages(SPEC, Layout(dp=2), 2, HW, TE8, COMPUTE)
     assert replicas.after_other[0] == pytest.approx((4 * 448 * 11 + 4 * 448 * 7) * PS, rel=1e-12)
