@@ -249,13 +249,12 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
     # kept in fp8; the other parameters in bf16.
     f8 = stack.float8
     gathered_f8 = f8 if f8 and (held.sharded or (held.zero1 and f8.weights_in_fp8)) else None
-    fp8_weights = spec.linear_weights() / layout.tp if gathered_f8 else 0.0
-    fp8_saved = (BF16 - gathered_f8.gather_bytes) * fp8_weights if gathered_f8 else 0.0   # a layer's, gathered
+    linear_weights = spec.linear_weights() / layout.tp
+    fp8_saved = (BF16 - gathered_f8.gather_bytes) * linear_weights if gathered_f8 else 0.0   # a layer's, gathered
     layer_gather = BF16 * layer_params - fp8_saved
     weight_shards = held.fsdp if held.sharded else held.dp if held.zero1 else 1
     # Whose fp8 weights get their scales once a step: those FSDP gathers in fp8, and any kept in fp8.
     scaled = gathered_f8 or (f8 if f8 and f8.weights_in_fp8 else None)
-    linear_weights = spec.linear_weights() / layout.tp
     last = layout.pp - 1
     out = Stages(micro_batches=m, seq_len=spec.seq_len)
     for s, n in enumerate(_stage_layers(spec, layout)):
