@@ -168,18 +168,15 @@ def test_a_framework_s_bare_loop_trains_and_times_the_suite_s_steps(tmp_path, ba
     assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").glob("*.json"))  # no run record
 
 
-@pytest.mark.parametrize("backend, workload, layout, grad_bytes, rel", [
-    # The probe waits for each collective, so communication a step overlaps with compute (DDP's buckets
-    # during the backward, FSDP's all-gathers) stands apart: the probe step is longer than the measured one
-    # by what was hidden (measured on 2 loaded cores: +29% for DDP's CNN, +32% for FSDP's MLM).
+@pytest.mark.parametrize("backend, workload, layout, grad_bytes", [
     # DDP's all-reduce: every float32 gradient, once per step, counted in DDP's comm hook only.
-    ("torch_ddp", "cnn", [], lambda record: 4 * record["params"], 0.5),
+    ("torch_ddp", "cnn", [], lambda record: 4 * record["params"]),
     # FSDP2: each rank reduce-scatters every gradient and all-gathers every parameter (forward and backward).
-    ("torch_3d", "mlm", ["--fsdp", "2", "--model-size", "tiny"], None, 0.5),
+    ("torch_3d", "mlm", ["--fsdp", "2", "--model-size", "tiny"], None),
 ])
 @pytest.mark.e2e
 @pytest.mark.quiet  # the probe step against the measured one: a second test beside either skews it
-def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path, backend, workload, layout, grad_bytes, rel):
+def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path, backend, workload, layout, grad_bytes):
     """Two ranks, where every phase is there: compute, the gradient communication, AdamW, data; one way of
     measuring the communication (torch_common.comm.CommCounter) for every torch backend."""
     proc = run_cli("bench.run", "--backend", backend, "--workload", workload, "--devices", "2", "--steps", "10",
@@ -191,11 +188,15 @@ def test_breakdown_of_a_step_sums_to_the_measured_step(tmp_path, backend, worklo
     b, comm = metrics["breakdown"], metrics["grad_comm"]
     assert b["step_s"] == record["step_time_s"]["p50"]
     # Each phase is timed on its own; the probe step around them by the loop's clock. The timed phases make up
-    # the probe step (other_s, what is left, is small: a phase not timed would land there), and the probe step
-    # the measured one (the probe waits for each collective: longer by what the step overlapped).
+    # the probe step (other_s, what is left, is small: a phase not timed would land there).
     timed = sum(b[k] for k in PHASES)
     assert b["other_s"] <= 0.1 * b["probe_step_s"] and timed == pytest.approx(b["probe_step_s"], rel=0.1), b
-    assert timed == pytest.approx(b["step_s"], rel=rel), b
+    # The probe step does the measured step's work and waits for each collective, so the communication a step
+    # overlaps with compute (DDP's buckets during the backward, FSDP's all-gathers) stands apart: the probe is
+    # no shorter than the measured step and longer by at most the communication it timed (what could have been
+    # hidden). A margin of 25% either way for two loaded cores (DDP's CNN has measured +29% to +61% over its
+    # step, its communication 87% of its compute).
+    assert 0.75 * b["step_s"] <= timed <= 1.25 * (b["step_s"] + b["grad_comm_s"]), b
     # The communication phase against the link, measured apart (a plain all-reduce of the same bytes after the
     # probe steps): no faster than the ring allows at the link's speed; all-gathers and reduce-scatters move half
     # an all-reduce's bytes per rank, so FSDP's bound (computed as all-reduces) is twice too high.
