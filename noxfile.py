@@ -55,8 +55,8 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python="3.11", name="calibrate-idioms")
 def calibrate_idioms(session: nox.Session) -> None:
-    """bench.calibrate end to end against the bare loops CI leaves out for their minutes (TensorFlow's and
-    MindSpore's: about 75-105 s of the suite's CPU on 2 cores); torch's two run in `nox -s tests`."""
+    """bench.calibrate end to end against each framework's bare loop, one backend at a time, which CI leaves out for
+    their minutes (30-70 s each beside the other worker); CI's suite calibrates torch's through bench.gpu_check."""
     session.install("-e", ".[torch,tf,mindspore,dev]")
     session.run("pytest", "tests/test_calibrate.py", "-m", "by_hand", *(session.posargs or ["-q"]), env=_env())
 

@@ -27,10 +27,10 @@ def test_the_compiled_group_is_the_eager_one_under_torch_compile():
 @pytest.mark.e2e
 def test_the_device_check_runs_on_a_cpu(tmp_path):
     out = tmp_path / "check"
+    # bf16 autocast is emulated on this CPU (a tiny MLM step of 4 sequences 1.2 s in torch): the least batches
     proc = run_cli("bench.gpu_check", "--out", str(out), "--groups", "mlm,cnn,lm", "--device-kind", "cpu",
-                   "--model-size", "tiny", "--batch-size", "4", "--cnn-batch-size", "8", "--lm-batch-size", "2",
-                   "--steps", "3",
-                   "--warmup-steps", "1", "--profile", "1", timeout=900)
+                   "--model-size", "tiny", "--batch-size", "2", "--cnn-batch-size", "8", "--lm-batch-size", "1",
+                   "--steps", "3", "--warmup-steps", "1", "--profile", "1", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "gpu-check.json").read_text())
     rows = {(r["group"], r["backend"]): r for r in summary["rows"]}
@@ -46,10 +46,24 @@ def test_the_device_check_runs_on_a_cpu(tmp_path):
         bare = json.loads((out / "runs" / f"{rows[(group, loop)]['run_id']}.json").read_text())["calibration"]
         assert row["bare_loop"] == loop and row["bare_ratio"] == pytest.approx(
             record["samples_per_s"] / bare["bare_samples_per_s"])
+        # bench.calibrate's record: its ratio and the idiom it was held to; the breakdown's probe steps (3 by
+        # default) after the measured window, which holds the 2 steps after the warm-up
+        calibration = record.get("calibration")
+        if backend == "torch_3d":
+            assert calibration is None  # held to torch_ddp's above
+        else:
+            assert calibration["ratio"] > 0 and calibration["repeats"] == 1
+            assert backend.split("_")[0] in calibration["idiom"].lower(), calibration["idiom"]
+        breakdown = record["backend_metrics"]["breakdown"]
+        assert breakdown["probe_steps"] == 3 and breakdown["forward_backward_s"] > 0
+        assert record["measured_steps"] == 2
         assert row["step_s"] == record["step_time_s"]["p50"] and row["mfu"] == record["mfu"]
         torch_3d = rows.get((group, "torch_3d"))
         expected = row["step_s"] / torch_3d["step_s"] if torch_3d else None
         assert row["step_over_torch_3d"] == (pytest.approx(expected) if expected else None)
+    # one bare loop per framework and group (mlm: torch_ddp's, keras_jax's; cnn: torch_ddp's, torch_dp's; lm:
+    # torch_ddp's), none of torch_3d's own
+    assert len(list((out / "bare").glob("*.json"))) == 5
     assert "Where the step goes" in (out / "report.md").read_text()
     table = (out / "gpu-check.md").read_text()
     assert table.count("| mlm |") == 3 and table.count("| cnn |") == 2 and table.count("| lm |") == 2
