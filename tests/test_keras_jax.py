@@ -219,6 +219,33 @@ def test_a_pipeline_is_unsupported_with_the_reason_and_bad_layout_input_is_one_l
 
 
 @pytest.mark.e2e
+def test_the_bare_loop_s_clock_adds_no_work_to_fit():
+    """The bare loop times Keras' model.fit through a callback: fit with it syncs the training state into the
+    model's variables as often as fit without it (once, at the epoch's end), and its clock ticks every step. Its
+    window opens after fit's second compile (the second step) while a step is left to time."""
+    script = ("import json, keras, numpy as np\n"
+              "from backends.keras_jax.bare import StepClock, clock_warmup\n"
+              "from common.calibration import BareClock\n"
+              "def fit(callbacks):\n"
+              "    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])\n"
+              "    model.compile(optimizer='adam', loss='mse', jit_compile=True)\n"
+              "    syncs, sync = [], model.jax_state_sync\n"
+              "    model.jax_state_sync = lambda: syncs.append(1) or sync()\n"
+              "    model.fit(np.ones((8, 4)), np.ones((8, 3)), batch_size=2, epochs=1, verbose=0,\n"
+              "              callbacks=callbacks)\n"
+              "    return len(syncs)\n"
+              "clock = BareClock(1)\n"
+              "warmups = [clock_warmup(w, n) for w, n in ((1, 3), (1, 2), (5, 30), (0, 1))]\n"
+              "print(json.dumps({'plain': fit([]), 'timed': fit([StepClock(clock)]),\n"
+              "                  'steps': clock.result()['measured_steps'], 'warmups': warmups}))\n")
+    done = run_on_jax(script)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.splitlines()[-1])
+    assert counts["timed"] == counts["plain"] and counts["steps"] == 3, counts
+    assert counts["warmups"] == [2, 1, 5, 0], counts
+
+
+@pytest.mark.e2e
 def test_a_keras_jax_process_builds_both_models_without_tensorflow():
     """keras-hub imports TensorFlow wherever it is installed (4.4 s and TensorFlow's memory in every keras_jax
     process, measured); the worker keeps it out, and both models still build on JAX."""
