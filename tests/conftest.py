@@ -119,6 +119,13 @@ def run_on_jax(script: str, timeout: float = 120) -> subprocess.CompletedProcess
                           env={**os.environ, "KERAS_BACKEND": "jax"})
 
 
+def json_on_jax(script: str, timeout: float = 120):
+    """What `script`, run as run_on_jax runs it, printed as JSON on its last line; its stderr's tail if it failed."""
+    done = run_on_jax(script, timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 def run_in_process(module: str, *args: str) -> tuple[int, str, str]:
     """(exit code, stdout, stderr) of `python -m module args` run as a call of its main() in this process: the same
     code without an interpreter's start-up. The signal handlers main() installs are put back."""

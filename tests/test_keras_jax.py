@@ -5,7 +5,6 @@ The plan and the HLO reader are pure Python; everything that trains runs in benc
 is imported with the JAX backend (this test process may have Keras on TensorFlow already)."""
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from common.loop import FAULT_AFTER_STEP_ENV, FAULT_RANK_ENV
 from common.results import validate_record
 from common.spec import BERT_SIZES, model_spec
 from tests import faults
-from tests.conftest import assert_profiled, run_cli, run_on_jax, run_recorded
+from tests.conftest import assert_profiled, json_on_jax, run_cli, run_recorded
 
 TINY = BERT_SIZES["tiny"]
 RUN = ["--backend", "keras_jax", "--workload", "mlm", "--model-size", "tiny", "--data", "synthetic", "--steps", "3",
@@ -238,9 +237,7 @@ def test_the_bare_loop_s_clock_adds_no_work_to_fit():
               "warmups = [clock_warmup(w, n) for w, n in ((1, 3), (1, 2), (5, 30), (0, 1))]\n"
               "print(json.dumps({'plain': fit([]), 'timed': fit([StepClock(clock)]),\n"
               "                  'steps': clock.result()['measured_steps'], 'warmups': warmups}))\n")
-    done = run_on_jax(script)
-    assert done.returncode == 0, done.stderr[-3000:]
-    counts = json.loads(done.stdout.splitlines()[-1])
+    counts = json_on_jax(script)
     assert counts["timed"] == counts["plain"] and counts["steps"] == 3, counts
     assert counts["warmups"] == [2, 1, 5, 0], counts
 
@@ -255,7 +252,5 @@ def test_a_keras_jax_process_builds_both_models_without_tensorflow():
               "from common.spec import model_spec\n"
               "params = {w: trainable_param_count(build_model(w, model_spec(w))) for w in ('cnn', 'mlm')}\n"
               "print(json.dumps({'params': params, 'tensorflow': sys.modules.get('tensorflow') is not None}))\n")
-    done = run_on_jax(script)
-    assert done.returncode == 0, done.stderr[-3000:]
-    built = json.loads(done.stdout.splitlines()[-1])
+    built = json_on_jax(script)
     assert built == {"params": {w: model_spec(w).param_count() for w in ("cnn", "mlm")}, "tensorflow": False}
