@@ -143,6 +143,21 @@ def test_torch_context_parallel_gathers_kv_once_passes_its_gradients_on_and_merg
     assert kernels._layer(SPEC, Layout(), TORCH_CP, TIMER, HW, 8)["cp_exposed"] == 0.0
 
 
+def test_context_parallel_under_tensor_parallel_moves_a_rank_s_heads_only():
+    # 4 query heads, 2 KV heads, tp 2 (one node of 8): a rank's output 8 x 16 / 2 = 64 elements and its repeated
+    # K and V 8 x 2 x 16 / 2 = 128, as the tp 1 case above: the same bytes merged and sent
+    spec, hw = replace(SPEC, heads=4, kv_heads=2, hidden=16), replace(HW, devices_per_node=8)
+    layer = kernels._layer(spec, Layout(cp=2, tp=2), TORCH_CP, TIMER, hw, 8)
+    alone = kernels._layer(spec, Layout(tp=2), TORCH_CP, TIMER, hw, 8)
+    assert layer["elementwise"] - alone["elementwise"] == pytest.approx(
+        (192 + 384 + 960 + 896 + 3072 + 384) * PS, rel=1e-12)
+    # the ring (no description of its own) launches no kernel of its own: with a launch floor, the layer's
+    # elementwise work is the one without cp
+    floored = Timer(replace(COMPUTE, launch_floor_s=1e-6))
+    assert kernels._layer(SPEC, Layout(cp=2), STACK, floored, HW, 8)["elementwise"] == pytest.approx(
+        kernels._layer(SPEC, Layout(), STACK, floored, HW, 8)["elementwise"], rel=1e-12)
+
+
 def test_context_parallel_ranks_hold_and_reduce_the_parameters_with_the_data_ranks():
     """A cp rank holds its peers' parameters: its gradients are summed over dp x fsdp x cp, and FSDP shards over
     fsdp x cp (cp alone too where the stack shards over it: torchtitan); a stack without FSDP reduces over the
