@@ -231,10 +231,10 @@ def test_the_matmul_probe_times_one_product_per_device_at_once():
 @pytest.mark.parametrize("workload, mode", [("cnn", "mirrored"), ("mlm", "multi_worker")])
 def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: str):
     # Evaluating a whole split would be most of the run (the CNN's 10,000 test images: 22 s of its 31): each
-    # evaluates a part, the MLM its first 256 sequences (each worker its shard, summed), the CNN its first 2,000
-    # images (the last of 8 batches a partial one). Every image once is held on MindSpore's CNN run
+    # evaluates a part, the MLM its first 32 sequences (each worker its shard, summed), the CNN its first 500
+    # images (the last of 2 batches a partial one). Every image once is held on MindSpore's CNN run
     # (test_mindspore_auto) and torch's sweep (test_torch_ddp); the shard is common.loop's for every backend.
-    evaluated = ["--eval-samples", "256" if workload == "mlm" else "2000"]
+    evaluated = ["--eval-samples", "32" if workload == "mlm" else "500"]
     proc = run_cli("bench.run", "--backend", "tf_mirrored", "--workload", workload, "--devices", "2",
                    "--steps", "6", "--warmup-steps", "2", "--batch-size", "8", "--data", "real",
                    "--data-dir", str(data_dir), "--tf-mode", mode, "--collective-timeout", "120",
@@ -251,7 +251,7 @@ def test_end_to_end_record(data_dir: Path, tmp_path: Path, workload: str, mode: 
     assert metrics["all_reduce"] in record["notes"][0]
     assert metrics["trainable_params"] == record["params"] == model_spec(workload).param_count()
     assert record["measured_steps"] == 4 and len(record["loss"]["curve"]) == 6
-    evaluated = {"cnn": (2000, 10_000), "mlm": (256, 1704)}[workload]
+    evaluated = {"cnn": (500, 10_000), "mlm": (32, 1704)}[workload]
     assert record["eval"]["count"] > 0
     assert (record["eval"]["samples_evaluated"], record["eval"]["split_size"]) == evaluated
     assert np.isfinite(record["loss"]["last"])
