@@ -314,6 +314,27 @@ def chunked_tp() -> float:
     return 2 * 2 * (node(1, 0.5, 64) + node(1, 0.5, 64))
 
 
+def test_a_rank_s_memory_worked_by_hand():
+    """decoder_rank_bytes for SPEC, 8 tokens, a stage of 1,000 parameters unsharded: bf16 parameters and float32
+    gradients, master weights and moments, 18 B each (18,000 B). A layer keeps, per token, its norms', QKV's and
+    FFN's inputs (2 + 1 + 1 values of h = 8, split by sp) and Q, K, V (8 + 4 + 4), the context (8), GELU's input and
+    fc2's (16 + 16), all bf16, split by tp, and the log-sum-exp (2 heads, float32): 64 / sp + 120 / tp B. The last
+    stage adds its logits: bf16, their float32 copy and its gradient, 10 B each of 32 / tp (vocabulary split)."""
+    def rank(layout, layers=4, tokens=8, last=False, stage=0, micro_batches=1):
+        return decoder_rank_bytes(SPEC, layout, tokens, 1000, 100, layers, micro_batches, last, "attention", stage, 0)
+
+    tp2 = Layout(tp=2, sp=True)
+    assert rank(tp2) == 18000 + 4 * 8 * (32 + 60)
+    assert rank(replace(tp2, vocab_split=True), last=True) == 18000 + 4 * 8 * (32 + 60) + 8 * 32 / 2 * 10
+    assert rank(tp2, last=True) == 18000 + 4 * 8 * (32 + 60) + 8 * 32 * 10     # every rank the whole vocabulary
+    # full recomputation: each layer's input (16 B a token), and the one layer being recomputed
+    assert rank(Layout(recompute="full")) == 18000 + 4 * 8 * 16 + 8 * 184
+    # 1F1B on 2 stages of 2 layers, 4 micro-batches of 4 tokens: stage 0 holds 2 of them, stage 1 one
+    pipeline = Layout(pp=2, micro_batches=4, schedule="1f1b")
+    assert [rank(pipeline, 2, 4, stage=s, micro_batches=4) for s in (0, 1)] == [18000 + 2 * 2 * 4 * 184,
+                                                                                 18000 + 2 * 4 * 184]
+
+
 def test_fsdp_stages_update_their_shard_and_torchtitan_holds_the_stage_gathered():
     layout = Layout(fsdp=2, pp=2, micro_batches=2)
     eager = replace(stacks.TORCH_EAGER, attention_kernel="k", refuses=())
