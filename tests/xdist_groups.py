@@ -13,9 +13,10 @@ SHARED_SWEEPS = {"test_torch_dp": "torch_sweep", "test_torch_ddp": "torch_sweep"
                  "test_layouts": "layout_sweep", "test_torch_3d": "layout_sweep", "test_plan": "layout_sweep",
                  "test_predict": "layout_sweep"}
 # Measured on 2 cores, longest first (docs/testing.md); a group not named here follows in the files' order.
-LONGEST_FIRST = ("test_parity", "test_calibrate", "test_mindspore_auto", "test_tf_mirrored", "torch_sweep",
-                 "test_keras_jax", "test_lm_keras", "test_gpu_check", "layout_sweep", "test_multihost", "test_slurm",
-                 "test_faults", "test_concurrent_sweeps", "test_report", "test_cancel", "test_cli")
+LONGEST_FIRST = ("test_mindspore_auto", "test_parity", "torch_sweep", "layout_sweep", "test_gpu_check",
+                 "test_tf_mirrored", "test_lm", "test_keras_jax", "test_lm_keras", "test_multihost", "test_faults",
+                 "test_slurm", "test_plan_decoders", "test_concurrent_sweeps", "test_report", "test_calibrate",
+                 "test_cancel", "test_cli")
 QUIET_FILES = ("tests/test_calibrate.py",)
 
 
