@@ -94,6 +94,11 @@ TF_NAMES = {
     "_MklNativeConv2DBackpropFilterWithBias": "matmul",
     "replica_1/simple_cnn_1/conv3_1/BiasAdd:_MklNativeFusedConv2D": "matmul",
     "replica_1/simple_cnn_1/dense_1/MatMul:_MklMatMul": "matmul",
+    # an op's work sharded over the intra-op thread pool, nested in it
+    "gradient_tape/replica_1/simple_cnn_1/conv1_1/convolution/Conv2DBackpropInput:Conv2DBackpropInput > ParallelFor":
+        "matmul",
+    "AddN_19:AddN > ParallelFor": "elementwise",
+    "ParallelFor": "other",
     # --compile: XLA's instructions, named after the TF op or the fusion
     "CpuExecutable::ExecuteAsyncOnStream > MatMul.82": "matmul",
     "subtract_exponential_fusion": "softmax",
