@@ -3,8 +3,9 @@ turns on, and why. On by default where the numerics stay within parity's toleran
 bench.calibrate's bare loops build their optimizer here too, so that both halves of a calibration run alike."""
 from __future__ import annotations
 
+import sys
+
 import torch
-from torch.distributed.tensor import DTensor
 
 from backends.torch_common.internals import sdpa_backend
 from common.config import RunConfig
@@ -29,10 +30,17 @@ def adamw(params, optim: OptimSpec) -> torch.optim.AdamW:
     DTensors with plain tensors (tensor parallelism leaves the norms whole): each kind gets a group of its own,
     with the same hyperparameters."""
     params = list(params)
-    kinds = [[p for p in params if isinstance(p, DTensor) is sharded] for sharded in (False, True)]
+    kinds = [[p for p in params if _is_dtensor(p) is sharded] for sharded in (False, True)]
     return torch.optim.AdamW([{"params": kind} for kind in kinds if kind], lr=optim.lr,
                              betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay,
                              fused=True)
+
+
+def _is_dtensor(tensor) -> bool:
+    # A DTensor exists only where torch.distributed.tensor was imported (torch_3d's layouts): importing it for this
+    # check alone cost every torch_ddp and torch_dp worker 0.9 s of its start.
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
 
 
 def attention_kernel(spec, device: torch.device, precision: str) -> str:
