@@ -46,9 +46,9 @@ def test_every_group_s_runs_pass_bench_run_s_checks(group, tmp_path):
         run = compare.run_command(sweep, backend, workload, 1, "check", "sweep")
         options = parser.parse_args(run[3:])
         checked = bench_run.check_run(options, fit=False)
-        entry = load_backend(backend)
-        plan = entry.plan_devices(1, "cpu", 1)
-        bench_run.check_supported(backend, entry, bench_run.build_config(options, "check", plan, checked), plan)
+        runner = load_backend(backend)
+        plan = runner.plan_devices(1, "cpu", 1)
+        bench_run.check_supported(backend, runner, bench_run.build_config(options, "check", plan, checked), plan)
         assert checked.data == "synthetic" and checked.per_device_batch == {
             "mlm": args.batch_size, "cnn": args.cnn_batch_size, "lm": args.lm_batch_size}[workload]
 
