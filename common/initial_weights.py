@@ -98,9 +98,10 @@ def _decoder_layout(spec) -> list[Tensor]:
     """The decoder LM (a common.predict.decoder.DecoderSpec): its linear layers by the description's own names
     (wq, wk, wv, wo; w1 the gate, w3 the up, w2 the down projection), RMSNorm weights as `gamma`."""
     h, std = spec.hidden, spec.init_stddev
-    if spec.biases or spec.norm != "rmsnorm" or spec.position != "rope" or spec.tied_embeddings:
-        raise ValueError(f"{spec.name}: the lm workload trains Llama-style decoders (rmsnorm, rope, no biases, "
-                         "untied output)")
+    if (spec.biases or spec.norm != "rmsnorm" or spec.position != "rope" or spec.tied_embeddings
+            or spec.qk_norm or spec.norm_position != "input"):
+        raise ValueError(f"{spec.name}: the lm workload trains Llama-style decoders (rmsnorm before each "
+                         "sublayer, no QK-norm, rope, no biases, untied output)")
     tensors = [Tensor("embeddings.token", (spec.vocab, h), "truncated_normal", std)]
     for layer in range(spec.layers):
         p = f"layers.{layer}"

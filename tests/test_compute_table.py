@@ -81,11 +81,12 @@ def test_the_exact_shapes_are_the_gemms_the_published_points_time():
 def test_the_bundled_h100_table_holds_every_published_gemm():
     table = compute_for(hardware_files.load("h100-sxm-8")).matmul["bf16"]
     missing = set(published.gemm_shapes()) - set(table.exact)
-    # but those predicted since their stacks were described (llm-foundry's, Float8's, Megatron-Bridge's FP8): no
-    # H100 was lent since, so their shapes are read off the grid until bench.compute_table (which times
-    # gemm_shapes()) measures them on one
+    # but those predicted since their stacks were described (llm-foundry's, Float8's, Megatron-Bridge's FP8,
+    # OLMo-core's): no H100 was lent since, so their shapes are read off the grid until bench.compute_table (which
+    # times gemm_shapes()) measures them on one
     later = [p for p in published.all_points()
-             if p.stack in ("llm-foundry", "torch-compile-float8", "megatron-bridge-fp8-cs") and "h100" in p.hardware]
+             if p.stack in ("llm-foundry", "torch-compile-float8", "megatron-bridge-fp8-cs", "olmo-core",
+                            "olmo-core-float8") and "h100" in p.hardware]
     assert missing <= set(published.gemm_shapes(later))
 
 
@@ -95,12 +96,24 @@ def test_the_timed_layer_has_the_model_s_parameters(tmp_path):
     from backends.torch_common.decoder_layer import DecoderLayer
     (tmp_path / "tiny.toml").write_text(TINY)
     spec = decoder.load(str(tmp_path / "tiny.toml"))
-    for s in (spec, replace(spec, ffn_kind="gelu", norm="layernorm", biases=True, position="learned")):
+    for s in (spec, replace(spec, ffn_kind="gelu", norm="layernorm", biases=True, position="learned"),
+              replace(spec, qk_norm=True, norm_position="output")):    # OLMo 2's blocks
         layer = DecoderLayer(s)
         assert sum(p.numel() for p in layer.parameters()) == s.layer_params()
         x = torch.randn(2, s.seq_len, s.hidden)
         from backends.torch_common.decoder_layer import rope_frequencies
         assert layer(x, rope_frequencies(s.head_dim, s.seq_len, "cpu")).shape == x.shape
+    # OLMo 2's block by hand: each branch's output normalised before its residual add; and Q normalised before
+    # the scores (its norm's weight 0: every score 0, so each position takes the mean of V up to it)
+    olmo, freqs = DecoderLayer(s), rope_frequencies(s.head_dim, s.seq_len, "cpu")
+    with torch.no_grad():
+        h = x + olmo.attention_norm(olmo.attention(x, freqs))
+        assert torch.allclose(olmo(x, freqs), h + olmo.ffn_norm(olmo.feed_forward(h)), atol=1e-5)
+        olmo.q_norm.weight.zero_()
+        v = (olmo.wv(x).view(2, s.seq_len, s.kv_heads, s.head_dim)      # each K/V head serves its run of heads
+             .repeat_interleave(s.heads // s.kv_heads, dim=2).flatten(2))
+        means = v.cumsum(1) / torch.arange(1, s.seq_len + 1)[None, :, None]
+        assert torch.allclose(olmo.attention(x, freqs), olmo.wo(means), atol=1e-5)
 
 
 def test_layer_check_holds_a_measured_layer_against_the_model(measured, tmp_path):

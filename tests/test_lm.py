@@ -57,6 +57,15 @@ def test_each_size_is_the_model_file_the_predictor_reads(size):
         assert sum(p.numel() for p in torch_model.parameters()) == spec.param_count()
 
 
+@pytest.mark.parametrize("change", [{"qk_norm": True}, {"norm_position": "output"}])
+def test_the_lm_workload_refuses_a_decoder_whose_blocks_it_does_not_build(change):
+    # OLMo 2's blocks are bench.predict's (common/predict/stacks.py olmo-core); no backend builds them, so no run
+    # may train a Llama block in their name
+    with pytest.raises(ValueError, match="the lm workload trains Llama-style decoders .rmsnorm before each sublayer, "
+                                         "no QK-norm"):
+        initial_weights(replace(TINY, **change), seed=0)
+
+
 def test_packed_rows_make_every_token_after_the_first_a_label_once():
     stream = np.arange(10, 20, dtype=np.int32)   # ten tokens, seq_len 4: rows of 5 overlapping by one
     rows = pack_causal(stream, 4)

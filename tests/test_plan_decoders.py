@@ -118,9 +118,10 @@ def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
 def test_every_bundled_decoder_plans_on_every_gpu_with_a_compute_table():
     gpus, models = constants.gpu_hardware(), decoder.available()
     assert len(gpus) >= 2 and len(models) > len(gpus)
-    for i, model in enumerate(models):   # every decoder, and every GPU in turn
+    for i, model in enumerate(models):   # every decoder, and every GPU in turn, on a stack that builds its blocks
         hardware = gpus[i % len(gpus)]
-        plan = decoders.decoder_plan(model, 8, 8, hardware, "torch-compile", 2048, None, None, 3)
+        stack = "olmo-core" if decoder.load(model).qk_norm else "torch-compile"
+        plan = decoders.decoder_plan(model, 8, 8, hardware, stack, 2048, None, None, 3)
         assert plan["candidates"]["valid"] > 0, (model, hardware)
         assert (plan["pick"] is None) == (plan["candidates"]["fit"] == 0), (model, hardware)
         if plan["pick"]:

@@ -554,8 +554,8 @@ def test_bench_predict_help_says_what_each_option_does(capsys, monkeypatch):
         predict_cli.main(["--help"])
     assert exit_.value.code == 0
     hardware, models = ", ".join(hardware_files.available()), ", ".join(decoder.available())
-    stacks = ("llm-foundry,llm-foundry-triton,megatron-bridge-fp8-cs,megatron-te,torch-compile,torch-compile-float8,"
-              "torch-eager")
+    stacks = ("llm-foundry,llm-foundry-triton,megatron-bridge-fp8-cs,megatron-te,olmo-core,olmo-core-float8,"
+              "torch-compile,torch-compile-float8,torch-eager")
     assert " ".join(capsys.readouterr().out.split()) == " ".join(f"""
 usage: bench.predict [-h] [--validate RESULTS] [--hardware NAME|FILE] [--from RESULTS] [--assume-mfu MFU]
  [--workload {{cnn,mlm,lm}}] [--model-size {{base,mini,small,tiny}}] [--model NAME|FILE]

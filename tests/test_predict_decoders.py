@@ -89,6 +89,21 @@ def test_llama_layer_by_hand_and_the_published_parameter_counts():
         ("w3", f // 2, h), ("w2", h, f // 2)]
 
 
+def test_olmo_core_s_models_have_the_parameters_its_own_formula_counts():
+    """OLMo-core's TransformerConfig.num_params (nn/transformer/config.py at e27ba7455) worked by hand: the
+    embedding and the untied w_out d x V each; a block's Q and O d x d, K and V d x (kv heads x head dim), QK-norm's
+    weights over d and the K width, the two norms' d, the SwiGLU's 3 x d x hidden; the final norm's d."""
+    def num_params(d, layers, kv_width, hidden, qk_norm, vocab=100_352):
+        block = 2 * d * d + 2 * d * kv_width + (d + kv_width if qk_norm else 0) + 2 * d + 3 * d * hidden
+        return 2 * d * vocab + layers * block + d
+    assert decoder.load("olmo2-7b").param_count() == num_params(4096, 32, 4096, 11008, True) == 7_298_617_344
+    assert decoder.load("olmo2-1b").param_count() == num_params(2048, 18, 2048, 5632, True)
+    assert decoder.load("olmo2-13b").param_count() == num_params(5120, 40, 5120, 13824, True)
+    assert decoder.load("olmo-core-llama3-8b").param_count() == num_params(4096, 32, 1024, 14336, False)
+    # the same model as Llama 3 8B but for the vocabulary: 100,352 rows of dolma2 instead of 128,256
+    assert decoder.load("olmo-core-llama3-8b").param_count() == LLAMA.param_count() - 2 * 4096 * (128_256 - 100_352)
+
+
 def test_a_bad_model_file_is_one_line(tmp_path):
     bad = tmp_path / "m.toml"
     bad.write_text('name = "m"\nlayers = 2\nhidden = 64\nheads = 3\nkv_heads = 1\nffn = 128\nffn_kind = "geglu"\n'
@@ -283,7 +298,7 @@ def test_each_constant_row_says_its_figure_unit_and_source_in_full(tmp_path):
         ("t2: kernel launch floor", "2"), (f"{hw2}: memory bandwidth of memory-bound work", "100002"),
         ("t2: bf16 matmul rate, 3 shapes 128-512 per dimension", "1.0-3.0 (at the largest: 3.0)"),
         ("t2: bf16 matmul rate at 3 exact shapes (the published points' GEMMs)", "5.0-9.0 (median 6.0)")]
-    # each stack: its nine figures, its elementwise formula and, where it overlaps, its split, with its sources
+    # each stack: its ten figures, its elementwise formula and, where it overlaps, its split, with its sources
     rows = constants.stack_constants()
     te = [(c.name, c.value, c.unit) for c in rows if c.name.startswith("megatron-te: ")]
     assert te == [("megatron-te: attention_kernel", "cudnn", ""), ("megatron-te: fused_projections", "True", ""),
@@ -294,14 +309,16 @@ def test_each_constant_row_says_its_figure_unit_and_source_in_full(tmp_path):
                   ("megatron-te: fsdp_gather_copy_bytes", "0.0", "B/element"),
                   ("megatron-te: fsdp_scatter_copy_bytes", "0.0", "B/element"),
                   ("megatron-te: grad_reduce_bytes", "4.0", "B/element"),
+                  ("megatron-te: logit_live_bytes", "10.0", "B/logit"),
                   ("megatron-te: elementwise bytes per token and layer (forward)",
                    "20h + 4f (GELU) or 6f (SwiGLU); h-wide part / tp under sp", "B"),
                   ("megatron-te: GEMMs split by overlapped tensor-parallel communication",
                    "qkv: tp, fc1: tp, wo.dgrad: tp, w2.dgrad: tp, wo: 4, w2: 4", "chunks")]
     # torch-eager and both llm-foundry stacks overlap nothing; torch-compile splits its GEMMs, and with Float8 says
     # its casts' bytes (9 rows); the three torch stacks say their context parallelism (11 rows each); Megatron-
-    # Bridge's FP8 its casts and its split
-    assert len(rows) == 12 + 11 + 12 + (12 + 9) + 11 + 11 + (12 + 9) + 3 * 11
+    # Bridge's FP8 its casts and its split; OLMo-core's two stacks split nothing, run no context parallelism, and
+    # the Float8 one says its casts
+    assert len(rows) == 13 + 12 + 13 + (13 + 9) + 12 + 12 + (13 + 9) + 3 * 11 + 12 + (12 + 9)
     named = [(c.name, c.value, c.unit) for c in rows]
     assert ("torch-compile-float8: float8 transpose_bytes", "2.0", "B/element") in named
     assert ("torch-eager: context parallel merge_step", "38.0", "B/element/step") in named
@@ -374,6 +391,20 @@ def test_each_stack_s_memory_bound_bytes_are_its_code_s_counted_by_hand():
     assert megatron(GPT) == (20 * g, 4 * 4 * g)
     assert eager(GPT) == (2 * 4 * g + 2 * 6 * g, 4 * g + 4 * 4 * g)
     assert compiled(GPT) == (2 * 8 * g, 4 * g + 4 * 4 * g)
+    # OLMo 2's blocks under OLMo-core's compiled stack: each branch's norm and the residual add one kernel (6h, no
+    # normalised copy), QK-norm's sum of squares a read of Q and K (2(q + kv)), no repeat (MHA)
+    olmo, olmo2 = stacks.load("olmo-core"), decoder.load("olmo2-7b")
+    assert olmo.elementwise(olmo2) == (2 * 6 * h, 4 * (q + q) + 2 * (q + q) + 4 * q + 6 * 11008)
+    assert olmo.elementwise(LLAMA) == compiled(LLAMA)      # a pre-norm Llama block as torchtitan's compiled one
+    assert eager(olmo2)[1] - eager(replace(olmo2, qk_norm=False))[1] == 36 * (q + q)   # eager: RMSNorm's 36 B
+    for name in ("megatron-te", "torch-eager", "torch-compile", "llm-foundry"):   # none builds OLMo 2's blocks
+        with pytest.raises(ValueError, match=f"^olmo2-7b: {name} does not build OLMo 2's blocks"):
+            stacks.load(name).check_model(olmo2)
+    olmo.check_model(olmo2)
+    stacks.load("torch-compile").check_model(LLAMA)
+    point = next(p for p in published.all_points() if p.model == "olmo2-7b")   # and the prediction refuses it
+    assert published.predict_point(replace(point, stack="torch-compile"))["refused"].startswith(
+        "olmo2-7b: torch-compile does not build OLMo 2's blocks")
     with pytest.raises(ValueError, match="stack 'deepspeed': the model knows megatron-te, torch-eager, torch-compile"):
         stacks.load("deepspeed")
     with pytest.raises(ValueError, match=r"torch-eager cannot overlap tensor-parallel communication \(tpo\): torch's "
@@ -473,6 +504,12 @@ def test_each_stack_s_overlap_splits_the_gemms_its_layer_runs_as_its_source_says
     ("megatron-te", "cp2xtp2xdp2-sp", None), ("torch-compile", "cp2xfsdp4", None), ("torch-eager", "cp8", None),
     ("megatron-bridge-fp8-cs", "fsdp8", "Megatron-FSDP (Megatron-Bridge's use_megatron_fsdp"),
     ("megatron-bridge-fp8-cs", "dp2xtp4-sp-zero1-tpo", None),
+    ("olmo-core", "tp2xfsdp4-sp", "OLMo-core e27ba7455 splits no model"),
+    ("olmo-core-float8", "cp2xfsdp4", "OLMo-core e27ba7455 splits no model"),
+    ("olmo-core", "dp8-zero1", "OLMo-core e27ba7455 has no ZeRO-1"),
+    ("olmo-core", "fsdp8-zero2", "OLMo-core e27ba7455 reshards every block but the last after its forward"),
+    ("olmo-core", "dp8", "OLMo-core's DDP (torch's replicate, bucket_cap_mb 100) is not described"),
+    ("olmo-core", "fsdp8-mbs2", None), ("olmo-core-float8", "dp2xfsdp4", None),
 ])
 def test_a_stack_refuses_what_its_code_does_not_run_and_runs_the_rest(stack, layout, why):
     parsed = Layout.parse(layout, 8)
@@ -832,9 +869,11 @@ def test_a_model_file_is_read_or_refused_in_one_line(tmp_path):
     for change, says in (('ffn_kind = "swiglu"', "ffn_kind 'geglu' is not one of gelu, relu, swiglu"),
                          ('kv_heads = 2', "hidden 64, heads 4, kv_heads 3 do not divide"),
                          ('tied_embeddings = false', "position 'sinusoidal' (learned|rope|alibi) or norm "
-                                                     "'rmsnorm' (layernorm|rmsnorm)")):
+                                                     "'rmsnorm' (layernorm|rmsnorm)"),
+                         ('seq_len = 32', "norm_position 'after' is not one of input, output")):
         new = {"ffn_kind": 'ffn_kind = "geglu"', "kv_heads": "kv_heads = 3",
-               "tied_embeddings": 'tied_embeddings = false\nposition = "sinusoidal"'}[change.split(" =")[0]]
+               "tied_embeddings": 'tied_embeddings = false\nposition = "sinusoidal"',
+               "seq_len": 'seq_len = 32\nnorm_position = "after"'}[change.split(" =")[0]]
         bad = tmp_path / "bad.toml"
         bad.write_text(good.read_text().replace(change, new))
         with pytest.raises(ValueError) as refused:

@@ -327,6 +327,9 @@ def test_a_rank_s_memory_worked_by_hand():
     assert rank(tp2) == 18000 + 4 * 8 * (32 + 60)
     assert rank(replace(tp2, vocab_split=True), last=True) == 18000 + 4 * 8 * (32 + 60) + 8 * 32 / 2 * 10
     assert rank(tp2, last=True) == 18000 + 4 * 8 * (32 + 60) + 8 * 32 * 10     # every rank the whole vocabulary
+    # a loss that holds only the bf16 logits and their bf16 gradient (OLMo-core's compiled loss): 4 B a logit
+    assert decoder_rank_bytes(SPEC, tp2, 8, 1000, 100, 4, 1, True, "attention", 0, 0, logit_bytes=4) == \
+        18000 + 4 * 8 * (32 + 60) + 8 * 32 * 4
     # full recomputation: each layer's input (16 B a token), and the one layer being recomputed
     assert rank(Layout(recompute="full")) == 18000 + 4 * 8 * 16 + 8 * 184
     # 1F1B on 2 stages of 2 layers, 4 micro-batches of 4 tokens: stage 0 holds 2 of them, stage 1 one
@@ -346,6 +349,10 @@ def test_fsdp_stages_update_their_shard_and_torchtitan_holds_the_stage_gathered(
                                                                  0, 2, 2)
     assert decoder_rank_bytes(SPEC, layout, 4, first, 464, 2, 2, False, "odd-mm", 0, 2, 2) - \
         decoder_rank_bytes(SPEC, layout, 4, first, 464, 2, 2, False, "odd-mm", 0, 2) == 2 * 464 * 4
+    # the last stage's logits at the stack's bytes a logit: a micro-batch of one 4-token sequence x the vocabulary
+    lean = kernels.decoder_stages(SPEC, layout, 4, HW, replace(eager, logit_live_bytes=4.0), COMPUTE)
+    assert out.memory["model_per_rank"][1] - lean.memory["model_per_rank"][1] == pytest.approx(4 * SPEC.vocab * 6)
+    assert out.memory["model_per_rank"][0] == lean.memory["model_per_rank"][0]
     three = replace(SPEC, layers=6)          # 3 layers a stage: all 3 held gathered, or 2 at a time resharded
     held = kernels.decoder_stages(three, layout, 4, HW, eager, COMPUTE)
     assert held.memory["model_per_rank"][0] == decoder_rank_bytes(three, layout, 4, 3 * 464 + 256, 464, 3, 2, False,

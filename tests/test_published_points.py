@@ -355,7 +355,8 @@ def test_a_refusal_gives_every_reason_in_its_own_words_in_one_line():
     assert published.refusal(point) == (
         "'tp3' at 8 devices: the other dimensions (3) do not divide them; "
         "stack 'deepspeed' is not described (common/predict/stacks.py describes megatron-te, torch-eager, "
-        "torch-compile, torch-compile-float8, llm-foundry, llm-foundry-triton, megatron-bridge-fp8-cs); "
+        "torch-compile, torch-compile-float8, llm-foundry, llm-foundry-triton, megatron-bridge-fp8-cs, olmo-core, "
+        "olmo-core-float8); "
         "--hardware a100-sxm-8: no compute table; "                       # the advice after " (" left out
         "mfu: its publisher's FLOP count is not known (flops = 'palm')")
     # a layout the grammar takes, at the point's own device count, that its described stack does not run

@@ -52,13 +52,17 @@ class DecoderLayer(nn.Module):
         self.wo = nn.Linear(spec.q_width, h, bias=bias)
         self.w1, self.w2 = nn.Linear(h, spec.ffn, bias=bias), nn.Linear(spec.ffn, h, bias=bias)
         self.w3 = nn.Linear(h, spec.ffn, bias=bias) if spec.ffn_kind == "swiglu" else None
+        self.q_norm, self.k_norm = (norm(spec.q_width), norm(spec.kv_width)) if spec.qk_norm else (None, None)
         self.head_dim = d
 
     def attention(self, x, freqs):
         b, s, _ = x.shape
         spec = self.spec
-        q = self.wq(x).view(b, s, spec.heads, self.head_dim)
-        k = self.wk(x).view(b, s, spec.kv_heads, self.head_dim)
+        q, k = self.wq(x), self.wk(x)
+        if self.q_norm is not None:   # OLMo 2: over the whole projection, before the heads are split
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(b, s, spec.heads, self.head_dim)
+        k = k.view(b, s, spec.kv_heads, self.head_dim)
         v = self.wv(x).view(b, s, spec.kv_heads, self.head_dim)
         if spec.position == "rope":
             q, k = apply_rope(q, freqs), apply_rope(k, freqs)
@@ -76,6 +80,9 @@ class DecoderLayer(nn.Module):
         return self.w2(nn.functional.gelu(self.w1(x)))
 
     def forward(self, x, freqs):
+        if self.spec.norm_position == "output":   # OLMo 2's reordered norm: each branch's output normalised
+            h = x + self.attention_norm(self.attention(x, freqs))
+            return h + self.ffn_norm(self.feed_forward(h))
         h = x + self.attention(self.attention_norm(x), freqs)
         return h + self.feed_forward(self.ffn_norm(h))
 

@@ -71,7 +71,8 @@ def compute_constants(hardware_name: str) -> list[Constant]:
 STACK_UNITS = {"attention_kernel": "", "fused_projections": "", "elementwise_kernels": "/layer",
                "backward_factor": "x forward bytes", "logit_bytes": "B/logit", "selective": "",
                "optimizer_bytes": "B/element", "fsdp_gather_copy_bytes": "B/element",
-               "fsdp_scatter_copy_bytes": "B/element", "grad_reduce_bytes": "B/element"}
+               "fsdp_scatter_copy_bytes": "B/element", "grad_reduce_bytes": "B/element",
+               "logit_live_bytes": "B/logit"}
 FLOAT8_UNITS = {"cast_bytes": "B/element", "amax_bytes": "B/element", "transpose_bytes": "B/element",
                 "gather_bytes": "B/element", "scale_bytes": "B/element", "kernels_forward": "/layer",
                 "transpose_in_cast": "", "amax_unfused": "", "weights_in_fp8": ""}

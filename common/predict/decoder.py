@@ -11,6 +11,7 @@ from common.spec import Gemm, Linear, attention_flops, linear_gemms
 MODELS_DIR = Path(__file__).parent / "models"
 FFN_KINDS = ("gelu", "relu", "swiglu")
 POSITIONS = ("learned", "rope", "alibi")
+NORM_POSITIONS = ("input", "output")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,11 @@ class DecoderSpec:
     position: str = "rope"
     norm: str = "rmsnorm"
     biases: bool = False
+    # Where each sublayer's norm sits: on its input (pre-norm: GPT, Llama) or on its output, inside the residual
+    # branch (OLMo 2's reordered norm: h = x + norm(attention(x))); the final norm either way.
+    norm_position: str = "input"
+    # An RMSNorm over the whole Q and K projections' outputs before RoPE (OLMo 2's QK-norm), of q and kv width.
+    qk_norm: bool = False
     # What a run that trains the model reads besides its shapes (the `lm` workload): the norms' epsilon, RoPE's
     # base wavelength and the initial weights' standard deviation (truncated at 2 std). Llama 3's by default.
     norm_eps: float = 1e-5
@@ -64,10 +70,13 @@ class DecoderSpec:
         """A layer's Linear weight elements (what a Float8 stack computes with in fp8)."""
         return sum(lin.inputs * lin.outputs for lin in self.linears())
 
+    def qk_norm_params(self) -> int:
+        return (self.q_width + self.kv_width) * (2 if self.norm == "layernorm" else 1) if self.qk_norm else 0
+
     def layer_params(self) -> int:
         weights = self.linear_weights()
         biases = sum(lin.outputs for lin in self.linears()) if self.biases else 0
-        return weights + biases + 2 * self.norm_params()
+        return weights + biases + 2 * self.norm_params() + self.qk_norm_params()
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden + (self.seq_len * self.hidden if self.position == "learned" else 0)
@@ -127,6 +136,8 @@ class DecoderSpec:
         per_token = 2 * v * h / shard                  # the two norms' inputs
         per_token += v * h / shard                     # the Q, K, V projections' input
         per_token += v * (self.q_width + 2 * self.kv_width) / t   # Q, K (scores) and V (context)
+        if self.qk_norm:
+            per_token += v * (self.q_width + self.kv_width) / t   # QK-norm's inputs
         if flash:
             per_token += 4 * self.heads / t            # the softmax's log-sum-exp, float32 per head
         else:
@@ -165,6 +176,8 @@ def load(name_or_file: str, seq_len: int | None = None) -> DecoderSpec:
     if spec.position not in POSITIONS or spec.norm not in ("layernorm", "rmsnorm"):
         problems.append(f"position {spec.position!r} ({'|'.join(POSITIONS)}) or norm {spec.norm!r} "
                         "(layernorm|rmsnorm)")
+    if spec.norm_position not in NORM_POSITIONS:
+        problems.append(f"norm_position {spec.norm_position!r} is not one of {', '.join(NORM_POSITIONS)}")
     if problems:
         raise ValueError(f"--model {path}: {'; '.join(problems)}")
     return replace(spec, seq_len=seq_len) if seq_len else spec

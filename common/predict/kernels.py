@@ -200,6 +200,7 @@ def head(spec: DecoderSpec, tp: int, stack: Stack, timer: Timer, tokens: int) ->
 def one_layer(spec: DecoderSpec, stack: Stack, compute: DeviceCompute, hardware: Hardware, micro_batch: int,
               precision: str = "bf16", recompute: str = "none") -> dict[str, float]:
     """One layer's forward and backward on one device (no parallelism): what bench.layer_check measures beside it."""
+    stack.check_model(spec)
     return _layer(spec, Layout(recompute=recompute), stack, Timer(compute, precision), hardware,
                   micro_batch * spec.seq_len)
 
@@ -227,6 +228,7 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
     if isinstance(compute, Basis) and stack.float8:
         raise ValueError(f"{stack.name}: an assumed MFU is a fraction of one peak, and Float8 runs its GEMMs at two "
                          "(fp8 and bf16): predict it from a compute table")
+    stack.check_model(spec)
     stack.check(layout)
     timer = Timer(compute)
     m = layout.micro_batches_at(global_batch)
@@ -282,7 +284,7 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
                 model_bytes=decoder_rank_bytes(spec, held, tokens, params, layer_params, n, m, s == last,
                                                stack.selective, s, 2 if _regathered(layout, stack) else max(2, n),
                                                n if _held_through_step(layout, stack) else 0,
-                                               stack.grad_reduce_bytes))
+                                               stack.grad_reduce_bytes, stack.logit_live_bytes))
     return out
 
 

@@ -217,10 +217,13 @@ def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, pre
 
 def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
                        layers: int, micro_batches: int, last_stage: bool, selective: str, stage: int,
-                       gathered_layers: int, accumulating_layers: int = 0, grad_bytes: float = FLOAT) -> float:
+                       gathered_layers: int, accumulating_layers: int = 0, grad_bytes: float = FLOAT,
+                       logit_bytes: float = HALF + 2 * FLOAT) -> float:
     """A rank of `stage`: docs/prediction-at-scale.md's memory per rank (`gathered_layers`: FSDP's held at a time;
     `accumulating_layers`: those whose gradients FSDP accumulates unsharded in float32 between micro-batches;
-    `grad_bytes`: an element of the gradient buffer of a stack that shards no parameters, float32 or bf16).
+    `grad_bytes`: an element of the gradient buffer of a stack that shards no parameters, float32 or bf16;
+    `logit_bytes`: what the loss holds per logit at once, by default the bf16 logits, their float32 copy and its
+    gradient).
     Its layers' activations per micro-batch in flight: selective recomputation as Megatron does it (the attention
     core) keeps what flash attention keeps anyway; torchtitan's op policy ("odd-mm") keeps the block's input, the
     1st, 3rd, ... matmuls' outputs and the attention's output and log-sum-exp, and recomputes the rest."""
@@ -243,6 +246,6 @@ def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_par
     total = state + per_stage * in_flight(layout, stage, micro_batches)
     if layout.sharded:
         total += gathered_layers * layer_params * HALF + accumulating_layers * layer_params * FLOAT
-    if last_stage:  # the logits: bf16 out of the output layer, their float32 copy and its gradient
-        total += tokens * spec.vocab / (layout.tp if layout.vocab_split else 1) * (HALF + 2 * FLOAT)
+    if last_stage:
+        total += tokens * spec.vocab / (layout.tp if layout.vocab_split else 1) * logit_bytes
     return total

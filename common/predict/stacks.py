@@ -74,6 +74,8 @@ class Stack:
     fsdp_scatter_copy_bytes: float          # FSDP's copy-in per gradient element reduce-scattered
     source: str
     grad_reduce_bytes: float = 4.0          # per gradient element reduced (all-reduce or reduce-scatter): float32
+    # What the loss holds per logit at its peak (memory): the bf16 logits, their float32 copy and its gradient
+    logit_live_bytes: float = 10.0
     elementwise_formula: str = ""           # _megatron_te & co. in words, for the constants table
     # With tensor-parallel communication overlapped (tpo): the GEMMs the overlap cuts into chunks along the
     # tokens, by name (a forward GEMM's, or its ".dgrad"), "tp" for one chunk per tensor-parallel rank or a count.
@@ -91,6 +93,15 @@ class Stack:
     # Context parallel alone shards the parameters with FSDP over the cp ranks (torchtitan's dp_shard_cp mesh);
     # False: the cp ranks hold them as the data-parallel replicas do.
     fsdp_over_cp: bool = False
+    # The stack builds OLMo 2's blocks (QK-norm, the norm on each branch's output) and its elementwise work counts
+    # them; False: a model with either is refused rather than timed as a Llama block.
+    olmo2_blocks: bool = False
+
+    def check_model(self, spec: DecoderSpec) -> None:
+        """ValueError in one line for a model whose blocks this stack does not build."""
+        if (spec.qk_norm or spec.norm_position != "input") and not self.olmo2_blocks:
+            raise ValueError(f"{spec.name}: {self.name} does not build OLMo 2's blocks (QK-norm, the norm on each "
+                             "branch's output); the olmo-core stacks do")
 
     def check(self, layout: Layout) -> None:
         """ValueError in one line for a layout this stack does not run."""
@@ -127,13 +138,21 @@ def _torchtitan(spec: DecoderSpec, compiled: bool = False) -> tuple[float, float
     # (reads x and the branch, writes the sum and the normalised: 8h), RoPE one pass (4 per element), repeat_kv
     # and the transpose still materialised for the attention and output projection (extern kernels), SwiGLU's
     # silu x up one kernel (6f).
+    # OLMo 2's blocks (OLMo-core's, compiled per block as torchtitan's): the reordered norm normalises each
+    # branch's output and adds the residual in one kernel (reads both, writes the sum: 6h, no normalised copy);
+    # QK-norm's sum of squares reads Q and K once (2(q + kv)), its scaling folded into RoPE's pass; eager, an
+    # RMSNorm over Q and K as over the hidden state (36 per element).
     h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
     norm = 36 * h if spec.norm == "rmsnorm" else 4 * h
-    wide = 2 * 8 * h if compiled else 2 * norm + 2 * 6 * h
+    if compiled:
+        wide = 2 * (6 if spec.norm_position == "output" else 8) * h
+    else:
+        wide = 2 * norm + 2 * 6 * h
     rope = (4 if compiled else 20) * (q + kv) if spec.position == "rope" else 0
+    qk_norm = (2 if compiled else norm // h) * (q + kv) if spec.qk_norm else 0
     repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
     ffn = (6 if compiled else 10) * f if spec.ffn_kind == "swiglu" else 4 * f
-    return wide, rope + repeat + 4 * q + ffn
+    return wide, rope + qk_norm + repeat + 4 * q + ffn
 
 
 def _mpt(spec: DecoderSpec, unpadded: bool = True) -> tuple[float, float]:
@@ -371,8 +390,61 @@ MEGATRON_BRIDGE_FP8_CS = replace(
            "(TE LayerNormLinear, bias-free dropout-add, SwiGLU fusion), not re-read at 0.15",
     refuses=((lambda layout: layout.fsdp > 1, "Megatron-FSDP (Megatron-Bridge's use_megatron_fsdp: "
               "optim_grads_params sharding, double buffers) is not described"),))
+# OLMo-core e27ba7455 (2024-11-05: src/olmo_core/nn/transformer/model.py, config.py, train/trainer.py,
+# internal/experiment.py) on its nightly image (Makefile: torch 2.6.0.dev20241009, torchao 0.5.0): what it runs.
+OLMO_CORE_REFUSES = (
+    (lambda layout: layout.tp > 1 or layout.pp > 1 or layout.cp > 1,
+     "OLMo-core e27ba7455 splits no model (TransformerConfig.build applies FSDP2 or DDP only)"),
+    (lambda layout: layout.zero1, "OLMo-core e27ba7455 has no ZeRO-1: it shards with FSDP2 (fsdp)"),
+    (lambda layout: layout.zero2, "OLMo-core e27ba7455 reshards every block but the last after its forward "
+     "(Transformer.apply_fsdp): no ZeRO-2"),
+    (lambda layout: layout.dp > 1 and layout.fsdp == 1,
+     "OLMo-core's DDP (torch's replicate, bucket_cap_mb 100) is not described: shard with fsdp"),
+)
+OLMO_CORE = replace(
+    TORCH_COMPILE, name="olmo-core",
+    description="OLMo-core: each block compiled (torch.compile), FSDP2, SDPA flash attention, fused AdamW, the "
+                "loss compiled",
+    # the compiled loss keeps the bf16 logits and writes their gradient in bf16: no float32 copy is held
+    elementwise_kernels=8, logit_bytes=8.0, logit_live_bytes=4.0, optimizer_bytes=40.0, olmo2_blocks=True,
+    # nothing of torchtitan's tensor or context parallelism: OLMo-core e27ba7455 runs neither (OLMO_CORE_REFUSES)
+    tp_overlap_split=(), tp_overlap_source="", context_parallel=None, fsdp_over_cp=False,
+    elementwise_formula="12h (norm on the branch's output + residual, OLMo 2) or 16h (pre-norm) + 4(q + kv) "
+                        "(RoPE) + 2(q + kv) (QK-norm's sum of squares) + 4(kv + q) (repeat_interleave, GQA) + 4q "
+                        "+ 6f (SwiGLU)",
+    source="OLMo-core e27ba7455: TransformerConfig.llama_like (compile=True: use_flash False, SDPA on H100's "
+           "FLASH_ATTENTION backend, the torch of 2024-10 as torchtitan's torch-compile; Q, K, V and the SwiGLU's "
+           "gate and up separate nn.Linear; GQA's K and V repeat_interleave'd to every head before SDPA; the "
+           "output transpose().contiguous()), Transformer.apply_compile (each block torch.compile'd, "
+           "fullgraph=False), apply_fsdp (fully_shard each block, reshard_after_forward but the last, then the "
+           "root: adapted from torchtitan 90c889e, whose FSDP2 copies torch-eager counts), trainer.py "
+           "train_batch (rank_microbatch_size: every micro-batch's backward reduce-scatters, FSDP2's gradient "
+           "sync left on), compile_loss: torch.compile'd cross_entropy_loss with z-loss (logits.float(), "
+           "F.cross_entropy, logsumexp: Inductor's two passes over the bf16 logits, 2 + 2, the softmax "
+           "recomputed in the backward from them and the saved log-sum-exp, 2, the gradient written in bf16, 2: "
+           "8 B a logit), AdamWConfig fused=True: torch's _fused_adamw_ (param, grad, exp_avg, exp_avg_sq read, "
+           "16, param and moments written, 12: 28 B) and GradClipperCallback's nn.utils.clip_grad_norm_ (norms "
+           "4, mul_ 8: 12 B). Its table's 7B, 8B and 13B rows were published (2024-09 to 41400c46f, 2024-11-01) "
+           "while their scripts took OLMo-core's Triton fused loss (fused_loss=True) instead, the same micro-"
+           "batches: a few bytes a logit, under 0.5% of their step",
+    refuses=OLMO_CORE_REFUSES)
+# --model.float8_config.enabled=true: olmo_core/float8.py Float8Config's defaults (dynamic scaling of input, weight
+# and output gradient; enable_fsdp_float8_all_gather, precompute_float8_dynamic_scale_for_fsdp by the
+# Float8HandlerCallback after each optimizer step), convert_to_float8_training with modules_to_ignore {"w_out"}:
+# torchtitan's float8.py, whence it came, under torch.compile.
+OLMO_CORE_FLOAT8 = replace(
+    OLMO_CORE, name="olmo-core-float8",
+    description="olmo-core with torchao's Float8 training (Float8Config: float8 FSDP all-gather, precomputed "
+                "scales)",
+    float8=replace(TORCHAO_FLOAT8, source="OLMo-core e27ba7455 olmo_core/float8.py (Float8Config defaults: "
+                   "tensorwise dynamic scaling, Float8LinearConfig(enable_fsdp_float8_all_gather=True, "
+                   "enable_pre_and_post_forward=False), precompute_float8_dynamic_scale_for_fsdp) on torchao "
+                   "0.5.0 (the Makefile's TORCHAO_VERSION): the design torchtitan's torch-compile-float8 runs, "
+                   "its bytes as read in torchao eab345c (" + TORCHAO_FLOAT8.source + ")"),
+    source="OLMo-core e27ba7455 TransformerConfig.build (Float8 Linear layers but w_out, before compile and "
+           "FSDP2), train/callbacks/float8_handler.py; otherwise as olmo-core")
 STACKS = {s.name: s for s in (MEGATRON_TE, TORCH_EAGER, TORCH_COMPILE, TORCH_COMPILE_FLOAT8, LLM_FOUNDRY,
-                              LLM_FOUNDRY_TRITON, MEGATRON_BRIDGE_FP8_CS)}
+                              LLM_FOUNDRY_TRITON, MEGATRON_BRIDGE_FP8_CS, OLMO_CORE, OLMO_CORE_FLOAT8)}
 
 
 def load(name: str) -> Stack:
