@@ -107,8 +107,8 @@ def test_help_names_every_option_with_what_it_does(capsys, monkeypatch):
         "a decoder LLM (" in model_group and all(m in model_group for m in decoder.available())
     for says in ("--seq-len SEQ_LEN the sequence length (default: the model file's)",
                  "or a TOML file of yours (common/predict/models/README.md) --stack {llm-foundry,llm-foundry-triton,"
-                 "megatron-bridge-fp8-cs,megatron-te,olmo-core,olmo-core-float8,torch-compile,torch-compile-float8,torch-eager} with --model: "
-                 "the software running the "
+                 "megatron-bridge-fp8-cs,megatron-te,olmo-core,olmo-core-float8,torch-compile,torch-compile-float8,"
+                 "torch-eager} with --model: the software running the "
                  "step (kernels, fusions, tensor-parallel overlap, optimizer)",
                  "--layout NAME say where this layout stands (docs/layouts.md's grammar)",
                  "--published every published run's layout ranked in the plan for its model"):
