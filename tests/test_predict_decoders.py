@@ -102,6 +102,12 @@ def test_olmo_core_s_models_have_the_parameters_its_own_formula_counts():
     assert decoder.load("olmo-core-llama3-8b").param_count() == num_params(4096, 32, 1024, 14336, False)
     # the same model as Llama 3 8B but for the vocabulary: 100,352 rows of dolma2 instead of 128,256
     assert decoder.load("olmo-core-llama3-8b").param_count() == LLAMA.param_count() - 2 * 4096 * (128_256 - 100_352)
+    # QK-norm's weights: one per element of Q and of K (GQA: K narrower), a LayerNorm's a bias beside each
+    gqa = replace(LLAMA, qk_norm=True)
+    assert (gqa.qk_norm_params(), replace(gqa, norm="layernorm").qk_norm_params()) == (4096 + 1024, 2 * (4096 + 1024))
+    assert gqa.layer_params() - LLAMA.layer_params() == 4096 + 1024 and LLAMA.qk_norm_params() == 0
+    # and its inputs kept for the backward, bf16, Q's and K's split over tensor parallelism
+    assert gqa.stored_activation_bytes(8, tp=2) - LLAMA.stored_activation_bytes(8, tp=2) == 8 * 2 * (4096 + 1024) / 2
 
 
 def test_a_bad_model_file_is_one_line(tmp_path):

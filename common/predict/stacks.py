@@ -143,13 +143,14 @@ def _torchtitan(spec: DecoderSpec, compiled: bool = False) -> tuple[float, float
     # QK-norm's sum of squares reads Q and K once (2(q + kv)), its scaling folded into RoPE's pass; eager, an
     # RMSNorm over Q and K as over the hidden state (36 per element).
     h, q, kv, f = spec.hidden, spec.q_width, spec.kv_width, spec.ffn
-    norm = 36 * h if spec.norm == "rmsnorm" else 4 * h
+    norm_per_element = 36 if spec.norm == "rmsnorm" else 4
+    norm = norm_per_element * h
     if compiled:
         wide = 2 * (6 if spec.norm_position == "output" else 8) * h
     else:
         wide = 2 * norm + 2 * 6 * h
     rope = (4 if compiled else 20) * (q + kv) if spec.position == "rope" else 0
-    qk_norm = (2 if compiled else norm // h) * (q + kv) if spec.qk_norm else 0
+    qk_norm = (2 if compiled else norm_per_element) * (q + kv) if spec.qk_norm else 0
     repeat = 2 * (2 * kv + 2 * q) if spec.kv_heads != spec.heads else 0
     ffn = (6 if compiled else 10) * f if spec.ffn_kind == "swiglu" else 4 * f
     return wide, rope + qk_norm + repeat + 4 * q + ffn
