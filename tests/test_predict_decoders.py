@@ -403,9 +403,12 @@ def test_each_stack_s_memory_bound_bytes_are_its_code_s_counted_by_hand():
     assert olmo.elementwise(olmo2) == (2 * 6 * h, 4 * (q + q) + 2 * (q + q) + 4 * q + 6 * 11008)
     assert olmo.elementwise(LLAMA) == compiled(LLAMA)      # a pre-norm Llama block as torchtitan's compiled one
     assert eager(olmo2)[1] - eager(replace(olmo2, qk_norm=False))[1] == 36 * (q + q)   # eager: RMSNorm's 36 B
-    for name in ("megatron-te", "torch-eager", "torch-compile", "llm-foundry"):   # none builds OLMo 2's blocks
-        with pytest.raises(ValueError, match=f"^olmo2-7b: {name} does not build OLMo 2's blocks"):
-            stacks.load(name).check_model(olmo2)
+    for name in ("megatron-te", "torch-eager", "torch-compile", "llm-foundry"):   # none builds OLMo 2's blocks,
+        for model in (olmo2, replace(LLAMA, qk_norm=True), replace(LLAMA, norm_position="output")):  # or either part
+            with pytest.raises(ValueError) as refused:
+                stacks.load(name).check_model(model)
+            assert str(refused.value) == (f"{model.name}: {name} does not build OLMo 2's blocks (QK-norm, the norm "
+                                          "on each branch's output); the olmo-core stacks do")
     olmo.check_model(olmo2)
     stacks.load("torch-compile").check_model(LLAMA)
     point = next(p for p in published.all_points() if p.model == "olmo2-7b")   # and the prediction refuses it
