@@ -20,6 +20,8 @@ STEP_COUNTERS = {"torch": ("per tensor", 4), "keras": ("per device", 8)}
 HALF = 2           # activations under autocast (--precision amp/fp16) are bf16/fp16 (an assumption: norms
                    # and the loss stay float32)
 ADAM_MOMENTS = 2   # exp_avg, exp_avg_sq
+# What an eager float32 loss holds per logit at once: the bf16 logits, their float32 copy and its gradient.
+EAGER_LOGIT_BYTES = float(HALF + 2 * FLOAT)
 # The canonical weights (common.initial_weights) Megatron's tensor parallelism splits by output and input: the BERT
 # encoder's and the decoder LM's; and those --vocab-split splits by vocabulary row.
 COLWISE = ("attention.query", "attention.key", "attention.value", "ffn.in",
@@ -218,12 +220,11 @@ def counted_per_rank(spec: BertSpec | CnnSpec, layout: Layout, micro: float, pre
 def decoder_rank_bytes(spec: DecoderSpec, layout: Layout, tokens: int, stage_params: float, layer_params: float,
                        layers: int, micro_batches: int, last_stage: bool, selective: str, stage: int,
                        gathered_layers: int, accumulating_layers: int = 0, grad_bytes: float = FLOAT,
-                       logit_bytes: float = HALF + 2 * FLOAT) -> float:
+                       logit_bytes: float = EAGER_LOGIT_BYTES) -> float:
     """A rank of `stage`: docs/prediction-at-scale.md's memory per rank (`gathered_layers`: FSDP's held at a time;
     `accumulating_layers`: those whose gradients FSDP accumulates unsharded in float32 between micro-batches;
     `grad_bytes`: an element of the gradient buffer of a stack that shards no parameters, float32 or bf16;
-    `logit_bytes`: what the loss holds per logit at once, by default the bf16 logits, their float32 copy and its
-    gradient).
+    `logit_bytes`: what the loss holds per logit at once).
     Its layers' activations per micro-batch in flight: selective recomputation as Megatron does it (the attention
     core) keeps what flash attention keeps anyway; torchtitan's op policy ("odd-mm") keeps the block's input, the
     1st, 3rd, ... matmuls' outputs and the attention's output and log-sum-exp, and recomputes the rest."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 
 from common.layout import Layout
 from common.predict.decoder import DecoderSpec
+from common.predict.memory import EAGER_LOGIT_BYTES
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,7 @@ class Stack:
     fsdp_scatter_copy_bytes: float          # FSDP's copy-in per gradient element reduce-scattered
     source: str
     grad_reduce_bytes: float = 4.0          # per gradient element reduced (all-reduce or reduce-scatter): float32
-    # What the loss holds per logit at its peak (memory): the bf16 logits, their float32 copy and its gradient
-    logit_live_bytes: float = 10.0
+    logit_live_bytes: float = EAGER_LOGIT_BYTES   # what the loss holds per logit at its peak (memory)
     elementwise_formula: str = ""           # _megatron_te & co. in words, for the constants table
     # With tensor-parallel communication overlapped (tpo): the GEMMs the overlap cuts into chunks along the
     # tokens, by name (a forward GEMM's, or its ".dgrad"), "tp" for one chunk per tensor-parallel rank or a count.
