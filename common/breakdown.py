@@ -38,14 +38,20 @@ def ring_bound_s(nbytes: float, ranks: int, link_gbps: float | None) -> float | 
 
 
 def summarize_breakdown(probes: list[dict[str, float]], measured_step_s: float | None, source: str) -> dict:
-    """Median per phase over the probe steps. `other_s` is what each probe step took beyond its timed phases
-    (Python, loss read-back, launches); `probe_step_s` the probe steps' median total and `step_s` the median
-    step of the measured window, which the phases should add up to when the probe reproduces the step."""
-    def median(key: str) -> float:
-        return float(np.median([p.get(key) or 0.0 for p in probes]))
-    phases = {k: median(k) for k in PHASES}
-    other = [max(0.0, p["step_s"] - sum(p.get(k) or 0.0 for k in PHASES)) for p in probes]
-    return {**phases, "other_s": float(np.median(other)), "probe_step_s": median("step_s"),
+    """The phases of the median probe step (the two middle ones averaged when their number is even), so that
+    they add up to `probe_step_s`, the probe steps' median: medians taken phase by phase need not (on a loaded
+    machine one step's forward is long and another's communication, and the medians of each miss both).
+    `other_s` is what the probe step took beyond its timed phases (Python, loss read-back, launches), never
+    negative; `step_s` the median step of the measured window, which the phases should add up to when the probe
+    reproduces the step."""
+    ordered = sorted(probes, key=lambda p: p["step_s"])
+    middle = ordered[(len(ordered) - 1) // 2: len(ordered) // 2 + 1]
+
+    def mean(values) -> float:
+        return float(np.mean(list(values)))
+    phases = {k: mean(p.get(k) or 0.0 for p in middle) for k in PHASES}
+    other = mean(max(0.0, p["step_s"] - sum(p.get(k) or 0.0 for k in PHASES)) for p in middle)
+    return {**phases, "other_s": other, "probe_step_s": mean(p["step_s"] for p in middle),
             "step_s": measured_step_s, "source": source, "probe_steps": len(probes)}
 
 

@@ -43,12 +43,19 @@ def test_bus_bandwidth_and_ring_bound_follow_nccl_tests():
     assert comm["busbw_GBps"] == pytest.approx(0.5) and comm["ring_bound_s"] == pytest.approx(2.0)
 
 
-def test_breakdown_medians_and_rest():
+def test_breakdown_is_the_median_probe_step():
     probes = [{"forward_backward_s": fb, "grad_comm_s": 0.1, "optimizer_s": 0.05, "data_s": 0.01, "step_s": fb + 0.2}
-              for fb in (1.0, 2.0, 3.0)]
+              for fb in (3.0, 1.0, 2.0)]
     b = summarize_breakdown(probes, 2.2, "test")
     assert b["forward_backward_s"] == 2.0 and b["other_s"] == pytest.approx(0.04)
     assert breakdown_total(b) == pytest.approx(2.2) and b["probe_steps"] == 3
+    # One step's forward is long, another's communication: the median step's own phases add up to it (each
+    # phase's median would give forward 2 + communication 2 + other 0.5 = 4.5 against a 5.2 s median step).
+    probes = [{"forward_backward_s": fb, "grad_comm_s": comm, "step_s": step}
+              for fb, comm, step in ((1.0, 3.0, 4.5), (4.0, 1.0, 5.2), (2.0, 2.0, 6.0))]
+    b = summarize_breakdown(probes, None, "test")
+    assert (b["forward_backward_s"], b["grad_comm_s"]) == (4.0, 1.0) and b["other_s"] == pytest.approx(0.2)
+    assert breakdown_total(b) == pytest.approx(b["probe_step_s"]) == pytest.approx(5.2)
 
 
 def test_communication_note_quotes_the_records_own_figures():
@@ -81,7 +88,7 @@ def test_breakdown_arithmetic_at_its_edges():
     b = summarize_breakdown(probes, None, "src")
     assert b == {"forward_backward_s": 0.4, "grad_comm_s": 0.0, "optimizer_s": 0.0, "data_s": 0.0,
                  "other_s": pytest.approx(0.15), "probe_step_s": 0.5, "step_s": None, "source": "src",
-                 "probe_steps": 2}  # other: 0 (never -0.1) and 0.3, their median
+                 "probe_steps": 2}  # two probes, both in the middle: other 0 (never -0.1) and 0.3, averaged
     assert breakdown_total(b) == pytest.approx(0.55)
 
 
