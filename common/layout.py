@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
+from functools import cached_property
 
 from common.errors import BadInput, Unsupported
 from common.stage_split import AUTO, EVEN, even_split, layers_per_stage, parse_split
@@ -195,10 +196,11 @@ class Layout:
         reference of this layout accumulates)."""
         return grad_accum * self.micro_batches
 
-    @property
+    @cached_property
     def name(self) -> str:
         """The canonical name: dimensions in the order dp, fsdp, tp, pp, cp, then the options that differ from
-        the defaults in NAME_ORDER (a pipeline always says its micro-batches). One device is '1 device'."""
+        the defaults in NAME_ORDER (a pipeline always says its micro-batches). One device is '1 device'. Kept once
+        made (the layout is frozen): a plan sorts and refuses by name some 10^5 times."""
         dims = [f"{d}{getattr(self, d)}" for d in ("dp", "fsdp", "tp", "pp", "cp") if getattr(self, d) > 1]
         words = []
         for f in NAME_ORDER:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,7 +47,7 @@ class Gemm:
         return 2.0 * self.m * self.n * self.k
 
 
-def linear_gemms(linears: list[Linear], tokens: int, tp: int = 1) -> list[Gemm]:
+def linear_gemms(linears: Sequence[Linear], tokens: int, tp: int = 1) -> list[Gemm]:
     """The forward GEMMs of `linears` for `tokens` rows on one tensor-parallel rank."""
     return [Gemm(lin.name, tokens, lin.outputs // tp if lin.split == "column" else lin.outputs,
                  lin.inputs // tp if lin.split == "row" else lin.inputs) for lin in linears]

@@ -179,6 +179,7 @@ def test_flags_as_the_user_types_them():
 ])
 def test_the_canonical_name_and_back(layout, name):
     assert layout.name == name
+    assert "cp2" in replace(layout, cp=2).name     # a copy names itself, not the layout it was made from
     if not name.startswith("1 device"):
         assert Layout.parse(name) == layout
 

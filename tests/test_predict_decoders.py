@@ -87,6 +87,11 @@ def test_llama_layer_by_hand_and_the_published_parameter_counts():
     assert [(g.name, g.n, g.k) for g in LLAMA.layer_gemms(16384, tp=2)] == [
         ("wq", h // 2, h), ("wk", kv // 2, h), ("wv", kv // 2, h), ("wo", h, h // 2), ("w1", f // 2, h),
         ("w3", f // 2, h), ("w2", h, f // 2)]
+    # The spec keeps these once worked out; a copy with another FFN works its own out.
+    wide = replace(LLAMA, ffn=2 * f)
+    assert wide.layer_params() - LLAMA.layer_params() == wide.linear_weights() - LLAMA.linear_weights() == 3 * h * f
+    assert [g.n for g in wide.layer_gemms(16384, tp=2)][4:6] == [f, f]
+    assert [g.n for g in LLAMA.layer_gemms(16384, tp=2)][4:6] == [f // 2, f // 2]
 
 
 def test_olmo_core_s_models_have_the_parameters_its_own_formula_counts():
@@ -422,6 +427,10 @@ def test_each_stack_s_memory_bound_bytes_are_its_code_s_counted_by_hand():
     stacks.load("torch-compile").check(Layout.parse("tp2xfsdp4-sp-tpo", 8))
     with pytest.raises(ValueError, match="fsdp8: megatron-te does not run it: Megatron-LM core_r0.8.0 shards no"):
         stacks.load("megatron-te").check(Layout.parse("fsdp8", 8))
+    # what a plan counts each refused candidate under: the reason, without the layout's name
+    assert stacks.load("megatron-te").refusal(Layout.parse("fsdp8", 8)).startswith(
+        "megatron-te does not run it: Megatron-LM core_r0.8.0 shards no")
+    assert stacks.load("torch-compile").refusal(Layout.parse("tp2xfsdp4-sp-tpo", 8)) is None
 
 
 def test_llm_foundry_s_memory_bound_bytes_and_kernels_are_its_code_s_counted_by_hand():

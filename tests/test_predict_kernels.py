@@ -14,7 +14,7 @@ from common.predict import kernels, stacks
 from common.predict.basis import Basis
 from common.predict.collectives import Collective
 from common.predict.decoder import DecoderSpec
-from common.predict.gpu_compute import AttentionRates, DeviceCompute, MatmulTable
+from common.predict.gpu_compute import AttentionRates, DeviceCompute, MatmulTable, arguments_of
 from common.predict.hardware import Hardware, Link
 from common.predict.kernels import Timer
 from common.predict.memory import decoder_rank_bytes
@@ -307,6 +307,18 @@ def test_a_pipeline_of_two_stages_assembled_term_by_term():
     assert chunked.inside == pytest.approx([2 * chunked_tp(), 2 * chunked_tp()], rel=1e-12)
     assert chunked.compute[1] - chunked.compute[0] == pytest.approx(
         sum(kernels.head(SPEC, 2, STACK, TIMER, 4).values()) - 4 * 8 * 2 * 4 / 2 * PS, rel=1e-9)
+
+
+def test_each_stage_of_a_long_pipeline_reduces_its_own_parameters():
+    """6 layers on 4 stages: 2, 2, 1 and 1 a stage, the first with the embedding, the last with the head, so that
+    the first stage and the second, and the second and the third, hold different parameters though alike in one
+    way each (decoder_stages works a stage's data-parallel terms out once for stages alike in all three)."""
+    spec = replace(SPEC, layers=6)
+    out = kernels.decoder_stages(spec, Layout(dp=2, pp=4, micro_batches=4), 8, HW, STACK, COMPUTE)
+    embedding, head = 32 * 8, 8 + 32 * 8                  # the vocabulary's rows; the final norm and output layer
+    held = [2 * 464 + embedding, 2 * 464, 464, 464 + head]
+    assert [c.nbytes for stage in out.collectives for c in stage if c.kind == "all_reduce"] == [4 * p for p in held]
+    assert out.optimizer == pytest.approx([8 * p * PS for p in held], rel=1e-12)
 
 
 def chunked_tp() -> float:
@@ -655,6 +667,13 @@ def test_a_decoder_is_timed_by_its_device_s_table_or_by_an_assumed_mfu():
         kernels.decoder_stages(SPEC, Layout(dp=3), 2, HW, STACK, COMPUTE)
 
 
+def test_a_copy_of_a_device_at_another_scale_times_its_gemms_again():
+    gemm = Gemm("g", 4, 4, 8)
+    once = COMPUTE.gemm_s(gemm)
+    assert once == 256 * PS and COMPUTE.gemm_s(gemm) == once
+    assert replace(COMPUTE, scale=0.5).gemm_s(gemm) == pytest.approx(2 * once, rel=1e-12)
+
+
 def test_every_gemm_a_stage_times_has_whole_dimensions():
     # published.gemm_shapes hands these shapes to the GPU probe, whose tensors take whole sizes only
     shapes = []
@@ -664,7 +683,7 @@ def test_every_gemm_a_stage_times_has_whole_dimensions():
             shapes.append((gemm.m, gemm.n, gemm.k))
             return super().gemm_s(gemm, precision)
 
-    kernels.decoder_stages(SPEC, Layout(dp=2, cp=2, micro_batches=2), 8, HW, STACK, Recording(**vars(COMPUTE)))
+    kernels.decoder_stages(SPEC, Layout(dp=2, cp=2, micro_batches=2), 8, HW, STACK, Recording(**arguments_of(COMPUTE)))
     assert (4, 4, 8) in shapes and all(type(v) is int for shape in shapes for v in shape)
 
 

@@ -60,11 +60,14 @@ def plan(spec: DecoderSpec, devices: int, global_batch: int, hardware: Hardware,
     for candidate in candidates(spec, devices, global_batch, stack, devices_per_node=hardware.devices_per_node):
         try:
             candidate.validate(spec, global_batch)
-            stack.check(candidate)
-        except (BadInput, ValueError) as exc:
+        except BadInput as exc:
             space.refuse(str(exc).split(": ", 1)[-1])
             continue
-        space.valid.append(candidate)
+        why = stack.refusal(candidate)   # the reason alone: most candidates a stack refuses are never named
+        if why:
+            space.refuse(why)
+        else:
+            space.valid.append(candidate)
     return rank(predicted(spec, space.valid, global_batch, hardware, compute, available, None, stack=stack),
                 None), space
 

@@ -88,7 +88,8 @@ def rank(rows: list[Ranked], error: float | None) -> list[Ranked]:
 
 def decides(pick: Ranked, other: Ranked) -> list[tuple[str, float]]:
     """The parts in which `other` spends more than the pick, largest first (seconds per step)."""
-    more = [(part, other.parts[part] - pick.parts[part]) for part in PARTS]
+    mine, its = other.parts, pick.parts
+    more = [(part, mine[part] - its[part]) for part in PARTS]
     return sorted(((p, d) for p, d in more if d > 0), key=lambda pd: -pd[1])
 
 

@@ -3,6 +3,7 @@ one set of formulas bench.predict uses for every size (docs/prediction-at-scale.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from pathlib import Path
 
 from common.predict.hardware import tomllib
@@ -55,25 +56,39 @@ class DecoderSpec:
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
 
-    def linears(self) -> list[Linear]:
+    # The layer's formulas below are kept on the spec once worked out (it is frozen): a plan asks for them for each
+    # of some 10^5 layouts.
+    def linears(self) -> tuple[Linear, ...]:
         """A layer's linear layers in forward order (torchtitan's and Megatron's modules, unfused)."""
+        return self._linears
+
+    @cached_property
+    def _linears(self) -> tuple[Linear, ...]:
         h, f = self.hidden, self.ffn
         w3 = [Linear("w3", h, f, "column")] if self.ffn_kind == "swiglu" else []
-        return [Linear("wq", h, self.q_width, "column"), Linear("wk", h, self.kv_width, "column"),
+        return (Linear("wq", h, self.q_width, "column"), Linear("wk", h, self.kv_width, "column"),
                 Linear("wv", h, self.kv_width, "column"), Linear("wo", self.q_width, h, "row"),
-                Linear("w1", h, f, "column"), *w3, Linear("w2", f, h, "row")]
+                Linear("w1", h, f, "column"), *w3, Linear("w2", f, h, "row"))
 
     def norm_params(self) -> int:
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     def linear_weights(self) -> int:
         """A layer's Linear weight elements (what a Float8 stack computes with in fp8)."""
+        return self._linear_weights
+
+    @cached_property
+    def _linear_weights(self) -> int:
         return sum(lin.inputs * lin.outputs for lin in self.linears())
 
     def qk_norm_params(self) -> int:
         return (self.q_width + self.kv_width) * (2 if self.norm == "layernorm" else 1) if self.qk_norm else 0
 
     def layer_params(self) -> int:
+        return self._layer_params
+
+    @cached_property
+    def _layer_params(self) -> int:
         weights = self.linear_weights()
         biases = sum(lin.outputs for lin in self.linears()) if self.biases else 0
         return weights + biases + 2 * self.norm_params() + self.qk_norm_params()
@@ -88,16 +103,26 @@ class DecoderSpec:
     def param_count(self) -> int:
         return self.embedding_params() + self.layers * self.layer_params() + self.head_params()
 
-    def layer_gemms(self, tokens: int, tp: int = 1, fused: bool = False) -> list[Gemm]:
+    def layer_gemms(self, tokens: int, tp: int = 1, fused: bool = False) -> tuple[Gemm, ...]:
         """A layer's forward GEMMs on one tensor-parallel rank for `tokens` tokens; `fused`: Q, K and V as one GEMM
         and a SwiGLU's gate and up as one (Megatron's linear_qkv, linear_fc1), else torchtitan's one per module."""
+        known = self._layer_gemms_known.get((tokens, tp, fused))
+        if known is None:
+            known = self._layer_gemms_known[(tokens, tp, fused)] = self._layer_gemms(tokens, tp, fused)
+        return known
+
+    @cached_property
+    def _layer_gemms_known(self) -> dict[tuple[int, int, bool], tuple[Gemm, ...]]:
+        return {}
+
+    def _layer_gemms(self, tokens: int, tp: int, fused: bool) -> tuple[Gemm, ...]:
         lins = self.linears()
         if fused:
             by = {lin.name: lin for lin in lins}
             qkv = Linear("qkv", self.hidden, self.q_width + 2 * self.kv_width, "column")
             up = Linear("fc1", self.hidden, self.ffn * (2 if self.ffn_kind == "swiglu" else 1), "column")
-            lins = [qkv, by["wo"], up, by["w2"]]
-        return linear_gemms(lins, tokens, tp)
+            lins = (qkv, by["wo"], up, by["w2"])
+        return tuple(linear_gemms(lins, tokens, tp))
 
     @staticmethod
     def backward_gemms(forward: Gemm) -> list[Gemm]:
@@ -112,7 +137,7 @@ class DecoderSpec:
     def gemms(self, samples: int) -> list[Gemm]:
         """Every forward GEMM of `samples` sequences (common.spec.forward_flops counts FLOPs from them)."""
         tokens = samples * self.seq_len
-        return self.layers * self.layer_gemms(tokens) + [self.head_gemm(tokens)]
+        return [*self.layers * self.layer_gemms(tokens), self.head_gemm(tokens)]
 
     def layer_forward_macs(self) -> int:
         """Per sequence, one layer: its GEMMs and causal attention's two products (a pipeline's stage costs)."""

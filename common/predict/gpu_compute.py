@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import product
 from pathlib import Path
 
@@ -68,8 +68,19 @@ class DeviceCompute:
     path: str
     launch_floor_source: str = ""
     memory_source: str = ""
+    # GEMM times already worked out, by (precision, m, n, k): a plan times the same shapes for every layout. Not an
+    # argument, so that a copy with another scale (dataclasses.replace) starts without them.
+    _gemm_known: dict[tuple[str, int, int, int], float] = field(default_factory=dict, init=False, compare=False,
+                                                                repr=False)
 
     def gemm_s(self, gemm: Gemm, precision: str = "bf16") -> float:
+        key = (precision, gemm.m, gemm.n, gemm.k)
+        known = self._gemm_known.get(key)
+        if known is None:
+            known = self._gemm_known[key] = self._gemm_s(gemm, precision)
+        return known
+
+    def _gemm_s(self, gemm: Gemm, precision: str) -> float:
         if precision not in self.matmul:
             raise ValueError(f"{self.name}: no {precision} matmul table (has {', '.join(self.matmul)})")
         if min(gemm.m, gemm.n, gemm.k) <= 0:
@@ -87,6 +98,12 @@ class DeviceCompute:
     def memory_s(self, nbytes: float, kernels: int = 1) -> float:
         """Memory-bound work of `nbytes` moved by `kernels` kernels at the device's bandwidth."""
         return max(nbytes / self.memory_Bps, kernels * self.launch_floor_s) if nbytes > 0 else 0.0
+
+
+def arguments_of(compute: DeviceCompute) -> dict:
+    """What builds `compute` again (as a subclass that records what it times, e.g.): its fields, not its known
+    times."""
+    return {f.name: getattr(compute, f.name) for f in fields(compute) if f.init}
 
 
 def compute_for(hardware: Hardware) -> DeviceCompute:

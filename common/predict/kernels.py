@@ -259,21 +259,26 @@ def decoder_stages(spec: DecoderSpec, layout: Layout, global_batch: int, hardwar
     scaled = gathered_f8 or (f8 if f8 and f8.weights_in_fp8 else None)
     last = layout.pp - 1
     out = Stages(micro_batches=m, seq_len=spec.seq_len)
+    data_parallel: dict[tuple[int, bool, bool], tuple] = {}   # the middle stages of a long pipeline are alike
     for s, n in enumerate(_stage_layers(spec, layout)):
         # Parameters a rank of the stage holds: its layers' tensor-parallel share, the embedding or output layer's.
         params = n * layer_params + (spec.embedding_params() / vocab_tp if s == 0 else 0.0) \
             + (spec.head_params() / vocab_tp if s == last else 0.0)
-        exposed, data_comm, copies, colls = _data_parallel(spec, held, hardware, timer, stack, params,
-                                                           layer_params, layer_gather, n, m, n * layer["fwd"],
-                                                           n * layer["bwd"], BF16 * params - n * fp8_saved)
-        if scaled:
-            # After the optimizer, every fp8 weight's amax from its shard (one kernel; the weights kept in fp8
-            # cast there too), the amaxes all-reduced over the shards (nothing to reduce where a rank holds all).
-            copies += timer.memory(n * linear_weights / weight_shards * scaled.scale_bytes, 1)
-            exposed += _cost(hardware, held, "fsdp" if held.sharded else "data", weight_shards, "all_reduce",
-                             FP32 * n * len(spec.linears()))
-        if f8 and f8.weights_in_fp8:   # the fp8 weights' column-major copies, once a step
-            copies += timer.memory(n * linear_weights * f8.transpose_bytes, len(spec.linears()))
+        kind = (n, s == 0, s == last)
+        if kind not in data_parallel:
+            exposed, data_comm, copies, colls = _data_parallel(spec, held, hardware, timer, stack, params,
+                                                               layer_params, layer_gather, n, m, n * layer["fwd"],
+                                                               n * layer["bwd"], BF16 * params - n * fp8_saved)
+            if scaled:
+                # After the optimizer, every fp8 weight's amax from its shard (one kernel; the weights kept in fp8
+                # cast there too), the amaxes all-reduced over the shards (nothing to reduce where a rank holds all).
+                copies += timer.memory(n * linear_weights / weight_shards * scaled.scale_bytes, 1)
+                exposed += _cost(hardware, held, "fsdp" if held.sharded else "data", weight_shards, "all_reduce",
+                                 FP32 * n * len(spec.linears()))
+            if f8 and f8.weights_in_fp8:   # the fp8 weights' column-major copies, once a step
+                copies += timer.memory(n * linear_weights * f8.transpose_bytes, len(spec.linears()))
+            data_parallel[kind] = exposed, data_comm, copies, colls
+        exposed, data_comm, copies, colls = data_parallel[kind]
         updated = params / (held.fsdp if held.sharded else held.dp if held.zero1 else 1)
         out.add(compute=n * (layer["fwd"] + layer["bwd"]) + (embed if s == 0 else 0.0) + (head_s if s == last else 0.0),
                 inside=n * (layer["tp_exposed"] + layer["cp_exposed"]) + exposed_send,

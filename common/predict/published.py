@@ -13,7 +13,7 @@ from common.layout import Layout
 from common.predict import decoder, stacks
 from common.predict import hardware as hardware_files
 from common.predict.compute_table import toml_text
-from common.predict.gpu_compute import DeviceCompute, compute_for, table_from
+from common.predict.gpu_compute import DeviceCompute, arguments_of, compute_for, table_from
 from common.predict.hardware import Hardware, tomllib
 from common.predict.step import predict
 from common.stats import spearman
@@ -173,8 +173,11 @@ def gemm_shapes(points: list[Point] | None = None) -> list[tuple[int, int, int]]
             shapes.add((gemm.m, gemm.n, gemm.k))
             return super().gemm_s(gemm, precision)
 
+    def recording(hardware: Hardware) -> Recording:
+        return Recording(**arguments_of(compute_for(hardware)))
+
     for p in points if points is not None else all_points():
-        predict_point(p, lambda hardware: Recording(**vars(compute_for(hardware))))
+        predict_point(p, recording)
     return sorted(s for s in shapes if min(s) > 0)
 
 

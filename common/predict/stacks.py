@@ -105,12 +105,19 @@ class Stack:
 
     def check(self, layout: Layout) -> None:
         """ValueError in one line for a layout this stack does not run."""
+        why = self.refusal(layout)
+        if why:
+            raise ValueError(f"{layout.name}: {why}")
+
+    def refusal(self, layout: Layout) -> str | None:
+        """Why this stack does not run `layout` (None: it does), without the layout's name."""
         for refused, why in self.refuses:     # first: a stack without tensor parallelism says so, not tpo's words
             if refused(layout):
-                raise ValueError(f"{layout.name}: {self.name} does not run it: {why}")
+                return f"{self.name} does not run it: {why}"
         if layout.tp_overlap and not self.tp_overlap_split:   # the grammar takes tpo with tp only
-            raise ValueError(f"{layout.name}: {self.name} cannot overlap tensor-parallel communication (tpo): "
-                             "torch's async TP needs torch.compile (--stack torch-compile)")
+            return (f"{self.name} cannot overlap tensor-parallel communication (tpo): torch's async TP needs "
+                    "torch.compile (--stack torch-compile)")
+        return None
 
 
 def _megatron_te(spec: DecoderSpec) -> tuple[float, float]:
