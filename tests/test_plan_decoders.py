@@ -98,6 +98,10 @@ def test_the_plan_ranks_what_fits_fastest_first_and_drops_the_rest():
                                 hw.memory_bytes)
     ranked = [r for r in rows if r.rank]
     assert len(space.valid) == len(rows) and sum(space.refused.values()) > 0
+    # each reason counted once for every candidate refused for it, the layouts' names left out
+    odd = replace(LLAMA, vocab=LLAMA.vocab + 1)    # no tp divides it: every vocabulary split refused
+    _, refused = decoders.plan(odd, 8, 16, hw, stacks.load("torch-compile"), compute_for(hw), hw.memory_bytes)
+    assert refused.refused[f"vocabulary {odd.vocab} is not divisible by tp 2"] > 1
     assert [r.rank for r in ranked] == list(range(1, len(ranked) + 1))
     assert [r.step_s for r in ranked] == sorted(r.step_s for r in ranked)
     assert all(r.memory <= hw.memory_bytes for r in ranked)

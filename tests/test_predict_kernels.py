@@ -312,13 +312,15 @@ def test_a_pipeline_of_two_stages_assembled_term_by_term():
 def test_each_stage_of_a_long_pipeline_reduces_its_own_parameters():
     """6 layers on 4 stages: 2, 2, 1 and 1 a stage, the first with the embedding, the last with the head, so that
     the first stage and the second, and the second and the third, hold different parameters though alike in one
-    way each (decoder_stages works a stage's data-parallel terms out once for stages alike in all three)."""
-    spec = replace(SPEC, layers=6)
-    out = kernels.decoder_stages(spec, Layout(dp=2, pp=4, micro_batches=4), 8, HW, STACK, COMPUTE)
+    way each (decoder_stages works a stage's data-parallel terms out once for stages alike in all three); and 4
+    layers, one a stage, where the first stage and the third differ by the embedding alone."""
     embedding, head = 32 * 8, 8 + 32 * 8                  # the vocabulary's rows; the final norm and output layer
-    held = [2 * 464 + embedding, 2 * 464, 464, 464 + head]
-    assert [c.nbytes for stage in out.collectives for c in stage if c.kind == "all_reduce"] == [4 * p for p in held]
-    assert out.optimizer == pytest.approx([8 * p * PS for p in held], rel=1e-12)
+    for layers, held in ((6, [2 * 464 + embedding, 2 * 464, 464, 464 + head]),
+                         (4, [464 + embedding, 464, 464, 464 + head])):
+        out = kernels.decoder_stages(replace(SPEC, layers=layers), Layout(dp=2, pp=4, micro_batches=4), 8, HW, STACK,
+                                     COMPUTE)
+        assert [c.nbytes for stage in out.collectives for c in stage if c.kind == "all_reduce"] == [4 * p for p in held]
+        assert out.optimizer == pytest.approx([8 * p * PS for p in held], rel=1e-12)
 
 
 def chunked_tp() -> float:
