@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
 
 from common.layout import Layout
@@ -38,7 +39,7 @@ class Ranked:
     def step_s(self) -> float:
         return self.prediction.step_s
 
-    @property
+    @cached_property   # its prediction is made once; decides() reads it part by part for every pair
     def parts(self) -> dict[str, float]:
         p = self.prediction
         return {part: getattr(p, f"{part}_s") for part in PARTS} | {"compute": p.compute_s - p.recompute_s}
@@ -88,8 +89,7 @@ def rank(rows: list[Ranked], error: float | None) -> list[Ranked]:
 
 def decides(pick: Ranked, other: Ranked) -> list[tuple[str, float]]:
     """The parts in which `other` spends more than the pick, largest first (seconds per step)."""
-    mine, its = other.parts, pick.parts
-    more = [(part, mine[part] - its[part]) for part in PARTS]
+    more = [(part, other.parts[part] - pick.parts[part]) for part in PARTS]
     return sorted(((p, d) for p, d in more if d > 0), key=lambda pd: -pd[1])
 
 
