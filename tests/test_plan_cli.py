@@ -116,7 +116,7 @@ def test_help_names_every_option_with_what_it_does(capsys, monkeypatch):
     text = model_group.split(" --model: a decoder LLM")[0] + " --run: measure the top K" + rest
     assert text.endswith(
         "--devices DEVICES devices to lay the model out on (>= 2) --hardware NAME|FILE a bundled description "
-        "(a100-sxm-8, cpu-loopback-2core, h100-96gb-500w-8, h100-sxm-8) or a TOML file of yours "
+        "(a100-sxm-8, cpu-loopback-2core, h100-96gb-500w-8, h100-sxm-8, h200-sxm-8) or a TOML file of yours "
         "(common/predict/hardware/README.md); default cpu-loopback-2core --from RESULTS results folder whose "
         "1-device run on the --hardware's kind of device gives the compute --assume-mfu MFU compute at this "
         "fraction of the device's datasheet peak instead of a measured run (labelled as an assumption in every "

@@ -365,6 +365,11 @@ def test_a_refusal_gives_every_reason_in_its_own_words_in_one_line():
         "fsdp8: megatron-te does not run it: Megatron-LM core_r0.8.0 shards no parameters (its arguments have no "
         "FSDP; the distributed optimizer shards the optimizer state: zero1)")
     assert published.refusal(replace(megatron, layout="tp8")) == ""
+    # a stack not described, on a device with a table: refused for the stack alone, its attention kernel not sought
+    assert published.refusal(replace(megatron, layout="tp8", stack="deepspeed")) == (
+        "stack 'deepspeed' is not described (common/predict/stacks.py describes megatron-te, torch-eager, "
+        "torch-compile, torch-compile-float8, llm-foundry, llm-foundry-triton, megatron-bridge-fp8-cs, olmo-core, "
+        "olmo-core-float8)")
 
 
 def test_a_ranking_row_by_hand():
