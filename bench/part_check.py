@@ -2,10 +2,12 @@
 
 A part measured in one command, for one lease of a lent GPU: its compute table (bench.compute_table, after a
 sustained load, so at the clocks a run holds), then the layer checks (bench.layer_check) held against that table
-and not the bundled one. Into DIR, five files, as few as a lent machine hands back: `compute.json` (the
-measurement), `NAME.toml` (the table), `hardware.toml` (the hardware file given, naming that table), `checks.json`
-(every check's record) and `part-check.md` (the table's headline figures and each check's error). The same code runs
-on a CPU at small sizes (tests/test_part_check.py); docs/prediction-at-scale.md says how its files are committed.
+and not the bundled one, nvidia-smi sampling the GPU's power and clocks throughout. Into DIR, at most seven files
+(a lent machine hands back eight): `compute.json` (the measurement), `NAME.toml` (the table), `hardware.toml` (the
+hardware file given, naming that table), `checks.json` (every check's record), `part-check.md` (what nvidia-smi
+said, the table's headline figures and each check's error), and where nvidia-smi runs `nvidia-smi.txt` (power
+limit, clocks, driver) and `nvidia-smi-trace.csv`. The same code runs on a CPU at small sizes
+(tests/test_part_check.py); docs/prediction-at-scale.md says how its files are committed.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bench import compute_table, layer_check
+from common import gpu_telemetry
 from common.predict import hardware as hardware_files
 
 
@@ -67,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Arguments after -- go to bench.compute_table (its --grid, --precisions, ...).")
     p.add_argument("--hardware", required=True, help="the part's hardware file (bundled name or path): the layer "
                    "checks predict with it, its compute table replaced by the one measured")
-    p.add_argument("--out", required=True, type=Path, help="the folder the five files go to")
+    p.add_argument("--out", required=True, type=Path, help="the folder the files go to")
     p.add_argument("--name", help="the compute table's name (default: the hardware's, less its '-N' devices a node)")
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda where torch sees one, else cpu")
     p.add_argument("--sustain-s", type=float, default=60.0,
@@ -91,11 +94,12 @@ def _measured_s(measured: dict, part: str) -> float:
     return measured["step_s"] if part == "optimizer" else measured["forward_s"] + measured["backward_s"]
 
 
-def summary(measured: dict, records: list[dict], hardware: str, table: Path) -> str:
-    """part-check.md: the table's headline figures, then each check's measured and predicted times and error."""
+def summary(measured: dict, records: list[dict], hardware: str, table: Path, telemetry: list[str]) -> str:
+    """part-check.md: what nvidia-smi said, the table's headline figures, then each check's measured and predicted
+    times and error."""
     lines = [f"# {measured['device']}: compute table `{table.name}` and its layer checks", "",
              f"{measured['software']}, {measured['date']}; measured in {measured['seconds']} s; hardware {hardware}.",
-             ""]
+             "", "```", *telemetry, "```", ""]
     sustained = measured.get("sustained")
     if sustained:
         m, n, k = sustained["shape"]
@@ -132,12 +136,31 @@ def main(argv: list[str] | None = None) -> int:
     name = args.name or re.sub(r"-\d+$", "", hardware.name)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    smi = gpu_telemetry.state()
+    if smi is not None:
+        (out / "nvidia-smi.txt").write_text(smi)
+    with gpu_telemetry.trace(out / "nvidia-smi-trace.csv") as tracing:
+        code, measured, records = measure(args, hardware, name, table_args, console)
+    if code:
+        return code
+    telemetry = [smi.strip() if smi else "nvidia-smi: not on this machine (no power limit, clocks or trace)"]
+    if tracing:
+        telemetry.append(gpu_telemetry.trace_summary(out / "nvidia-smi-trace.csv"))
+    (out / "checks.json").write_text(json.dumps(records, indent=1) + "\n")
+    (out / "part-check.md").write_text(summary(measured, records, hardware.name, out / f"{name}.toml", telemetry))
+    console.print(f"{len(records)} checks against {out / f'{name}.toml'}: {out / 'part-check.md'}")
+    return 0
+
+
+def measure(args, hardware, name: str, table_args: list[str], console: Console) -> tuple[int, dict, list[dict]]:
+    """The table, then each check against it: (exit code, the table's measurement, the checks' records)."""
+    out = args.out
     table, measured_json = out / f"{name}.toml", out / "compute.json"
     device = ["--device", args.device] if args.device else []
     code = compute_table.main(["--json", str(measured_json), "--toml", str(table), "--name", name, *device,
                                "--sustain-s", str(args.sustain_s), *table_args])
     if code:
-        return code
+        return code, {}, []
     measured = json.loads(measured_json.read_text())
     part = out / "hardware.toml"
     part.write_text(with_table(Path(hardware.path).read_text(), table))
@@ -150,14 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         one = out / f".{check.name}.json"
         code = layer_check.main(check.argv(args.model or check.model, part, args.device, args.steps, one))
         if code:
-            return code
+            return code, measured, records
         records.append({"check": check.name, **json.loads(one.read_text())})
         one.unlink()
-    (out / "checks.json").write_text(json.dumps(records, indent=1) + "\n")
-    (out / "part-check.md").write_text(summary(measured, records, hardware.name, table))
-    console.print(f"{len(records)} checks against {table}: {out / 'part-check.md'}")
-    return 0
-
+    return 0, measured, records
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -94,19 +94,28 @@ def shared_cuda_plan(count: int, names: list[str], how: str) -> DevicePlan:
                       f"{count} virtual devices on {len(used)} x {used[0]} ({how})", tuple(used))
 
 
-@functools.lru_cache(maxsize=1)
-def gpu_memory_bytes() -> tuple[int, ...]:
-    """The total memory of each NVIDIA GPU this process may use, from nvidia-smi (no framework imported: a fit
-    check runs before any); () without an NVIDIA driver or nvidia-smi. CUDA_VISIBLE_DEVICES (indices or UUIDs,
-    as nvidia-smi --id takes them) selects the GPUs as CUDA would."""
+def nvidia_smi_command(query: str, *options: str) -> list[str] | None:
+    """nvidia-smi asked `query` (its --query-gpu fields) of the GPUs this process may use: CUDA_VISIBLE_DEVICES
+    (indices or UUIDs, as nvidia-smi --id takes them) selects them as CUDA would. None without an NVIDIA driver,
+    nvidia-smi or a visible GPU."""
     if not accelerator_driver_present() or shutil.which("nvidia-smi") is None:
-        return ()
-    cmd = ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+        return None
+    cmd = ["nvidia-smi", f"--query-gpu={query}", *options]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         if not visible.strip():
-            return ()
+            return None
         cmd.append(f"--id={visible}")
+    return cmd
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_memory_bytes() -> tuple[int, ...]:
+    """The total memory of each NVIDIA GPU this process may use, from nvidia-smi (no framework imported: a fit
+    check runs before any); () without an NVIDIA driver, nvidia-smi or a visible GPU."""
+    cmd = nvidia_smi_command("memory.total", "--format=csv,noheader,nounits")
+    if cmd is None:
+        return ()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
         return tuple(int(float(v)) * 2**20 for v in out.split())  # MiB

@@ -11,12 +11,15 @@ from common.peak_flops import device_model
 from common.predict import hardware as hardware_files
 from common.predict.gpu_compute import compute_for
 from tests.test_compute_table import TINY
+from tests.test_gpu_telemetry import stand_in
 
 SMALL_TABLE = ["--grid", "16,32", "--attention-seqs", "16,32", "--attention-tokens", "64", "--attention-heads", "2",
                "--copy-bytes", "65536", "--target-ms", "0.2", "--sustain-shape", "64,32,16"]
 
 
-def test_the_table_measured_is_the_one_the_checks_are_held_to(tmp_path):
+def test_the_table_measured_is_the_one_the_checks_are_held_to(tmp_path, monkeypatch):
+    """With a stand-in for nvidia-smi (tests/test_gpu_telemetry.py): its state and trace beside the table."""
+    pids = stand_in(tmp_path, monkeypatch)
     (tmp_path / "tiny.toml").write_text(TINY)
     hardware = tmp_path / "here-1.toml"
     # a part's file as bundled: its own compute key (a table this command must not use), the device as it names it
@@ -29,7 +32,8 @@ def test_the_table_measured_is_the_one_the_checks_are_held_to(tmp_path):
             "--checks", checks, "--model", str(tmp_path / "tiny.toml"), "--", *SMALL_TABLE]
     assert part_check.main(argv) == 0
     assert sorted(p.name for p in out.iterdir()) == ["checks.json", "compute.json", "hardware.toml", "here.toml",
-                                                     "part-check.md"]
+                                                     "nvidia-smi-trace.csv", "nvidia-smi.txt", "part-check.md"]
+    assert len(pids.read_text().split()) == 2  # asked once, then sampling throughout
     measured = json.loads((out / "compute.json").read_text())
     assert measured["sustained"]["shape"] == [64, 32, 16] and len(measured["matmul"]["fp32"]["grid"]) == 8
     # the hardware file as given, its table the one just measured
@@ -48,6 +52,20 @@ def test_the_table_measured_is_the_one_the_checks_are_held_to(tmp_path):
         for name, error in r["error"].items():
             assert f"| {r['check']} | tiny-llama | {name} |" in text and f"{error:+.1%} |" in text
     assert "sustained 64x32x16 GEMM" in text
+    assert "NVIDIA H200, 143771 MiB, 700.00 W, 1980 MHz, 3201 MHz, 580.159.04" in text
+    trace = (out / "nvidia-smi-trace.csv").read_text().splitlines()
+    assert len(trace) > 4 and f"nvidia-smi trace: {len(trace) - 1} samples; power draw up to 650 W" in text
+
+
+def test_without_nvidia_smi_the_summary_says_so(tmp_path):
+    (tmp_path / "tiny.toml").write_text(TINY)
+    argv = ["--hardware", "h100-sxm-8", "--out", str(tmp_path / "out"), "--device", "cpu", "--sustain-s", "0",
+            "--steps", "1", "--checks", "llama3-8b-optimizer", "--model", str(tmp_path / "tiny.toml"), "--",
+            *SMALL_TABLE]
+    assert part_check.main(argv) == 0
+    assert "nvidia-smi: not on this machine (no power limit, clocks or trace)" in (
+        tmp_path / "out" / "part-check.md").read_text()
+    assert not list((tmp_path / "out").glob("nvidia-smi*"))
 
 
 def test_a_check_not_known_is_refused_before_anything_is_measured(tmp_path, capsys):
