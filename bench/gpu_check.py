@@ -6,18 +6,21 @@ GPU"): the BERT MLM at bf16 autocast in torch_3d, torch_ddp and keras_jax (XLA),
 --profile and beside its framework's bare loop (bench.calibrate: the suite run and the bare idiom alternated), all
 on 1 device and synthetic data (the GPU machine holds no data). Then DIR/report.md (bench.report: every run's
 attribution table) and DIR/gpu-check.json and .md: per run its step, MFU, its ratio to the bare loop and to
-torch_3d's step of the same group. On a CPU (--device-kind cpu, a tiny model, a few steps) the same code runs in the
-tests.
+torch_3d's step of the same group, and where nvidia-smi runs the SM clock and power each run held (its trace beside
+the records: runs one after another on one GPU compare fairly only at the same clocks). On a CPU (--device-kind cpu,
+a tiny model, a few steps) the same code runs in the tests.
 """
 from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
 
 from bench.cli import OneLineParser, name_list, positive_int
+from common import gpu_telemetry
 from common.results import load_records, write_atomic, write_json_atomic
 
 # (group, workload, backends, flags): what the check runs, 1 device each.
@@ -88,35 +91,57 @@ def summary(records: list[dict]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], failed: list[str]) -> str:
+def with_clocks(rows: list[dict], records: list[dict], trace: list[tuple[float, float, float]]) -> list[dict]:
+    """Each row with the median SM clock and power nvidia-smi sampled while its run ran (from its start for its
+    duration), None where no sample fell inside."""
+    spans = {r["run_id"]: (datetime.fromisoformat(r["started_at"]).timestamp(), r["duration_s"]) for r in records}
+    out = []
+    for row in rows:
+        start, duration = spans[row["run_id"]]
+        held = gpu_telemetry.during(trace, start, start + duration)
+        out.append({**row, "sm_clock_mhz": held and held["sm_clock_mhz"], "power_w": held and held["power_w"]})
+    return out
+
+
+def markdown(rows: list[dict], failed: list[str], gpu: str | None = None) -> str:
+    """gpu-check.md: the table, the groups that failed, and the GPU as nvidia-smi gives it (`gpu`, its CSV)."""
     def fmt(value, pattern):
         return "-" if value is None else pattern.format(value)
-    lines = ["| group | backend | step (ms) | samples/s | MFU | suite / bare loop | step / torch_3d's |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| group | backend | step (ms) | samples/s | MFU | suite / bare loop | step / torch_3d's | SM clock (MHz) "
+             "| power (W) |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['group']} | {r['backend']} | {r['step_s'] * 1e3:,.1f} | {r['samples_per_s']:,.1f} | "
               f"{fmt(r['mfu'], '{:.1%}')} | {fmt(r['bare_ratio'], '{:.2f}')} | "
-              f"{fmt(r['step_over_torch_3d'], '{:.2f}x')} |" for r in rows]
+              f"{fmt(r['step_over_torch_3d'], '{:.2f}x')} | {fmt(r.get('sm_clock_mhz'), '{:,.0f}')} | "
+              f"{fmt(r.get('power_w'), '{:,.0f}')} |" for r in rows]
     device = rows[0]["device"] if rows else "no run ok"
+    told = ["```", gpu.strip(), "```"] if gpu else ["nvidia-smi: not on this machine (no clocks or power)"]
     return "\n".join([f"# bench.gpu_check on {device}", "", *lines, "",
                       *(f"- {group}: bench.calibrate failed (its log under the folder's logs/)" for group in failed),
-                      "Attribution tables: report.md (bench.report)."]) + "\n"
+                      "Attribution tables: report.md (bench.report).", "", *told]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console, out = Console(), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     failed = []
-    for group in args.groups:
-        console.print(f"gpu_check {group}: {' '.join(calibrate_command(args, group)[1:])}")
-        # bench.calibrate bounds each run by --timeout and reaps it; this bound covers its own start and the report.
-        runs = len(GROUPS[group][1]) * 2 * args.repeats
-        done = subprocess.run(calibrate_command(args, group), timeout=runs * (args.timeout + 120))
-        if done.returncode:
-            failed.append(group)
+    smi = gpu_telemetry.state()
+    if smi is not None:
+        (out / "nvidia-smi.txt").write_text(smi)
+    trace = out / "nvidia-smi-trace.csv"
+    with gpu_telemetry.trace(trace) as tracing:
+        for group in args.groups:
+            console.print(f"gpu_check {group}: {' '.join(calibrate_command(args, group)[1:])}")
+            # bench.calibrate bounds each run by --timeout and reaps it; this bound covers its own start and the report.
+            runs = len(GROUPS[group][1]) * 2 * args.repeats
+            done = subprocess.run(calibrate_command(args, group), timeout=runs * (args.timeout + 120))
+            if done.returncode:
+                failed.append(group)
     subprocess.run([sys.executable, "-m", "bench.report", "--results", str(out)], timeout=600)
-    rows = summary(load_records(out))
+    records = load_records(out)
+    rows = with_clocks(summary(records), records, gpu_telemetry.samples(trace) if tracing else [])
     write_json_atomic(out / f"{SUMMARY}.json", {"rows": rows, "failed_groups": failed})
-    text = markdown(rows, failed)
+    text = markdown(rows, failed, smi)
     write_atomic(out / f"{SUMMARY}.md", text.encode())
     console.print(text)
     return 1 if failed or not rows else 0

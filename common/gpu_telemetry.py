@@ -5,9 +5,11 @@ measured at are part of it (docs/prediction-at-scale.md, "Burst against sustaine
 nothing is written and the caller says "not measured"."""
 from __future__ import annotations
 
+import statistics
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 
 from common.devices import nvidia_smi_command
@@ -49,17 +51,34 @@ def trace(path: Path, interval_ms: int = 250) -> Iterator[bool]:
             sampler.wait()
 
 
+def samples(path: Path) -> list[tuple[float, float, float]]:
+    """A trace's readable samples: (seconds since the epoch, SM clock in MHz, power draw in W). nvidia-smi writes its
+    timestamps in the machine's local time, which the clock of the records beside it reads alike."""
+    out = []
+    for line in path.read_text().splitlines()[1:]:
+        row = line.split(", ")
+        try:
+            out.append((datetime.strptime(row[0], "%Y/%m/%d %H:%M:%S.%f").timestamp(), float(row[1]), float(row[3])))
+        except (ValueError, IndexError):  # a field nvidia-smi could not read ("[N/A]"), or a line cut off
+            continue
+    return out
+
+
+def during(trace: list[tuple[float, float, float]], start: float, end: float) -> dict | None:
+    """The median SM clock and power draw of the samples from `start` to `end` (seconds since the epoch), or None
+    where none fell between them."""
+    inside = [(clock, power) for t, clock, power in trace if start <= t <= end]
+    if not inside:
+        return None
+    return {"samples": len(inside), "sm_clock_mhz": statistics.median(c for c, _ in inside),
+            "power_w": statistics.median(p for _, p in inside)}
+
+
 def trace_summary(path: Path) -> str:
     """One line of a trace: its samples, its power draw's largest and its SM clock's lowest and median."""
-    rows = [line.split(", ") for line in path.read_text().splitlines()[1:] if line.count(", ") >= 4]
-    samples = []
-    for row in rows:
-        try:
-            samples.append((float(row[1]), float(row[3])))
-        except ValueError:  # a field nvidia-smi could not read ("[N/A]")
-            continue
-    if not samples:
-        return f"nvidia-smi trace: no readable sample in {len(rows)} lines"
-    clocks = sorted(c for c, _ in samples)
-    return (f"nvidia-smi trace: {len(samples)} samples; power draw up to {max(p for _, p in samples):.0f} W; "
+    read = samples(path)
+    if not read:
+        return "nvidia-smi trace: no readable sample"
+    clocks = sorted(c for _, c, _ in read)
+    return (f"nvidia-smi trace: {len(read)} samples; power draw up to {max(p for _, _, p in read):.0f} W; "
             f"SM clock {clocks[0]:.0f} MHz at the lowest, {clocks[len(clocks) // 2]:.0f} MHz the median")

@@ -7,6 +7,7 @@ loads."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -96,3 +97,25 @@ def test_the_device_check_runs_on_a_cpu(tmp_path):
     assert "Where the step goes" in (out / "report.md").read_text()
     table = (out / "gpu-check.md").read_text()
     assert table.count("| mlm |") == 3 and table.count("| cnn |") == 2
+
+
+def test_each_row_gets_the_clocks_nvidia_smi_sampled_while_its_run_ran():
+    """Runs one after another on one GPU compare fairly only at the same clocks: each row shows the median SM clock
+    and power of the trace's samples from its run's start to its end, and '-' where none fell inside."""
+    base = datetime(2026, 11, 29, 10, 0, 0, tzinfo=timezone.utc)
+    records = [{"run_id": "a", "started_at": base.isoformat(), "duration_s": 10.0},
+               {"run_id": "b", "started_at": (base + timedelta(seconds=20)).isoformat(), "duration_s": 10.0},
+               {"run_id": "c", "started_at": (base + timedelta(seconds=60)).isoformat(), "duration_s": 5.0}]
+    t0 = base.timestamp()
+    trace = [(t0 + 1, 1980.0, 600.0), (t0 + 5, 1900.0, 690.0), (t0 + 9, 1950.0, 650.0),    # a
+             (t0 + 15, 345.0, 80.0),                                                       # between runs: no one's
+             (t0 + 21, 1700.0, 700.0), (t0 + 29, 1750.0, 700.0)]                           # b
+    rows = [{"run_id": k, "group": "mlm", "backend": k, "step_s": 0.1, "samples_per_s": 10.0, "mfu": None,
+             "bare_ratio": None, "step_over_torch_3d": None, "device": "GPU"} for k in "abc"]
+    held = {r["run_id"]: (r["sm_clock_mhz"], r["power_w"]) for r in gpu_check.with_clocks(rows, records, trace)}
+    assert held == {"a": (1950.0, 650.0), "b": (1725.0, 700.0), "c": (None, None)}
+    table = gpu_check.markdown(gpu_check.with_clocks(rows, records, trace), [], "name, power.limit [W]\nH200, 700 W\n")
+    assert "| mlm | a | 100.0 | 10.0 | - | - | - | 1,950 | 650 |" in table
+    assert "| mlm | c | 100.0 | 10.0 | - | - | - | - | - |" in table
+    assert table.endswith("```\nname, power.limit [W]\nH200, 700 W\n```\n")
+    assert "nvidia-smi: not on this machine" in gpu_check.markdown(rows, [])

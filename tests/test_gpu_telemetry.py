@@ -7,6 +7,7 @@ import csv
 import os
 import statistics
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,13 @@ def test_the_summary_of_the_h100_s_sustained_trace():
         f"nvidia-smi trace: {len(rows)} samples; power draw up to {power:.0f} W; SM clock {clocks[0]:.0f} MHz at "
         f"the lowest, {clocks[len(clocks) // 2]:.0f} MHz the median")
     assert statistics.median(clocks) > clocks[0]  # the trace runs from idle (345 MHz) into the load
+
+
+def test_a_trace_s_timestamps_are_the_machine_s_local_time_and_a_window_takes_its_samples():
+    read = gpu_telemetry.samples(H100_TRACE)
+    assert read[0] == (datetime(2026, 11, 27, 11, 20, 58, 686000).timestamp(), 345.0, 72.87)
+    start, end = read[10][0], read[20][0]
+    assert gpu_telemetry.during(read, start, end) == {
+        "samples": 11, "sm_clock_mhz": statistics.median(c for _, c, _ in read[10:21]),
+        "power_w": statistics.median(p for _, _, p in read[10:21])}
+    assert gpu_telemetry.during(read, end + 1e6, end + 2e6) is None
