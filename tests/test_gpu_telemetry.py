@@ -23,7 +23,9 @@ echo $$ >> "{pids}"
 case "$*" in
   *--loop-ms*) echo "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu, \
 clocks_event_reasons.active"
-    while :; do echo "2026/11/29 10:00:00.000, 1980, 3201, 650.5, 60, 0x0000000000000000"; sleep 0.05; done ;;
+    i=0  # at most 20 s: a sampler the code under test fails to stop must not outlive the test run for long
+    while [ $i -lt 400 ]; do echo "2026/11/29 10:00:00.000, 1980, 3201, 650.5, 60, 0x0000000000000000"; sleep 0.05
+      i=$((i + 1)); done ;;
   *) echo "name, memory.total [MiB], power.limit [W], clocks.max.sm [MHz], clocks.max.memory [MHz], driver_version"
      echo "NVIDIA H200, 143771 MiB, 700.00 W, 1980 MHz, 3201 MHz, 580.159.04" ;;
 esac
