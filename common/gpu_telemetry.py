@@ -16,6 +16,7 @@ from common.devices import nvidia_smi_command
 
 STATE = "name,memory.total,power.limit,clocks.max.sm,clocks.max.memory,driver_version"
 TRACE = "timestamp,clocks.current.sm,clocks.current.memory,power.draw,temperature.gpu,clocks_event_reasons.active"
+ASK_S = 30   # nvidia-smi answers a query in well under a second; one that hangs (a wedged driver) is given up
 STOP_S = 10  # nvidia-smi's loop ends at SIGTERM at once; one that does not is killed after this
 
 
@@ -25,7 +26,7 @@ def state() -> str | None:
     if cmd is None:
         return None
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=ASK_S, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
 

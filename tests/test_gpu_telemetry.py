@@ -19,7 +19,8 @@ H100_TRACE = REPO / "results/reference/h100x1/sustained/nvidia-smi-trace.csv"
 
 STAND_IN = """#!/bin/sh
 echo $$ >> "{pids}"
-{trap}
+echo "$*" >> "{args}"
+{behaviour}
 case "$*" in
   *--loop-ms*) echo "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu, \
 clocks_event_reasons.active"
@@ -30,14 +31,17 @@ clocks_event_reasons.active"
      echo "NVIDIA H200, 143771 MiB, 700.00 W, 1980 MHz, 3201 MHz, 580.159.04" ;;
 esac
 """
+# How the stand-in misbehaves: deaf to SIGTERM, failing (what it printed before exiting 9), hanging.
+BEHAVIOUR = {"answers": "", "deaf": "trap '' TERM", "fails": 'echo "name"; exit 9', "hangs": "sleep 20"}
 
 
-def stand_in(tmp_path: Path, monkeypatch, deaf_to_term: bool = False) -> Path:
-    """A stand-in nvidia-smi first on PATH, a driver 'present'; returns the file each of its runs writes its pid to."""
-    pids = tmp_path / "pids"
+def stand_in(tmp_path: Path, monkeypatch, behaviour: str = "answers") -> Path:
+    """A stand-in nvidia-smi first on PATH, a driver 'present'; returns the file each of its runs writes its pid to
+    (and beside it `args`, each run's arguments on a line)."""
+    pids, args = tmp_path / "pids", tmp_path / "args"
     script = tmp_path / "bin" / "nvidia-smi"
     script.parent.mkdir()
-    script.write_text(STAND_IN.format(pids=pids, trap="trap '' TERM" if deaf_to_term else ""))
+    script.write_text(STAND_IN.format(pids=pids, args=args, behaviour=BEHAVIOUR[behaviour]))
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{script.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(devices, "accelerator_driver_present", lambda: True)
@@ -73,13 +77,17 @@ def test_the_trace_samples_while_the_block_runs_and_its_sampler_is_reaped(tmp_pa
     assert lines[0].startswith("timestamp, clocks.current.sm") and len(lines) >= 4
     sampler = int(pids.read_text().split()[-1])
     assert _gone(sampler)
+    # what nvidia-smi was asked: the state once, with its units; then the trace's fields without them, in a loop
+    assert (tmp_path / "args").read_text().splitlines() == [
+        f"--query-gpu={gpu_telemetry.STATE} --format=csv",
+        f"--query-gpu={gpu_telemetry.TRACE} --format=csv,nounits --loop-ms=50"]
     assert gpu_telemetry.trace_summary(tmp_path / "t.csv") == (
         f"nvidia-smi trace: {len(lines) - 1} samples; power draw up to 650 W; SM clock 1980 MHz at the lowest, "
         "1980 MHz the median")
 
 
 def test_a_sampler_deaf_to_sigterm_is_killed(tmp_path, monkeypatch):
-    pids = stand_in(tmp_path, monkeypatch, deaf_to_term=True)
+    pids = stand_in(tmp_path, monkeypatch, "deaf")
     monkeypatch.setattr(gpu_telemetry, "STOP_S", 0.3)
     started = time.monotonic()
     with gpu_telemetry.trace(tmp_path / "t.csv", interval_ms=50):
@@ -106,3 +114,24 @@ def test_a_trace_s_timestamps_are_the_machine_s_local_time_and_a_window_takes_it
         "samples": 11, "sm_clock_mhz": statistics.median(c for _, c, _ in read[10:21]),
         "power_w": statistics.median(p for _, _, p in read[10:21])}
     assert gpu_telemetry.during(read, end + 1e6, end + 2e6) is None
+
+
+@pytest.mark.parametrize("behaviour", ["fails", "hangs"])
+def test_an_nvidia_smi_that_fails_or_hangs_gives_no_state(tmp_path, monkeypatch, behaviour):
+    stand_in(tmp_path, monkeypatch, behaviour)
+    monkeypatch.setattr(gpu_telemetry, "ASK_S", 0.5)
+    started = time.monotonic()
+    assert gpu_telemetry.state() is None and time.monotonic() - started < 5
+
+
+def test_a_trace_summary_by_hand_reads_past_an_unreadable_sample(tmp_path):
+    header = "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], temperature.gpu, x\n"
+    trace = tmp_path / "t.csv"
+    trace.write_text(header + "2026/11/29 10:00:00.000, 1500, 3201, 600.0, 60, 0x0\n"
+                     "2026/11/29 10:00:00.250, [N/A], 3201, [N/A], 60, 0x0\n"
+                     "2026/11/29 10:00:00.500, 1980, 3201, 699.6, 61, 0x0\n"
+                     "2026/11/29 10:00:00.750, 1700, 3201, 650.0, 61, 0x0\n")
+    assert gpu_telemetry.trace_summary(trace) == (
+        "nvidia-smi trace: 3 samples; power draw up to 700 W; SM clock 1500 MHz at the lowest, 1700 MHz the median")
+    trace.write_text(header + "2026/11/29 10:00:00.250, [N/A], 3201, [N/A], 60, 0x0\n")
+    assert gpu_telemetry.trace_summary(trace) == "nvidia-smi trace: no readable sample"
