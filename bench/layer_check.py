@@ -45,6 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def compared(part: str, measured: dict, predicted: dict) -> list[tuple[str, float, float]]:
+    """(name, measured s, predicted s) of each time a check of `part` holds to the model: its table's rows, its
+    record's errors."""
+    if part == "layer":
+        m_fwd, m_bwd, p_fwd, p_bwd = measured["forward_s"], measured["backward_s"], predicted["fwd"], predicted["bwd"]
+        return [("forward", m_fwd, p_fwd), ("backward", m_bwd, p_bwd), ("layer", m_fwd + m_bwd, p_fwd + p_bwd)]
+    if part == "head":
+        return [("head", measured["forward_s"] + measured["backward_s"], sum(predicted.values()))]
+    return [("optimizer", measured["step_s"], predicted["optimizer"])]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console()
@@ -77,21 +88,18 @@ def main(argv: list[str] | None = None) -> int:
         # The model times the attention at the measured rates of the kernel the layer runs.
         predicted = one_layer(spec, replace(stack, attention_kernel=kernel), compute, hardware, args.micro_batch,
                               precision, args.recompute)
-        m_fwd, m_bwd, p_fwd, p_bwd = measured["forward_s"], measured["backward_s"], predicted["fwd"], predicted["bwd"]
-        rows = [("forward", m_fwd, p_fwd), ("backward", m_bwd, p_bwd), ("layer", m_fwd + m_bwd, p_fwd + p_bwd)]
         title = f"one {spec.name} layer, {tokens}, SDPA {kernel}, recompute {args.recompute}"
         parts = {k: predicted[k] for k in ("gemm", "attention", "elementwise", "recompute")}
     elif args.part == "head":
         measured = probes.layers.time_head(spec, probes.device, precision, args.micro_batch, args.steps)
         parts = predicted = head(spec, 1, stack, Timer(compute, precision), args.micro_batch * spec.seq_len)
-        rows = [("head", measured["forward_s"] + measured["backward_s"], sum(predicted.values()))]
         title = f"{spec.name}'s final norm, output layer and loss, {tokens}"
     else:
         measured = probes.layers.time_optimizer(spec, probes.device, args.shards, args.steps)
         parts = predicted = {"optimizer": Timer(compute).optimizer(spec.param_count() / args.shards, stack)}
-        rows = [("optimizer", measured["step_s"], predicted["optimizer"])]
         title = (f"{spec.name}'s clipping and AdamW over 1/{args.shards} of its parameters "
                  f"({measured['elements'] / 1e6:,.0f} M elements)")
+    rows = compared(args.part, measured, predicted)
     shards = {"shards": args.shards} if args.part == "optimizer" else {}
     out.update(measured=measured, predicted=predicted, **shards, error={name: p / m - 1 for name, m, p in rows})
     if args.json:

@@ -87,13 +87,6 @@ def with_table(hardware_text: str, table: Path) -> str:
     return f'compute = "{table.resolve()}"   # measured by bench.part_check\n{kept}'
 
 
-def _measured_s(measured: dict, part: str) -> float:
-    """The measured time bench.layer_check's error of `part` is relative to."""
-    if part in ("forward", "backward"):
-        return measured[f"{part}_s"]
-    return measured["step_s"] if part == "optimizer" else measured["forward_s"] + measured["backward_s"]
-
-
 def summary(measured: dict, records: list[dict], hardware: str, table: Path, telemetry: list[str]) -> str:
     """part-check.md: what nvidia-smi said, the table's headline figures, then each check's measured and predicted
     times and error."""
@@ -113,10 +106,9 @@ def summary(measured: dict, records: list[dict], hardware: str, table: Path, tel
         lines.append(f"- copy of {int(size):,} B: {rate:.0f} GB/s")
     lines += ["", "| check | model | part | measured (ms) | predicted (ms) | error |", "|---|---|---|---:|---:|---:|"]
     for r in records:
-        for part, error in r["error"].items():
-            measured_s = _measured_s(r["measured"], part)
+        for part, measured_s, predicted_s in layer_check.compared(r["part"], r["measured"], r["predicted"]):
             lines.append(f"| {r['check']} | {r['model']} | {part} | {measured_s * 1e3:.3f} | "
-                         f"{measured_s * (1 + error) * 1e3:.3f} | {error:+.1%} |")
+                         f"{predicted_s * 1e3:.3f} | {r['error'][part]:+.1%} |")
     return "\n".join(lines) + "\n"
 
 
